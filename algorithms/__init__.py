@@ -1,0 +1,1 @@
+"""Built-in algorithms (found by name through the ``msrl.algorithms`` entry points)."""

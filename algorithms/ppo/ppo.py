@@ -1,0 +1,165 @@
+"""PPO written once against the msrl API; the distribution policy decides how it runs."""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from pydantic import Field
+
+import msrl
+from msrl.algorithms.ppo.networks import ActorCritic
+from msrl.components import split_keys
+
+
+class PPOConfig(msrl.AlgorithmConfig):
+    name: Literal["ppo"] = "ppo"
+    rollout_len: int = Field(128, gt=0, description="environment steps per iteration, per env")
+    epochs: int = Field(4, gt=0)
+    minibatches: int = Field(4, gt=0)
+    lr: float = Field(2.5e-4, gt=0)
+    anneal_lr: bool = True
+    gamma: float = Field(0.99, gt=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    clip_eps: float = Field(0.2, gt=0)
+    ent_coef: float = Field(0.01, ge=0)
+    vf_coef: float = Field(0.5, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    activation: Literal["tanh", "relu"] = "tanh"
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+
+
+class ActOutput(NamedTuple):
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+
+
+class PPOActor(msrl.Actor):
+    def __init__(self, net: ActorCritic):
+        self.net = net
+
+    def act(self, state, params, obs):
+        keys, use = split_keys(state["keys"])
+
+        def one(o, key):  # one environment; vmapped so each env samples with its own key
+            pi, value = self.net.apply(params, o)
+            action = pi.sample(seed=key)
+            return ActOutput(action, pi.log_prob(action), value)
+
+        return {"keys": keys}, jax.vmap(one)(obs, use)
+
+
+class PPOLearner(msrl.Learner):
+    def __init__(self, net: ActorCritic, cfg: PPOConfig, obs_shape, obs_dtype, num_updates: int):
+        self.net, self.cfg, self.num_updates = net, cfg, num_updates
+        self.obs = jnp.zeros(obs_shape, obs_dtype)
+
+    def optimizer(self):
+        cfg = self.cfg
+        lr = cfg.lr
+        if cfg.anneal_lr:
+            steps_per_update = cfg.epochs * cfg.minibatches
+            lr = lambda count: cfg.lr * (1.0 - (count // steps_per_update) / self.num_updates)  # noqa: E731
+        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+
+    def init(self, key):
+        init_key, key = jax.random.split(key)
+        params = self.net.init(init_key, self.obs)
+        return {"params": params, "opt_state": self.tx.init(params), "key": key}
+
+    def policy_params(self, state):
+        return state["params"]
+
+    def _gae(self, batch: Transition, last_value):
+        cfg = self.cfg
+
+        def back(carry, t):
+            gae, next_value = carry
+            not_done = 1.0 - t.done.astype(jnp.float32)
+            delta = t.reward + cfg.gamma * next_value * not_done - t.value
+            gae = delta + cfg.gamma * cfg.gae_lambda * not_done * gae
+            return (gae, t.value), gae
+
+        _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), batch, reverse=True)
+        return adv, adv + batch.value
+
+    def _loss(self, params, mb):
+        cfg = self.cfg
+        t, adv, target = mb
+        pi, value = self.net.apply(params, t.obs)
+        log_prob = pi.log_prob(t.action)
+        ratio = jnp.exp(log_prob - t.log_prob)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv).mean()
+        v_clipped = t.value + jnp.clip(value - t.value, -cfg.clip_eps, cfg.clip_eps)
+        value_loss = 0.5 * jnp.maximum((value - target) ** 2, (v_clipped - target) ** 2).mean()
+        entropy = pi.entropy().mean()
+        total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
+        return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+                       "approx_kl": ((ratio - 1) - jnp.log(ratio)).mean()}
+
+    def learn(self, state, batch: Transition, last_obs):
+        cfg = self.cfg
+        _, last_value = self.net.apply(state["params"], last_obs)
+        adv, targets = self._gae(batch, last_value)
+        data = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), (batch, adv, targets))
+        size = adv.size
+
+        def epoch(carry, _):
+            params, opt_state, key = carry
+            key, perm_key = jax.random.split(key)
+            perm = jax.random.permutation(perm_key, size)
+            mbs = jax.tree.map(lambda x: x[perm].reshape((cfg.minibatches, -1, *x.shape[1:])), data)
+
+            def step(carry, mb):
+                params, opt_state = carry
+                grads, metrics = jax.grad(self._loss, has_aux=True)(params, mb)
+                updates, opt_state = self.tx.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), metrics
+
+            (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), mbs)
+            return (params, opt_state, key), metrics
+
+        (params, opt_state, key), metrics = jax.lax.scan(
+            epoch, (state["params"], state["opt_state"], state["key"]), None, length=cfg.epochs)
+        return {"params": params, "opt_state": opt_state, "key": key}, jax.tree.map(jnp.mean, metrics)
+
+
+class PPO(msrl.Algorithm):
+    Config = PPOConfig
+
+    def __init__(self, cfg: PPOConfig, ctx: msrl.Context):
+        super().__init__(cfg, ctx)
+        batch = ctx.num_envs * cfg.rollout_len
+        if batch % cfg.minibatches:
+            raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
+                                   f"{ctx.num_envs} envs x {cfg.rollout_len} steps = {batch}")
+        spec = ctx.env_spec
+        net = ActorCritic(
+            action_dim=spec.action_space.n if spec.discrete else spec.action_space.shape[0],
+            discrete=spec.discrete, obs_ndim=len(spec.obs_shape), hidden=tuple(cfg.hidden),
+            activation=cfg.activation)
+        self.actor = PPOActor(net)
+        self.learner = PPOLearner(net, cfg, spec.obs_shape, spec.obs_dtype, max(1, ctx.total_env_steps // batch))
+        self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.rollout_len):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Transition(obs, out.action, reward, done, out.log_prob, out.value))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get(), last_obs=obs)

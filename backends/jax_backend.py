@@ -1,0 +1,81 @@
+"""The ``jax`` backend: one process, fragments jitted whole.
+
+A program of one jitted fragment (``fused``) runs as a single XLA program per dispatch: a ``fori_loop`` of
+up to ``iterations_per_dispatch`` training iterations with the state donated, so the host only wakes up to
+log. One compiled executable serves every dispatch size (the count is a runtime argument).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from msrl.backend import Backend, Runtime, metric_rows
+from msrl.compiler.lower import reraise_at_user_line
+from msrl.errors import ConfigError
+
+
+class JaxRuntime(Runtime):
+    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int):
+        frags = list(program.fragments.values())
+        if len(frags) != 1 or frags[0].spec.replicas != 1 or not frags[0].spec.jit:
+            raise ConfigError(
+                "policy.backend",
+                f"the jax backend runs programs of one jitted fragment; policy {program.policy.name!r} makes "
+                f"{[f.name + 'x' + str(f.spec.replicas) for f in frags]} (use backend threads or ray)",
+            )
+        self.program, self.fragment = program, frags[0]
+        self.k = max(1, int(iterations_per_dispatch))
+        env = program.env
+        frag_fn = self.fragment.fn
+
+        def one(state):
+            state, result = frag_fn(state)
+            return state, {"train": result, "env": env.stats(state["env"])}
+
+        def chunk(state, n):
+            out_spec = jax.eval_shape(one, state)[1]
+            buf = jax.tree.map(lambda s: jnp.zeros((self.k, *s.shape), s.dtype), out_spec)
+
+            def body(i, carry):
+                st, b = carry
+                st, out = one(st)
+                return st, jax.tree.map(lambda x, y: x.at[i].set(y), b, out)
+
+            return jax.lax.fori_loop(0, n, body, (state, buf))
+
+        state = program.init_states(self.fragment.state_keys, seed, jnp.arange(program.num_envs))
+        self._state = jax.tree.map(lambda x: jnp.array(x, copy=True), state)  # distinct buffers, donatable
+        t0 = time.perf_counter()
+        try:
+            lowered = jax.jit(chunk, donate_argnums=0).lower(self._state, jnp.int32(self.k))
+        except Exception as e:  # noqa: BLE001 - reported at the user's line
+            reraise_at_user_line(e, [self.fragment.lowered], "tracing")
+        self._compiled = lowered.compile()
+        self.compile_seconds = time.perf_counter() - t0
+
+    def run(self, iterations: int) -> list[dict[str, float]]:
+        rows: list[dict[str, float]] = []
+        while iterations > 0:
+            n = min(iterations, self.k)
+            self._state, out = self._compiled(self._state, jnp.int32(n))
+            out = jax.device_get(out)
+            rows += metric_rows(out["train"], out["env"], n)
+            iterations -= n
+        return rows
+
+    def state(self) -> Any:
+        return self._state
+
+    def params(self) -> Any:
+        learner = self.program.components["learner"]
+        return learner.policy_params(self._state["learner"])
+
+
+class JaxBackend(Backend):
+    def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> Runtime:
+        return JaxRuntime(program, seed, iterations_per_dispatch)
+

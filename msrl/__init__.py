@@ -1,0 +1,48 @@
+"""msrl: write an RL algorithm once as a training loop; run it under any distribution policy.
+
+Import cost matters for the CLI, so heavy pieces (the compiler, the training driver) load on first use.
+"""
+
+from msrl.algorithm import Algorithm, AlgorithmConfig, Context
+from msrl.api import (
+    agent_act,
+    agent_learn,
+    buffer_get,
+    buffer_insert,
+    buffer_sample,
+    env_observe,
+    env_reset,
+    env_step,
+)
+from msrl.backend import Backend, Runtime
+from msrl.components import ActOutput, Actor, Box, Discrete, Environment, EnvSpec, Learner, ReplayBuffer
+from msrl.errors import CompileError, ConfigError, MsrlError, TrainingError
+from msrl.policy import FragmentSpec, Policy
+from msrl.registry import register_algorithm, register_backend, register_policy
+from msrl.replay import TrajectoryBuffer
+
+__version__ = "0.1.0"
+
+
+def compile(algorithm, policy, env, num_envs):  # noqa: A001 - mirrors the paper's msrl.compile
+    """Compile ``algorithm.train_step`` under ``policy``; returns a :class:`msrl.compiler.Program`."""
+    from msrl.compiler import compile as _compile
+
+    return _compile(algorithm, policy, env, num_envs)
+
+
+def __getattr__(name):
+    if name in ("train", "build", "load_config"):
+        from msrl import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'msrl' has no attribute {name!r}")
+
+
+__all__ = [
+    "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
+    "Discrete", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError", "Policy", "ReplayBuffer",
+    "Runtime", "TrainingError", "TrajectoryBuffer", "agent_act", "agent_learn", "buffer_get", "buffer_insert",
+    "buffer_sample", "compile", "env_observe", "env_reset", "env_step", "register_algorithm", "register_backend",
+    "register_policy",
+]

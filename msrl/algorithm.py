@@ -1,0 +1,44 @@
+"""The base class of an algorithm: a config model, components, and a training loop written with msrl.api."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from msrl.components import Actor, EnvSpec, Learner, ReplayBuffer
+
+
+class AlgorithmConfig(BaseModel):
+    """Base of every algorithm's config. Unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What an algorithm is told when it is built."""
+
+    env_spec: EnvSpec
+    num_envs: int  # total environments over all replicas
+    total_env_steps: int
+
+
+class Algorithm:
+    """Subclass, set ``Config``, build ``self.actor`` / ``self.learner`` / ``self.buffer`` in ``__init__``,
+    and write ``train_step(self)`` with the interaction API. ``train_step`` returns the iteration's metrics
+    (a dict of scalars is logged as is)."""
+
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    actor: Actor | None = None
+    learner: Learner | None = None
+    buffer: ReplayBuffer | None = None
+
+    def __init__(self, cfg: Any, ctx: Context):
+        self.cfg, self.ctx = cfg, ctx
+
+    def train_step(self) -> Any:
+        raise NotImplementedError

@@ -1,0 +1,96 @@
+"""The interaction API a training loop is written with.
+
+None of these functions takes component state: the compiler threads each component's state through the
+loop (``agent_act`` reads the actor's state and the learner's policy parameters, ``agent_learn`` writes the
+learner's state, ...). Called outside a loop compiled by :func:`msrl.compile` they raise, because they have
+no meaning there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable
+
+from msrl.errors import MsrlError
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiSpec:
+    """What an API call does to component state, for the compiler."""
+
+    name: str
+    component: str  # the component whose method it calls
+    method: str  # that component's method
+    reads: tuple[str, ...]  # states read; "params" is the learner's policy parameters
+    writes: tuple[str, ...]  # states written
+    signature: inspect.Signature
+    returns: str  # short description, for docs and errors
+
+
+API: dict[str, ApiSpec] = {}
+
+
+def _api(component: str, method: str, reads: tuple[str, ...], writes: tuple[str, ...], returns: str):
+    def wrap(fn: Callable) -> Callable:
+        spec = ApiSpec(fn.__name__, component, method, reads, writes, inspect.signature(fn), returns)
+        API[fn.__name__] = spec
+
+        def outside(*args: Any, **kwargs: Any):
+            raise MsrlError(
+                f"msrl.{spec.name}() was called directly. The interaction API only has meaning inside an "
+                "algorithm's training loop run through msrl.compile() / `msrl train`."
+            )
+
+        outside.__name__ = outside.__qualname__ = fn.__name__
+        outside.__doc__ = fn.__doc__
+        outside.__signature__ = spec.signature  # type: ignore[attr-defined]
+        outside.__msrl_api__ = spec  # type: ignore[attr-defined]
+        return outside
+
+    return wrap
+
+
+@_api("env", "observe", ("env",), (), "obs")
+def env_observe():
+    """The current observation of every environment, ``[num_envs, *obs_shape]``."""
+
+
+@_api("env", "reset", ("env",), ("env",), "obs")
+def env_reset():
+    """Reset every environment; returns the first observations."""
+
+
+@_api("env", "step", ("env",), ("env",), "(next_obs, reward, done)")
+def env_step(action):
+    """Step every environment (auto-reset on episode end); returns ``(next_obs, reward, done)``."""
+
+
+@_api("actor", "act", ("actor", "params"), ("actor",), "ActOutput")
+def agent_act(obs):
+    """The actor's output (action, and whatever else the algorithm's actor returns) for ``obs``."""
+
+
+@_api("learner", "learn", ("learner",), ("learner", "params"), "metrics")
+def agent_learn(batch, **kwargs):
+    """Update the learner on ``batch``; returns its metrics. New policy parameters flow to the actors."""
+
+
+@_api("buffer", "insert", ("buffer",), ("buffer",), "None")
+def buffer_insert(item):
+    """Insert one item (a pytree batched over environments) into the buffer."""
+
+
+@_api("buffer", "get", ("buffer",), ("buffer",), "batch")
+def buffer_get():
+    """Everything inserted since the last get (on-policy rollout storage); empties the buffer."""
+
+
+@_api("buffer", "sample", ("buffer",), ("buffer",), "batch")
+def buffer_sample(batch_size=None):
+    """A random batch from the buffer."""
+
+
+def api_spec(obj: Any) -> ApiSpec | None:
+    """The :class:`ApiSpec` of an API function object, or None for anything else."""
+    return getattr(obj, "__msrl_api__", None)

@@ -1,0 +1,56 @@
+"""The backend contract: turn a compiled :class:`~msrl.compiler.Program` into a running :class:`Runtime`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Runtime:
+    """A running program. ``run(n)`` performs ``n`` training iterations and returns one metrics dict per
+    iteration (``episode_return``, ``episodes`` and the loop's own metrics, as Python floats)."""
+
+    compile_seconds: float = 0.0
+
+    def run(self, iterations: int) -> list[dict[str, float]]:
+        raise NotImplementedError
+
+    def state(self) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Backend:
+    """Subclass and register with ``@msrl.register_backend(name)`` (or the ``msrl.backends`` entry points)."""
+
+    def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> Runtime:
+        raise NotImplementedError
+
+
+def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float]]:
+    """Per-iteration rows from stacked (leading axis = iteration) loop results and env statistics."""
+    import numpy as np
+
+    if isinstance(train, dict):
+        flat = dict(train)
+    elif train is None:
+        flat = {}
+    else:
+        flat = {"result": train}
+    rows = []
+    for i in range(n):
+        row = {k: float(np.mean(np.asarray(v[i]))) for k, v in env.items()}
+        for k, v in flat.items():
+            try:
+                row[str(k)] = float(np.mean(np.asarray(v[i])))
+            except (TypeError, ValueError):
+                continue
+        rows.append(row)
+    return rows

@@ -1,0 +1,196 @@
+"""The ``msrl`` command: ``train``, ``graph``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from msrl.errors import MsrlError
+
+
+def _graph_text(program: Any) -> str:
+    g = program.fdg
+    lines = ["fragments:"]
+    for f in program.fragments.values():
+        lines.append(f"  {f.name}: replicas={f.spec.replicas} backend={f.spec.backend} jit={f.spec.jit} "
+                     f"state={','.join(f.state_keys)}")
+    lines.append(f"env steps per iteration: {program.env_steps_per_iteration}")
+    lines.append("nodes (program order):")
+
+    def depth(n: str) -> int:
+        d, p = 0, g.nodes[n].get("parent")
+        while p is not None:
+            d, p = d + 1, g.nodes[p].get("parent")
+        return d
+
+    order = list(g.nodes)
+    for n in order:
+        d = g.nodes[n]
+        ind = "  " * (depth(n) + 1)
+        if d["kind"] == "loop":
+            head = f"loop x{d['trip_count']}"
+        elif d["kind"] == "api":
+            head = d["api"]
+        elif d["kind"] == "comm":
+            head = f"COMM {d['op']}"
+        else:
+            head = d["kind"]
+        where = f"  ({Path(d['file']).name}:{d['line']})" if d.get("file") else ""
+        lines.append(f"{ind}{n} [{d.get('fragment')}] {head}: {d.get('text', '')}{where}")
+        for u, _, e in g.in_edges(n, data=True):
+            shape = f" {e['dtype']}{e['shape']}" if e["shape"] is not None else ""
+            carry = " (carried)" if e["carry"] else ""
+            lines.append(f"{ind}    <- {u} {e['kind']} {e['name']}{shape}{carry}")
+    return "\n".join(lines)
+
+
+def _graph_dot(program: Any) -> str:
+    g = program.fdg
+    colors = ["#cfe2ff", "#d1e7dd", "#fff3cd", "#f8d7da", "#e2d9f3", "#cff4fc"]
+    frag_color = {f: colors[i % len(colors)] for i, f in enumerate(program.fragments)}
+    out = ["digraph fdg {", "  rankdir=TB; node [shape=box, style=filled, fontname=monospace];"]
+
+    def node_line(n: str, indent: str) -> str:
+        d = g.nodes[n]
+        label = d["api"] if d["kind"] == "api" else (f"{d['op']}\\n{d['text']}" if d["kind"] == "comm"
+                                                      else d.get("text", d["kind"]))
+        label = label.replace('"', '\\"')
+        shape = "ellipse" if d["kind"] == "comm" else "box"
+        color = frag_color.get(d.get("fragment"), "#eeeeee")
+        return f'{indent}"{n}" [label="{n}: {label}", shape={shape}, fillcolor="{color}"];'
+
+    def emit(parent: str | None, indent: str) -> None:
+        for n, d in g.nodes(data=True):
+            if d.get("parent") != parent:
+                continue
+            if d["kind"] == "loop":
+                out.append(f'{indent}subgraph "cluster_{n}" {{ label="{n}: loop x{d["trip_count"]}";')
+                emit(n, indent + "  ")
+                out.append(f"{indent}}}")
+            else:
+                out.append(node_line(n, indent))
+
+    emit(None, "  ")
+    for u, v, e in g.edges(data=True):
+        if g.nodes[u]["kind"] == "loop" or g.nodes[v]["kind"] == "loop":
+            continue
+        style = {"state": "dashed", "params": "bold"}.get(e["kind"], "solid")
+        shape = f"\\n{e['dtype']}{e['shape']}" if e["shape"] is not None and e["kind"] == "data" else ""
+        label = (e["name"] + shape).replace('"', '\\"')
+        out.append(f'  "{u}" -> "{v}" [label="{label}", style={style}{", constraint=false" if e["carry"] else ""}];')
+    out.append("}")
+    return "\n".join(out)
+
+
+def _graph_png(program: Any, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import networkx as nx
+
+    g = nx.DiGraph()
+    for n, d in program.fdg.nodes(data=True):
+        if d["kind"] != "loop":
+            g.add_node(n, **d)
+    for u, v, d in program.fdg.edges(data=True):
+        if u in g and v in g and not d["carry"]:
+            g.add_edge(u, v)
+    layers = {}
+    for i, gen in enumerate(nx.topological_generations(g)):
+        for n in gen:
+            layers[n] = i
+    nx.set_node_attributes(g, layers, "layer")
+    pos = nx.multipartite_layout(g, subset_key="layer", align="horizontal")
+    pos = {n: (x, -y) for n, (x, y) in pos.items()}
+    frags = sorted({str(d.get("fragment")) for _, d in g.nodes(data=True)})
+    cmap = plt.get_cmap("Pastel1")
+    colors = [cmap(frags.index(str(d.get("fragment"))) % 9) for _, d in g.nodes(data=True)]
+    labels = {n: f"{n}\n{d.get('api') or d.get('op') or d['kind']}" for n, d in g.nodes(data=True)}
+    fig, ax = plt.subplots(figsize=(8, 1.2 * (max(layers.values(), default=0) + 2)))
+    nx.draw_networkx(g, pos, ax=ax, labels=labels, node_color=colors, node_size=2200, font_size=7, arrows=True)
+    ax.set_title(f"FDG of {type(program.algorithm).__name__} under policy {program.policy.name}")
+    ax.axis("off")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from msrl.runner import train
+
+    summary = train(args.config, args.overrides, run_dir=args.run_dir)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from msrl.config import load_config
+    from msrl.runner import build
+
+    overrides = list(args.overrides) + ([f"policy.name={args.policy}"] if args.policy else [])
+    program = build(load_config(args.config, overrides))
+    if args.format == "png":
+        if not args.output:
+            raise MsrlError("--format png needs -o FILE.png")
+        _graph_png(program, args.output)
+        print(f"wrote {args.output}")
+        return 0
+    text = {"text": _graph_text, "json": lambda p: p.to_json(), "dot": _graph_dot}[args.format](program)
+    if args.code:
+        text += "\n\n" + program.code() if args.format != "json" else ""
+        if args.format == "json":
+            data = json.loads(text)
+            data["code"] = {f.name: f.source for f in program.fragments.values()}
+            text = json.dumps(data, indent=2, default=str)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="msrl", description="Write an RL algorithm once; run it under any policy.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train from a YAML config with KEY=VALUE overrides")
+    t.add_argument("config")
+    t.add_argument("overrides", nargs="*", help="e.g. run.seed=1 policy.name=fused")
+    t.add_argument("--run-dir", default=None, help="where metrics, config and summary go (default runs/...)")
+    t.set_defaults(fn=cmd_train)
+
+    g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")
+    g.add_argument("config")
+    g.add_argument("overrides", nargs="*")
+    g.add_argument("--policy", default=None, help="shorthand for policy.name=P")
+    g.add_argument("--format", choices=["text", "json", "dot", "png"], default="text")
+    g.add_argument("--code", action="store_true", help="also print each fragment's generated source")
+    g.add_argument("-o", "--output", default=None)
+    g.set_defaults(fn=cmd_graph)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args, extra = parser.parse_known_args(argv)  # KEY=VALUE overrides may follow options too
+    bad = [a for a in extra if "=" not in a or a.startswith("-")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    if hasattr(args, "overrides"):
+        args.overrides = list(args.overrides) + extra
+    try:
+        return args.fn(args)
+    except MsrlError as e:
+        print(f"msrl: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("msrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

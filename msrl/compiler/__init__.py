@@ -1,0 +1,239 @@
+"""``msrl.compile(algorithm, policy, env) -> Program``: loop -> IR -> FDG -> partition -> fragments."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import networkx as nx
+
+from msrl.compiler import frontend
+from msrl.compiler.fdg import build_fdg
+from msrl.compiler.ir import Stmt, leaves
+from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
+from msrl.compiler.partition import Partition, partition
+from msrl.components import Environment
+from msrl.errors import CompileError
+from msrl.policy import FragmentSpec, Policy
+
+COMPONENTS = ("env", "actor", "learner", "buffer")
+_SEEDS = {name: i for i, name in enumerate(COMPONENTS)}
+
+
+def _sds(x: Any) -> Any:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+
+
+def component_keys(seed: int) -> dict[str, jax.Array]:
+    root = jax.random.PRNGKey(seed)
+    return {name: jax.random.fold_in(root, i) for name, i in _SEEDS.items()}
+
+
+@dataclasses.dataclass
+class Fragment:
+    spec: FragmentSpec
+    stmts: list[Stmt]  # the program projected onto this fragment (with send/recv statements)
+    state_keys: list[str]  # component states it holds ("params" when it receives them)
+    lowered: Lowered
+    zeros: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def source(self) -> str:
+        return self.lowered.source
+
+    @property
+    def fn(self):
+        return self.lowered.fn
+
+
+class _ProbeBuffer:
+    """During shape inference: initializes the buffer from the first inserted item's shapes."""
+
+    def __init__(self, buffer: Any, key: jax.Array):
+        self.buffer, self.key, self.item_spec = buffer, key, buffer.item_spec
+
+    def init(self, item: Any) -> Any:
+        self.item_spec = jax.tree.map(_sds, item)
+        return self.buffer.init(self.key, self.item_spec)
+
+    def insert(self, state: Any, item: Any) -> Any:
+        return self.buffer.insert(self.init(item) if state is None else state, item)
+
+    def __getattr__(self, method: str):
+        def call(state: Any, *args: Any, **kwargs: Any):
+            if state is None:
+                raise CompileError(
+                    f"buffer.{method}() runs before any buffer_insert, so the shape of the buffer's items is "
+                    "unknown", hint="give the buffer an explicit item_spec (a pytree of jax.ShapeDtypeStruct)")
+            return getattr(self.buffer, method)(state, *args, **kwargs)
+
+        return call
+
+
+class Program:
+    """A compiled training loop: the FDG, its partition and one generated function per fragment."""
+
+    def __init__(self, algorithm: Any, policy: Policy, env: Environment, num_envs: int):
+        t0 = time.perf_counter()
+        self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
+        self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
+        self.stmts, self.namespace = frontend.parse(algorithm)
+        self._check_components()
+        self.env_steps_per_iteration = num_envs * self._count("env_step")
+        if self.env_steps_per_iteration == 0:
+            raise CompileError(f"{type(algorithm).__name__}.train_step() never calls msrl.env_step()",
+                               hint="an iteration must step the environments")
+        self.shapes, self.item_spec = self._infer_shapes()
+        self.fdg = build_fdg(self.stmts, self.shapes)
+        self.partition: Partition = partition(self.stmts, self.fdg, policy)
+        self.fragments = {name: self._lower(spec) for name, spec in self.partition.fragments.items()}
+        self.compile_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------------------ analysis
+    def _check_components(self) -> None:
+        for s in leaves(self.stmts):
+            if s.kind == "api" and self.components.get(s.api.component) is None:
+                raise CompileError(f"msrl.{s.api.name}() needs a `{s.api.component}` component", s.file, s.line)
+        if self.components["env"].jittable is False and any(f.jit for f in self.policy.fragments()):
+            raise CompileError(
+                f"environment {self.env.spec.id!r} runs on the host and cannot be jitted by policy "
+                f"{self.policy.name!r}", hint="use a policy that places the env in a host fragment")
+
+    def _count(self, api: str) -> int:
+        def count(stmts: list[Stmt]) -> int:
+            n = 0
+            for s in stmts:
+                if s.kind == "loop":
+                    n += s.trip_count * count(s.body)
+                elif s.kind == "api" and s.api.name == api:
+                    n += 1
+            return n
+
+        return count(self.stmts)
+
+    def _state_keys(self, stmts: list[Stmt]) -> tuple[list[str], bool]:
+        """The states a fragment holds, and whether it derives the policy params from its own learner
+        (else, if it reads them, it holds a "params" state that the backend keeps up to date)."""
+        used = {s.api.component for s in leaves(stmts) if s.kind == "api"}
+        keys = [c for c in COMPONENTS if c in used]
+        reads_params = any("@params" in s.uses for s in leaves(stmts))
+        derive = "learner" in used and reads_params
+        return keys + (["params"] if reads_params and not derive else []), derive
+
+    def _infer_shapes(self) -> tuple[dict[tuple[str, str], Any], Any]:
+        """Run the whole loop once under ``jax.eval_shape``, recording every definition's shape."""
+        keys = component_keys(0)
+        used, derive = self._state_keys(self.stmts)
+        probe_buffer = _ProbeBuffer(self.components["buffer"], keys["buffer"]) if "buffer" in used else None
+        lowered, _ = generate("probe", self.stmts, used, "probe", derive_params=derive, returns=True)
+        shapes: dict[tuple[str, str], Any] = {}
+
+        def record(sid: str, values: dict[str, Any]) -> None:
+            for var, value in values.items():
+                shapes[(sid, var)] = jax.tree.map(_sds, value)
+
+        ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record,
+              **{f"_c_{c}": self.components[c] for c in used if c != "params"}}
+        if probe_buffer is not None:
+            ns["_c_buffer"] = probe_buffer
+        fn = materialize(lowered, ns)
+        try:
+            states = jax.eval_shape(lambda: self.init_states(used, 0, jnp.arange(self.num_envs), lazy_buffer=True))
+            jax.eval_shape(fn, states)
+        except Exception as e:  # noqa: BLE001 - mapped to the user's line
+            reraise_at_user_line(e, [lowered], "tracing")
+        return shapes, probe_buffer.item_spec if probe_buffer else None
+
+    # ------------------------------------------------------------------------------------ fragments
+    def _project(self, stmts: list[Stmt], frag: str) -> list[Stmt]:
+        out: list[Stmt] = []
+        for s in stmts:
+            if s.kind == "loop":
+                body = self._project(s.body, frag)
+                if body:
+                    out.append(dataclasses.replace(s, body=body))
+                continue
+            mine = self.partition.assign[s.id] == frag
+            if mine:
+                out.append(s)
+            for c in self.partition.comms:
+                if c.src != s.id:
+                    continue
+                if mine and c.src_fragment == frag:
+                    out.append(Stmt(c.id, "send", s.file, s.line, s.source, uses=frozenset({c.var}), parent=s.parent))
+                elif c.dst_fragment == frag:
+                    out.append(Stmt(c.id, "recv", s.file, s.line, s.source, defs=frozenset({c.var}), parent=s.parent))
+        return out
+
+    def _lower(self, spec: FragmentSpec) -> Fragment:
+        stmts = self._project(self.stmts, spec.name)
+        keys, derive = self._state_keys(stmts)
+        returns = any(s.kind == "return" for s in stmts)
+        lowered, zeros = generate(spec.name, stmts, keys, "scan" if spec.jit else "python", derive, returns,
+                                  self.shapes)
+        ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
+              "_msrl_zeros": lambda name: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros[name]),
+              **{f"_c_{c}": self.components[c] for c in keys if c != "params"}}
+        if derive:
+            ns["_c_learner"] = self.components["learner"]
+        materialize(lowered, ns)
+        return Fragment(spec, stmts, keys, lowered, zeros)
+
+    # ------------------------------------------------------------------------------------ state
+    def init_states(self, components: list[str], seed: int, env_ids: jax.Array, lazy_buffer: bool = False) -> dict:
+        """Initial state of the given components for the environments ``env_ids`` (global indices)."""
+        keys = component_keys(seed)
+        out: dict[str, Any] = {}
+        for c in components:
+            comp = self.components.get(c)
+            if c in ("env", "actor"):
+                out[c] = comp.init(keys[c], env_ids)
+            elif c == "learner":
+                out[c] = comp.init(keys[c])
+            elif c == "buffer":
+                spec = comp.item_spec if comp.item_spec is not None else getattr(self, "item_spec", None)
+                out[c] = None if spec is None and lazy_buffer else comp.init(keys[c], spec)
+            elif c == "params":
+                out[c] = self.components["learner"].policy_params(self.components["learner"].init(keys["learner"]))
+        return out
+
+    def run_fragment(self, fragment: Fragment, state: dict) -> tuple[dict, Any]:
+        """Call a fragment's function; errors raised in user code are reported at the user's line."""
+        try:
+            return fragment.fn(state)
+        except Exception as e:  # noqa: BLE001
+            reraise_at_user_line(e, [fragment.lowered], "running")
+
+    # ------------------------------------------------------------------------------------ views
+    def code(self) -> str:
+        return "\n".join(f"# ---- fragment {f.name} (replicas={f.spec.replicas}, backend={f.spec.backend}"
+                         f"{', jit' if f.spec.jit else ''})\n{f.source}" for f in self.fragments.values())
+
+    def graph_dict(self) -> dict[str, Any]:
+        nodes = [{"id": n, **{k: v for k, v in d.items()}} for n, d in self.fdg.nodes(data=True)]
+        edges = [{"src": u, "dst": v, "kind": d["kind"], "name": d["name"], "shape": d["shape"], "dtype": d["dtype"],
+                  "carry": d["carry"]} for u, v, d in self.fdg.edges(data=True)]
+        frags = [{"name": f.name, "replicas": f.spec.replicas, "backend": f.spec.backend, "device": f.spec.device,
+                  "jit": f.spec.jit, "state": f.state_keys} for f in self.fragments.values()]
+        return {"nodes": nodes, "edges": edges, "fragments": frags,
+                "env_steps_per_iteration": self.env_steps_per_iteration}
+
+    def to_json(self) -> str:
+        return json.dumps(self.graph_dict(), indent=2, default=str)
+
+    def topological_order(self) -> list[str]:
+        acyclic = nx.DiGraph((u, v) for u, v, d in self.fdg.edges(data=True) if not d["carry"])
+        return list(nx.topological_sort(acyclic))
+
+
+def compile(algorithm: Any, policy: Policy, env: Environment, num_envs: int) -> Program:  # noqa: A001
+    """Compile ``algorithm.train_step`` under ``policy`` for ``num_envs`` environments of ``env``."""
+    return Program(algorithm, policy, env, num_envs)

@@ -1,0 +1,532 @@
+"""Front end: read a training loop's source and build the IR.
+
+What it accepts: assignments and expressions, API calls anywhere an expression may stand (they are hoisted
+into temporaries in evaluation order), static ``for x in range(...)`` loops (nested too), ``if`` on a
+condition known at compile time, calls of helper methods of the algorithm (inlined when they contain API
+calls), and one ``return`` at the end. Everything else that touches the API is a :class:`CompileError`
+naming the user's file:line and what to write instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import inspect
+import itertools
+import textwrap
+from typing import Any, Callable
+
+from msrl.api import API, ApiSpec, api_spec
+from msrl.compiler.ir import Stmt, state_var
+from msrl.errors import CompileError
+
+RESERVED_PREFIXES = ("_s_", "_c_", "_api", "_h", "_msrl")
+_STATIC_TYPES = (int, float, bool, str, type(None), tuple)
+
+
+def _node_names(node: ast.AST, ctx: type) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
+
+
+def _stored_roots(target: ast.expr) -> set[str]:
+    """Names that an assignment target rebinds or mutates (``x``, ``x.a``, ``x[0]`` all count as ``x``)."""
+    out: set[str] = set()
+    for n in ast.walk(target):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+    return out
+
+
+def _find_escape(nodes: list[ast.AST]) -> ast.AST | None:
+    """A break/continue that leaves the loop whose body is ``nodes`` (not one of an inner loop's)."""
+    for n in nodes:
+        if isinstance(n, (ast.Break, ast.Continue)):
+            return n
+        if isinstance(n, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        found = _find_escape(list(ast.iter_child_nodes(n)))
+        if found is not None:
+            return found
+    return None
+
+
+def _is_names(target: ast.expr) -> bool:
+    if isinstance(target, ast.Name):
+        return True
+    if isinstance(target, ast.Starred):
+        return _is_names(target.value)
+    return isinstance(target, (ast.Tuple, ast.List)) and all(_is_names(e) for e in target.elts)
+
+
+class Source:
+    """A function's parsed source with the data needed to resolve names in it."""
+
+    def __init__(self, fn: Callable, what: str):
+        fn = inspect.unwrap(fn)
+        code = getattr(fn, "__code__", None)
+        try:
+            file = inspect.getsourcefile(fn) or "<unknown>"
+            text = textwrap.dedent(inspect.getsource(fn))
+        except (OSError, TypeError):
+            where = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(fn)
+            raise CompileError(
+                f"cannot read the source of {what} ({where}); msrl compiles the loop from its source",
+                file=code.co_filename if code else None,
+                line=code.co_firstlineno if code else None,
+                hint="define the algorithm in a .py file (not a notebook cell, exec or lambda) and import it",
+            ) from None
+        tree = ast.parse(text)
+        fdef = tree.body[0]
+        if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            raise CompileError(f"{what} is not a function definition", file=file, line=code.co_firstlineno)
+        self.fn, self.file, self.fdef = fn, file, fdef
+        self.offset = code.co_firstlineno - fdef.lineno
+        self.lines = text.splitlines()
+        self.namespace: dict[str, Any] = dict(fn.__globals__)
+        if fn.__closure__:
+            for name, cell in zip(code.co_freevars, fn.__closure__):
+                try:
+                    self.namespace[name] = cell.cell_contents
+                except ValueError:  # empty cell
+                    pass
+
+    def line(self, node: ast.AST) -> int:
+        return getattr(node, "lineno", self.fdef.lineno) + self.offset
+
+    def text(self, node: ast.AST) -> str:
+        first = getattr(node, "lineno", self.fdef.lineno)
+        return self.lines[first - 1].strip() if 0 < first <= len(self.lines) else ast.unparse(node)
+
+    def error(self, node: ast.AST, message: str, hint: str | None = None) -> CompileError:
+        return CompileError(message, file=self.file, line=self.line(node), hint=hint)
+
+
+class Frontend:
+    def __init__(self, algorithm: Any, method: str = "train_step"):
+        self.alg = algorithm
+        self.method = method
+        self.counter = itertools.count(1)
+        self.tmp = itertools.count(1)
+        self.namespace: dict[str, Any] = {}
+        self.inlining: list[str] = []
+        self._temps: set[str] = set()  # names the compiler introduces (hoisted results, inlined locals)
+        self._uses_api_cache: dict[Any, bool] = {}
+
+    # ------------------------------------------------------------------------------------------ entry
+    def build(self) -> list[Stmt]:
+        fn = getattr(type(self.alg), self.method, None)
+        if fn is None:
+            raise CompileError(f"{type(self.alg).__name__} has no method {self.method}()")
+        src = Source(fn, f"{type(self.alg).__name__}.{self.method}")
+        args = src.fdef.args
+        if [a.arg for a in args.args] != ["self"] or args.vararg or args.kwarg or args.kwonlyargs:
+            raise src.error(src.fdef, f"{self.method}() must take only `self`", "the compiler threads all state")
+        self.namespace.update(src.namespace)
+        self._all_locals = _node_names(src.fdef, ast.Store)
+        self.statics = self._static_locals(src)
+        body = src.fdef.body
+        return [s for i, st in enumerate(body) for s in self._stmt(src, st, i == len(body) - 1, {}, None)]
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _new_id(self) -> str:
+        return f"s{next(self.counter)}"
+
+    def _scope(self, src: Source) -> dict[str, Any]:
+        return {**builtins.__dict__, **src.namespace, "self": self.alg}
+
+    def _resolve(self, src: Source, expr: ast.expr, local: set[str]) -> Any:
+        """The object a Name/Attribute chain rooted at a global (or ``self``) names, else None."""
+        if isinstance(expr, ast.Name):
+            if expr.id in local:
+                return None
+            if expr.id == "self":
+                return self.alg
+            return self._scope(src).get(expr.id)
+        if isinstance(expr, ast.Attribute):
+            base = self._resolve(src, expr.value, local)
+            return None if base is None else getattr(base, expr.attr, None)
+        return None
+
+    def _api_of(self, src: Source, call: ast.AST, local: set[str]) -> ApiSpec | None:
+        return api_spec(self._resolve(src, call.func, local)) if isinstance(call, ast.Call) else None
+
+    def _helper_of(self, src: Source, call: ast.AST) -> Callable | None:
+        """A method of the algorithm called as ``self.name(...)`` whose body uses the API (to inline)."""
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == "self"
+        ):
+            return None
+        fn = getattr(type(self.alg), call.func.attr, None)
+        if not inspect.isfunction(fn):
+            return None
+        if getattr(fn, "__qualname__", None) in self.inlining:
+            raise src.error(call, f"helper self.{call.func.attr}() calls itself; recursion cannot be compiled")
+        return fn if self._uses_api(fn) else None
+
+    def _uses_api(self, fn: Callable) -> bool:
+        if fn not in self._uses_api_cache:
+            self._uses_api_cache[fn] = False  # a recursive helper sees False while it is being read
+            try:
+                helper = Source(fn, fn.__qualname__)
+            except CompileError:
+                return False
+            self._uses_api_cache[fn] = any(
+                (isinstance(n, (ast.Name, ast.Attribute)) and api_spec(self._resolve(helper, n, set())))
+                or (isinstance(n, ast.Call) and self._helper_of(helper, n) is not None)
+                for n in ast.walk(helper.fdef)
+            )
+        return self._uses_api_cache[fn]
+
+    def _static_locals(self, src: Source) -> dict[str, Any]:
+        """Locals assigned once, at the top level, from expressions of ``self``/globals/constants: their
+        values are known at compile time (so ``n = self.cfg.steps; for _ in range(n)`` is static)."""
+        counts: dict[str, int] = {}
+        for node in ast.walk(src.fdef):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                counts[node.id] = counts.get(node.id, 0) + 1
+        statics: dict[str, Any] = {}
+        for st in src.fdef.body:
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                name = st.targets[0].id
+                if counts.get(name) != 1 or _node_names(st.value, ast.Load) & (set(counts) - set(statics)):
+                    continue
+                if any(isinstance(n, ast.Call) and self._api_of(src, n, set()) for n in ast.walk(st.value)):
+                    continue
+                try:
+                    value = eval(compile(ast.Expression(st.value), "<static>", "eval"), self._scope(src), dict(statics))
+                except Exception:
+                    continue
+                if isinstance(value, _STATIC_TYPES):
+                    statics[name] = value
+        return statics
+
+    def _static_eval(self, src: Source, expr: ast.expr, rename: dict[str, str], what: str, hint: str) -> Any:
+        local_names = _node_names(expr, ast.Load) - {"self"}
+        unknown = {n for n in local_names if n in self._all_locals and rename.get(n, n) not in self.statics}
+        if unknown:
+            raise src.error(
+                expr, f"{what} depends on {', '.join(sorted(unknown))}, which is only known at run time", hint
+            )
+        scope = self._scope(src)
+        scope.update({k: self.statics[rename.get(k, k)] for k in local_names if rename.get(k, k) in self.statics})
+        try:
+            return eval(compile(ast.Expression(expr), "<static>", "eval"), scope)
+        except Exception as e:
+            raise src.error(expr, f"{what} could not be evaluated at compile time ({type(e).__name__}: {e})", hint)
+
+    # ------------------------------------------------------------------------------------------ statements
+    def _touches_api(self, src: Source, node: ast.AST) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, (ast.Name, ast.Attribute)) and api_spec(self._resolve(src, n, self._all_locals)):
+                return True
+            if isinstance(n, ast.Call) and self._helper_of(src, n) is not None:
+                return True
+        return False
+
+    def _stmt(self, src: Source, st: ast.stmt, is_last: bool, rename: dict[str, str], loop: str | None):
+        api = self._touches_api(src, st)
+        if isinstance(st, (ast.Global, ast.Nonlocal)):
+            raise src.error(st, f"`{type(st).__name__.lower()}` cannot be compiled", "keep state in components")
+        for n in ast.walk(st):
+            if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
+                raise src.error(n, "generators and coroutines cannot be compiled", "write a plain loop")
+        self._check_no_self_mutation(src, st)
+        if isinstance(st, ast.Return):
+            if not is_last:
+                raise src.error(st, "`return` must be the last statement of the training loop",
+                                "compute the value and return it once at the end")
+            return self._return(src, st, rename, loop)
+        if not api:
+            return [self._compute(src, st, rename, loop)]
+        if isinstance(st, ast.For):
+            return [self._loop(src, st, rename, loop)]
+        if isinstance(st, ast.If):
+            test = self._static_eval(
+                src, st.test, rename, "the condition of an `if` around API calls",
+                "an `if` around API calls must be decidable at compile time (e.g. on self.cfg); "
+                "for data-dependent choices compute both values and select with jnp.where",
+            )
+            out = []
+            for s in st.body if test else st.orelse:
+                out.extend(self._stmt(src, s, False, rename, loop))
+            return out
+        if isinstance(st, ast.While):
+            raise src.error(st, "a `while` loop around API calls cannot be compiled (its trip count is not static)",
+                            "use `for _ in range(N)` with N known at compile time (e.g. from self.cfg)")
+        if isinstance(st, (ast.Try, ast.With, ast.AsyncWith, ast.AsyncFor, ast.Match)):
+            raise src.error(st, f"API calls inside `{type(st).__name__.lower()}` cannot be compiled",
+                            "move the API call out of the block")
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            raise src.error(st, "a nested function or class that uses the API cannot be compiled",
+                            "make it a method of the algorithm (helper methods are inlined)")
+        if isinstance(st, ast.Delete):
+            raise src.error(st, "`del` of API results cannot be compiled")
+        if isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr)):
+            return self._hoist(src, st, rename, loop)
+        raise src.error(st, f"`{type(st).__name__}` statements using the API cannot be compiled")
+
+    def _check_no_self_mutation(self, src: Source, st: ast.stmt) -> None:
+        targets: list[ast.expr] = []
+        if isinstance(st, ast.Assign):
+            targets = st.targets
+        elif isinstance(st, (ast.AugAssign, ast.AnnAssign)):
+            targets = [st.target]
+        for t in targets:
+            for n in ast.walk(t):
+                if isinstance(n, (ast.Attribute, ast.Subscript)):
+                    root = n
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if isinstance(root, ast.Name) and root.id == "self":
+                        raise src.error(st, "the training loop must not assign to attributes of `self`",
+                                        "state that changes belongs in a component (actor, learner, buffer)")
+
+
+    # ------------------------------------------------------------------------------------------ statements
+    def _rename(self, node: ast.AST, rename: dict[str, str]) -> ast.AST:
+        """A copy of ``node`` with local names renamed (for inlined helpers), keeping its line number."""
+        new = copy.deepcopy(node)
+        for n in ast.walk(new):
+            if isinstance(n, ast.Name):
+                n.id = rename.get(n.id, n.id)
+        return new
+
+    def _reserved(self, src: Source, st: ast.AST, names: set[str]) -> None:
+        for n in names:
+            if n.startswith(RESERVED_PREFIXES) and n not in self._temps:
+                raise src.error(st, f"the name `{n}` is reserved for msrl's generated code", "rename the variable")
+
+    def _compute(self, src: Source, st: ast.stmt, rename: dict[str, str], loop: str | None) -> Stmt:
+        node = self._rename(st, rename)
+        defs, uses = set(), _node_names(node, ast.Load)
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                defs.add(n.id)
+            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
+                roots = _stored_roots(n)
+                defs |= roots
+                uses |= roots
+        if isinstance(node, ast.AugAssign):
+            uses |= _stored_roots(node.target)
+        self._reserved(src, st, defs)
+        locals_ = self._locals(rename)
+        return Stmt(self._new_id(), "compute", src.file, src.line(st), src.text(st),
+                    frozenset(defs & locals_), frozenset(uses & locals_), node=node, parent=loop)
+
+    def _locals(self, rename: dict[str, str]) -> set[str]:
+        return set(self._all_locals) | set(rename.values()) | self._temps
+
+    def _return(self, src: Source, st: ast.Return, rename: dict[str, str], loop: str | None) -> list[Stmt]:
+        value = st.value or ast.Constant(None)
+        out, node = self._hoist_expr(src, st, value, rename, loop)
+        uses = _node_names(node, ast.Load) & self._locals(rename)
+        out.append(Stmt(self._new_id(), "return", src.file, src.line(st), src.text(st),
+                        uses=frozenset(uses), node=node, parent=loop))
+        return out
+
+    def _loop(self, src: Source, st: ast.For, rename: dict[str, str], parent: str | None) -> Stmt:
+        hint = "loops around API calls must be `for NAME in range(N)` with N known at compile time"
+        it = st.iter
+        if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
+                and self._scope(src).get("range") is range and not it.keywords and 1 <= len(it.args) <= 3):
+            raise src.error(st, f"cannot compile a loop over `{ast.unparse(it)}` around API calls", hint)
+        if not isinstance(st.target, ast.Name):
+            raise src.error(st, "the loop variable must be a single name", hint)
+        if st.orelse:
+            raise src.error(st, "`for ... else` around API calls cannot be compiled", "drop the else block")
+        bounds = [self._static_eval(src, a, rename, "the loop bound", hint) for a in it.args]
+        if not all(isinstance(b, int) for b in bounds):
+            raise src.error(st, f"range bounds must be ints, got {bounds}", hint)
+        r = range(*bounds)
+        if len(r) == 0:
+            raise src.error(st, f"`{ast.unparse(it)}` is empty: the loop body would never run",
+                            "a loop around API calls must run at least once")
+        escape = _find_escape(st.body)
+        if escape is not None:
+            raise src.error(escape, f"`{type(escape).__name__.lower()}` in a loop with API calls cannot be compiled",
+                            "loops around API calls run a static number of times; mask values instead")
+        var = rename.get(st.target.id, st.target.id)
+        self._reserved(src, st, {var})
+        lid = self._new_id()
+        body: list[Stmt] = []
+        for s in st.body:
+            body.extend(self._stmt(src, s, False, rename, lid))
+        return Stmt(lid, "loop", src.file, src.line(st), src.text(st), defs=frozenset({var}),
+                    var=var, range=(r.start, r.stop, r.step), body=body, parent=parent)
+
+    # ------------------------------------------------------------------------------------------ hoisting
+    def _hoist(self, src: Source, st: ast.stmt, rename: dict[str, str], loop: str | None) -> list[Stmt]:
+        value = st.value
+        if value is None:  # bare annotation
+            return [self._compute(src, st, rename, loop)]
+        # direct form: `target = msrl.api(...)` or `msrl.api(...)` with plain arguments
+        target, direct = None, isinstance(st, ast.Expr)
+        if isinstance(st, ast.Assign) and len(st.targets) == 1:
+            target, direct = st.targets[0], _is_names(st.targets[0])
+        elif isinstance(st, ast.AnnAssign):
+            target, direct = st.target, _is_names(st.target)
+        spec = self._api_of(src, value, self._all_locals)
+        if spec is not None and direct and not any(
+            self._touches_api(src, a) for a in [*value.args, *(k.value for k in value.keywords)]
+        ):
+            return [self._api_stmt(src, st, spec, value, target, rename, loop)]
+        out, new_value = self._hoist_expr(src, st, value, rename, loop)
+        rest = self._rename(st, rename)
+        rest.value = new_value
+        stmt = self._compute(src, rest, {}, loop)
+        out.append(stmt)
+        return out
+
+    def _hoist_expr(self, src: Source, st: ast.stmt, expr: ast.expr, rename: dict[str, str], loop: str | None):
+        """Move API calls (and inlined helper calls) out of ``expr`` into temporaries, innermost first."""
+        out: list[Stmt] = []
+        frontend = self
+
+        class H(ast.NodeTransformer):
+            def visit_Lambda(self, n):
+                return self._forbid(n, "a lambda")
+
+            def visit_ListComp(self, n):
+                return self._forbid(n, "a comprehension")
+
+            visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+            def visit_IfExp(self, n):
+                return self._forbid(n, "a conditional expression", "call it unconditionally and select with jnp.where")
+
+            def visit_BoolOp(self, n):
+                return self._forbid(n, "`and`/`or`", "call it unconditionally before the expression")
+
+            def _forbid(self, n, what, hint="call it in its own statement"):
+                if frontend._touches_api(src, n):
+                    raise src.error(n, f"an API call inside {what} cannot be compiled", hint)
+                return n
+
+            def visit_Call(self, n: ast.Call):
+                spec = frontend._api_of(src, n, frontend._all_locals)
+                helper = None if spec else frontend._helper_of(src, n)
+                if spec is None and helper is None:
+                    self.generic_visit(n)
+                    return n
+                n.args = [self.visit(a) for a in n.args]
+                for k in n.keywords:
+                    k.value = self.visit(k.value)
+                tmp = f"_api{next(frontend.tmp)}"
+                frontend._temps.add(tmp)
+                name = ast.Name(tmp, ast.Store())
+                if spec is not None:
+                    out.append(frontend._api_stmt(src, st, spec, n, name, rename, loop, renamed=True))
+                else:
+                    out.extend(frontend._inline(src, n, helper, tmp, loop))
+                return ast.copy_location(ast.Name(tmp, ast.Load()), n)
+
+            def visit_Name(self, n: ast.Name):
+                if api_spec(frontend._resolve(src, n, frontend._all_locals)):
+                    raise src.error(n, f"msrl.{n.id} is used as a value; API functions can only be called",
+                                    "call it directly in the loop")
+                return ast.copy_location(ast.Name(rename.get(n.id, n.id), n.ctx), n)
+
+            def visit_Attribute(self, n: ast.Attribute):
+                spec = api_spec(frontend._resolve(src, n, frontend._all_locals))
+                if spec:
+                    raise src.error(n, f"msrl.{spec.name} is used as a value; API functions can only be called",
+                                    "call it directly in the loop")
+                self.generic_visit(n)
+                return n
+
+        # the transformer renames as it goes, so hoisted statements see renamed arguments
+        new = H().visit(copy.deepcopy(expr))
+        return out, ast.fix_missing_locations(new)
+
+    def _api_stmt(self, src: Source, st: ast.stmt, spec: ApiSpec, call: ast.Call, target: ast.expr | None,
+                  rename: dict[str, str], loop: str | None, renamed: bool = False) -> Stmt:
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            raise src.error(call, f"msrl.{spec.name}() cannot take *args/**kwargs", "pass the arguments explicitly")
+        try:
+            spec.signature.bind(*call.args, **{k.arg: k.value for k in call.keywords})
+        except TypeError as e:
+            raise src.error(call, f"msrl.{spec.name}{spec.signature}: {e}",
+                            "API calls take no component state: the compiler threads it") from None
+        if getattr(self.alg, spec.component, None) is None and spec.component != "env":
+            raise src.error(call, f"msrl.{spec.name}() needs the algorithm to have a `{spec.component}` component",
+                            f"set self.{spec.component} in {type(self.alg).__name__}.__init__")
+        args = tuple(a if renamed else self._rename(a, rename) for a in call.args)
+        kwargs = tuple((k.arg, k.value if renamed else self._rename(k.value, rename)) for k in call.keywords)
+        if target is not None and not renamed:
+            target = self._rename(target, rename)
+        locals_ = self._locals(rename)
+        uses = set()
+        for a in args + tuple(v for _, v in kwargs):
+            uses |= _node_names(a, ast.Load) & locals_
+        defs = _node_names(target, ast.Store) if target is not None else set()
+        self._reserved(src, st, defs)
+        uses |= {state_var(c) for c in spec.reads}
+        defs |= {state_var(c) for c in spec.writes}
+        uses |= {state_var(c) for c in spec.writes}  # a write updates the previous state
+        return Stmt(self._new_id(), "api", src.file, src.line(call), src.text(st), frozenset(defs),
+                    frozenset(uses), api=spec, target=target, args=args, kwargs=kwargs, parent=loop)
+
+    def _inline(self, src: Source, call: ast.Call, fn: Callable, result: str, loop: str | None) -> list[Stmt]:
+        helper = Source(fn, fn.__qualname__)
+        self.namespace.update({k: v for k, v in helper.namespace.items() if k not in self.namespace})
+        prefix = f"_h{next(self.tmp)}_"
+        params = [a.arg for a in helper.fdef.args.args][1:]
+        if helper.fdef.args.vararg or helper.fdef.args.kwarg or helper.fdef.args.kwonlyargs:
+            raise helper.error(helper.fdef, "helpers that use the API must take plain positional parameters")
+        if any(isinstance(a, ast.Starred) for a in call.args) or call.keywords and any(k.arg is None for k in call.keywords):
+            raise src.error(call, "cannot inline a helper called with *args/**kwargs")
+        defaults = helper.fdef.args.defaults
+        bound: dict[str, ast.expr] = dict(zip(params[len(params) - len(defaults):], defaults))
+        bound.update(zip(params, call.args))
+        for k in call.keywords:
+            bound[k.arg] = k.value
+        missing = [p for p in params if p not in bound]
+        if len(call.args) > len(params) or missing or set(bound) - set(params):
+            raise src.error(call, f"self.{fn.__name__}() called with the wrong arguments (takes {', '.join(params)})")
+        assigned = _node_names(helper.fdef, ast.Store)
+        helper_locals = assigned | set(params)
+        rename = {n: prefix + n for n in helper_locals}
+        for p in params:  # a parameter bound to a compile-time value is static inside the helper
+            if p not in assigned:
+                try:
+                    value = self._static_eval(src, bound[p], {}, "", "")
+                except CompileError:
+                    continue
+                if isinstance(value, _STATIC_TYPES):
+                    self.statics[rename[p]] = value
+        self._temps |= set(rename.values())
+        outer_locals = self._all_locals
+        out = [self._compute(src, ast.copy_location(ast.Assign([ast.Name(rename[p], ast.Store())], bound[p]), call),
+                             {}, loop) for p in params]
+        self.inlining.append(fn.__qualname__)
+        try:
+            self._all_locals = helper_locals
+            body = helper.fdef.body
+            ret = body[-1] if body and isinstance(body[-1], ast.Return) else None
+            for st in body[:-1] if ret else body:
+                early = next((n for n in ast.walk(st) if isinstance(n, ast.Return)), None)
+                if early is not None:
+                    raise helper.error(early, "a helper that uses the API may only `return` as its last statement",
+                                       "assign the value and return it once at the end")
+                out.extend(self._stmt(helper, st, False, rename, loop))
+            value = ret.value if ret is not None and ret.value is not None else ast.Constant(None)
+            assign = ast.copy_location(ast.Assign([ast.Name(result, ast.Store())], value), ret or helper.fdef)
+            out.extend(self._hoist(helper, assign, rename, loop))
+        finally:
+            self.inlining.pop()
+            self._all_locals = outer_locals
+        return out
+
+
+def parse(algorithm: Any, method: str = "train_step") -> tuple[list[Stmt], dict[str, Any]]:
+    """The IR of ``algorithm.<method>`` and the namespace its code runs in."""
+    fe = Frontend(algorithm, method)
+    stmts = fe.build()
+    return stmts, fe.namespace
+
+
+__all__ = ["parse", "API"]

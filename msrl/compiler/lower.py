@@ -1,0 +1,200 @@
+"""Lowering: each fragment becomes the source of a pure Python function ``(state) -> (state, result)``.
+
+Modes:
+- ``scan``: every ``for range`` loop becomes ``jax.lax.scan`` over a body function whose carry is exactly
+  what liveness says crosses iterations (component states written in the loop + loop-carried variables);
+  the fragment is meant to be ``jax.jit``-ted whole.
+- ``python``: loops stay Python loops (host fragments that talk to other fragments every step).
+- ``probe``: like ``python`` but every loop runs once and every definition is recorded, for shape inference.
+
+The generated source is kept (``Fragment.source``) and each of its lines maps back to the user's file:line,
+so an error raised while tracing a fragment is reported at the user's statement.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import linecache
+from typing import Any, Callable
+
+from msrl.compiler.ir import Stmt, is_state, liveness, loop_defs, walk
+from msrl.errors import CompileError
+
+STATE_PREFIX = "_s_"
+
+
+def py(var: str) -> str:
+    """The Python name of an IR variable (``@env`` -> ``_s_env``)."""
+    return STATE_PREFIX + var[1:] if is_state(var) else var
+
+
+def _pack(names: list[str]) -> str:
+    return "()" if not names else "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+
+
+@dataclasses.dataclass
+class Lowered:
+    name: str
+    source: str
+    filename: str
+    linemap: dict[int, tuple[str, int, str]]  # generated line -> (user file, line, user source)
+    fn: Callable | None = None
+
+
+class _Emitter:
+    def __init__(self, mode: str, derive_params: bool, shapes: dict, zeros: dict):
+        self.mode, self.derive_params, self.shapes, self.zeros = mode, derive_params, shapes, zeros
+        self.lines: list[str] = []
+        self.linemap: dict[int, tuple[str, int, str]] = {}
+        self.live: dict[str, set[str]] = {}
+
+    def emit(self, indent: int, text: str, origin: Stmt | None = None) -> None:
+        for i, line in enumerate(text.splitlines()):
+            comment = f"  # {origin.file.rsplit('/', 1)[-1]}:{origin.line}" if origin is not None and i == 0 else ""
+            self.lines.append("    " * indent + line + comment)
+            if origin is not None:
+                self.linemap[len(self.lines)] = (origin.file, origin.line, origin.source)
+
+    def record(self, indent: int, s: Stmt, names: set[str]) -> None:
+        names = sorted(n for n in names if not is_state(n))
+        if self.mode == "probe" and names:
+            self.emit(indent, f"_msrl_record({s.id!r}, {{{', '.join(f'{n!r}: {n}' for n in names)}}})")
+
+    def block(self, stmts: list[Stmt], indent: int, defined: set[str]) -> None:
+        if not stmts:
+            self.emit(indent, "pass")
+        for s in stmts:
+            getattr(self, "_" + s.kind)(s, indent, defined)
+
+    def _api(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        spec = s.api
+        state = py("@" + spec.component)
+        args = [state] + (["_s_params"] if "params" in spec.reads else [])
+        args += [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
+        call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
+        target = ast.unparse(s.target) if s.target is not None else None
+        if spec.returns == "None":
+            self.emit(indent, f"{state} = {call}", s)
+            if target:
+                self.emit(indent, f"{target} = None")
+        else:
+            self.emit(indent, f"{state}, {target or '_'} = {call}", s)
+        if "params" in spec.writes and self.derive_params:
+            self.emit(indent, "_s_params = _c_learner.policy_params(_s_learner)")
+        self.record(indent, s, s.defs)
+        defined |= {py(d) for d in s.defs}
+
+    def _compute(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        self.emit(indent, ast.unparse(s.node), s)
+        self.record(indent, s, s.defs)
+        defined |= s.defs
+
+    def _return(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        self.emit(indent, f"_result = {ast.unparse(s.node)}", s)
+        self.record(indent, s, {"_result"})
+        defined.add("_result")
+
+    def _send(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        (var,) = s.uses
+        self.emit(indent, f"_msrl_comm[{s.id!r}].send({py(var)})", s)
+
+    def _recv(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        (var,) = s.defs
+        self.emit(indent, f"{py(var)} = _msrl_comm[{s.id!r}].recv()", s)
+        defined.add(py(var))
+
+    def _loop(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        start, stop, step = s.range
+        var = s.var if s.var and s.var != "_" else "_"
+        if self.mode != "scan":
+            bounds = f"range({start}, {stop}, {step})" + ("[:1]" if self.mode == "probe" else "")
+            self.emit(indent, f"for {var} in {bounds}:", s)
+            self.block(s.body, indent + 1, defined)
+            defined |= {py(d) for d in loop_defs(s)}
+            return
+        body_uses = {u for b in walk(s.body) for u in b.uses}
+        carried = sorted(py(v) for v in loop_defs(s) & self.live[s.id + "/body"] if v != s.var)
+        for name in carried:
+            if name not in defined:  # first assigned inside the loop: start from zeros of its shape
+                self.zeros[name] = self._shape_of(s, name)
+                self.emit(indent, f"{name} = _msrl_zeros({name!r})", s)
+        fn = f"_loop_{s.id}"
+        self.emit(indent, f"def {fn}(_carry, {var if s.var in body_uses else '_'}):", s)
+        if carried:
+            self.emit(indent + 1, f"{_pack(carried)} = _carry")
+        self.block(s.body, indent + 1, set(defined) | set(carried))
+        self.emit(indent + 1, f"return {_pack(carried)}, None")
+        xs = f"_msrl_arange({start}, {stop}, {step})" if s.var in body_uses else "None"
+        self.emit(indent, f"{_pack(carried)}, _ = _msrl_scan({fn}, {_pack(carried)}, {xs}, length={s.trip_count})",
+                  s)
+        if s.var and s.var in self.live[s.id]:
+            self.emit(indent, f"{s.var} = {range(*s.range)[-1]}", s)
+        defined |= set(carried) | {py(d) for d in loop_defs(s)}
+
+    def _shape_of(self, loop: Stmt, name: str) -> Any:
+        for b in reversed(list(walk(loop.body))):
+            key = (b.id, name)
+            if key in self.shapes:
+                return self.shapes[key]
+        raise CompileError(f"`{name}` is first assigned inside the loop and its shape is unknown", loop.file,
+                           loop.line, f"assign `{name}` before the loop")
+
+
+def generate(name: str, stmts: list[Stmt], state_keys: list[str], mode: str, derive_params: bool,
+             returns: bool, shapes: dict | None = None) -> tuple[Lowered, dict]:
+    """Source of fragment ``name`` over ``stmts`` (already projected onto the fragment)."""
+    em = _Emitter(mode, derive_params, shapes or {}, {})
+    live_out = {"@" + k for k in state_keys} | ({"_result"} if returns else set())
+    liveness(stmts, live_out, em.live)
+    em.emit(0, f"def fragment_{name}(_state):")
+    defined: set[str] = set()
+    for k in state_keys:
+        em.emit(1, f"{py('@' + k)} = _state[{k!r}]")
+        defined.add(py("@" + k))
+    if derive_params:
+        em.emit(1, "_s_params = _c_learner.policy_params(_s_learner)")
+        defined.add("_s_params")
+    em.emit(1, "_result = None")
+    em.block(stmts, 1, defined)
+    em.emit(1, "return {" + ", ".join(f"{k!r}: {py('@' + k)}" for k in state_keys) + "}, _result")
+    filename = f"<msrl fragment {name} ({mode})>"
+    return Lowered(name, "\n".join(em.lines) + "\n", filename, em.linemap), em.zeros
+
+
+def materialize(lowered: Lowered, namespace: dict[str, Any]) -> Callable:
+    """Execute the generated source; keep it in linecache so tracebacks show it."""
+    linecache.cache[lowered.filename] = (len(lowered.source), None, lowered.source.splitlines(True),
+                                         lowered.filename)
+    ns = dict(namespace)
+    exec(compile(lowered.source, lowered.filename, "exec"), ns)
+    lowered.fn = ns[f"fragment_{lowered.name}"]
+    return lowered.fn
+
+
+def user_frame(exc: BaseException, lowered: list[Lowered]) -> tuple[str, int, str] | None:
+    """The user's statement at which ``exc`` was raised while running generated code."""
+    by_file = {lw.filename: lw for lw in lowered}
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        lw = by_file.get(tb.tb_frame.f_code.co_filename)
+        if lw is not None and tb.tb_lineno in lw.linemap:
+            found = lw.linemap[tb.tb_lineno]
+        tb = tb.tb_next
+    return found
+
+
+def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str) -> None:
+    """Re-raise an exception from generated code as a CompileError at the user's file:line."""
+    frame = user_frame(exc, lowered)
+    if frame is None or (isinstance(exc, CompileError) and exc.file is not None):
+        raise exc
+    file, line, source = frame
+    if isinstance(exc, CompileError):  # raised by msrl itself while running the user's statement
+        raise CompileError(exc.reason, file, line, exc.hint) from None
+    message = str(exc).strip().splitlines()
+    first = message[0] if message else ""
+    raise CompileError(f"{type(exc).__name__} while {doing} `{source}`: {first}", file, line,
+                       "the full JAX error is chained above") from exc.with_traceback(exc.__traceback__)
+

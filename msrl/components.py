@@ -1,0 +1,159 @@
+"""Components: pure JAX objects with explicit state.
+
+Each component has ``init(key, ...) -> state`` and pure methods ``(state, *inputs) -> (state, outputs)``.
+The objects themselves hold only static configuration (networks, hyperparameters); everything that changes
+lives in the state pytrees the compiler threads through the training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+PyTree = Any
+
+
+# --------------------------------------------------------------------------------------------- spaces
+@dataclasses.dataclass(frozen=True)
+class Discrete:
+    n: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return ()
+
+    dtype = np.dtype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Box:
+    low: np.ndarray
+    high: np.ndarray
+    shape: tuple[int, ...]
+    dtype: np.dtype = np.dtype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """What an algorithm needs to know of an environment to build its networks."""
+
+    id: str
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    action_space: Discrete | Box
+
+    @property
+    def discrete(self) -> bool:
+        return isinstance(self.action_space, Discrete)
+
+
+# --------------------------------------------------------------------------------------------- components
+class Environment:
+    """A functional, jittable batch of environments (gymnax protocol, auto-reset).
+
+    ``init(key, env_ids)`` makes the state of the environments with the given *global* indices; every
+    per-environment key is ``fold_in(key, env_index)``, so splitting environments over replicas changes
+    no number (the determinism contract).
+    """
+
+    spec: EnvSpec
+    jittable = True
+
+    def init(self, key: jax.Array, env_ids: jax.Array) -> PyTree:
+        raise NotImplementedError
+
+    def observe(self, state: PyTree) -> tuple[PyTree, jax.Array]:
+        raise NotImplementedError
+
+    def reset(self, state: PyTree) -> tuple[PyTree, jax.Array]:
+        raise NotImplementedError
+
+    def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, tuple[jax.Array, jax.Array, jax.Array]]:
+        raise NotImplementedError
+
+    def stats(self, state: PyTree) -> dict[str, jax.Array]:
+        """Episode statistics for logging: at least ``episode_return`` and ``episodes``."""
+        raise NotImplementedError
+
+
+class ActOutput(NamedTuple):
+    """What an actor returns; algorithms may return their own NamedTuple with more fields."""
+
+    action: jax.Array
+    log_prob: jax.Array | None = None
+    value: jax.Array | None = None
+
+
+class Actor:
+    """``act(state, params, obs) -> (state, output)``. Its state holds one PRNG key per environment."""
+
+    def init(self, key: jax.Array, env_ids: jax.Array) -> PyTree:
+        return {"keys": per_env_keys(key, env_ids)}
+
+    def act(self, state: PyTree, params: PyTree, obs: jax.Array) -> tuple[PyTree, Any]:
+        raise NotImplementedError
+
+
+class Learner:
+    """``learn(state, batch, **kw) -> (state, metrics)``; ``policy_params(state)`` is what actors use.
+
+    Gradients go through ``self.tx``: the algorithm's optax chain (``optimizer()``) preceded by
+    ``grad_transforms`` that a distribution policy may set (an all-reduce, say) without touching the
+    algorithm.
+    """
+
+    grad_transforms: tuple[optax.GradientTransformation, ...] = ()
+
+    def optimizer(self) -> optax.GradientTransformation:
+        raise NotImplementedError
+
+    @property
+    def tx(self) -> optax.GradientTransformation:
+        return optax.chain(*self.grad_transforms, self.optimizer())
+
+    def init(self, key: jax.Array) -> PyTree:
+        raise NotImplementedError
+
+    def learn(self, state: PyTree, batch: PyTree, **kwargs: Any) -> tuple[PyTree, dict[str, jax.Array]]:
+        raise NotImplementedError
+
+    def policy_params(self, state: PyTree) -> PyTree:
+        raise NotImplementedError
+
+
+class ReplayBuffer:
+    """Functional buffer: ``insert(state, item) -> state``, ``get``/``sample(state) -> (state, batch)``.
+
+    ``item_spec`` (a pytree of ``jax.ShapeDtypeStruct``) may be left ``None``: the compiler then infers it
+    from the first ``buffer_insert`` of the training loop.
+    """
+
+    item_spec: PyTree | None = None
+
+    def init(self, key: jax.Array, item_spec: PyTree) -> PyTree:
+        raise NotImplementedError
+
+    def insert(self, state: PyTree, item: PyTree) -> PyTree:
+        raise NotImplementedError
+
+    def get(self, state: PyTree) -> tuple[PyTree, PyTree]:
+        raise NotImplementedError
+
+    def sample(self, state: PyTree, batch_size: int | None = None) -> tuple[PyTree, PyTree]:
+        raise NotImplementedError
+
+
+def per_env_keys(key: jax.Array, env_ids: jax.Array) -> jax.Array:
+    """One key per environment, derived from its global index only."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(env_ids, jnp.uint32))
+
+
+def split_keys(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Split every per-environment key: returns (next keys, keys to use now)."""
+    both = jax.vmap(jax.random.split)(keys)
+    return both[:, 0], both[:, 1]

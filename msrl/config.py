@@ -1,0 +1,136 @@
+"""Experiment configuration: pydantic v2 models, YAML files, ``key.path=value`` overrides.
+
+``algorithm`` and ``policy`` are validated by the model their ``name`` registers, so every algorithm and
+policy brings its own keys. Unknown keys and bad values raise :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from msrl.errors import ConfigError
+from msrl.registry import ALGORITHMS, POLICIES
+
+
+class EnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = "gymnax:CartPole-v1"
+    num_envs: int = Field(4, gt=0, description="environments in total, over all replicas")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    total_env_steps: int = Field(500_000, gt=0)
+    seed: int = Field(0, ge=0)
+    iterations_per_dispatch: int | None = Field(
+        None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
+    progress: bool = True
+    tensorboard: bool = True
+    compile_cache: bool = Field(True, description="JAX persistent compilation cache beside the run directory")
+
+
+class ExperimentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    algorithm: Any
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    policy: Any
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm.model_dump(mode="json"),
+            "env": self.env.model_dump(mode="json"),
+            "policy": self.policy.model_dump(mode="json"),
+            "run": self.run.model_dump(mode="json"),
+        }
+
+
+_SECTIONS = ("algorithm", "env", "policy", "run")
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {data!r}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join([prefix, *(str(p) for p in err["loc"])])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key; allowed keys: {', '.join(model.model_fields)}"
+        elif "input" in err and err["type"] != "missing":
+            msg += f" (got {err['input']!r})"
+        field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+        if field is not None and field.description and err["type"] != "extra_forbidden":
+            msg += f" — {field.description}"
+        raise ConfigError(key, msg) from None
+
+
+def validate_config(data: dict[str, Any]) -> ExperimentConfig:
+    """Validate a plain dict (as from YAML) into an :class:`ExperimentConfig`."""
+    if not isinstance(data, dict):
+        raise ConfigError("", f"a config must be a mapping with keys {', '.join(_SECTIONS)}")
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], f"unknown key; allowed keys: {', '.join(_SECTIONS)}")
+    algo = dict(data.get("algorithm") or {})
+    if "name" not in algo:
+        raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")
+    algo_cls = ALGORITHMS.get(algo["name"])
+    policy = dict(data.get("policy") or {"name": "fused"})
+    policy.setdefault("name", "fused")
+    policy_cls = POLICIES.get(policy["name"])
+    return ExperimentConfig(
+        algorithm=_validate(algo_cls.Config, algo, "algorithm"),
+        env=_validate(EnvConfig, data.get("env") or {}, "env"),
+        policy=_validate(policy_cls, policy, "policy"),
+        run=_validate(RunConfig, data.get("run") or {}, "run"),
+    )
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested dict, in place.
+    ``policy.name=...`` applies first and drops the file's keys of the previous policy."""
+    for item in sorted(overrides, key=lambda o: not o.startswith("policy.name=")):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(item, "overrides are written KEY.PATH=VALUE (e.g. run.seed=1)")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        parts = key.split(".")
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(".".join(parts[: i + 1]), f"is {nxt!r}, not a section; cannot set {key}")
+            node = nxt
+        if parts[0] == "policy" and parts[-1] == "name" and len(parts) == 2 and node.get("name") != value:
+            # switching policy: keys that belong to the old policy would be unknown to the new one
+            for k in [k for k in node if k not in ("name", "backend")]:
+                del node[k]
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("", f"config file {str(p)!r} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError("", f"{p}: not valid YAML: {e}") from None
+    return validate_config(apply_overrides(data, list(overrides)))

@@ -1,0 +1,31 @@
+"""The errors msrl raises for bad input. Each names what the user must fix: a config key, or file:line."""
+
+from __future__ import annotations
+
+
+class MsrlError(Exception):
+    """Base class of every error msrl raises on purpose."""
+
+
+class ConfigError(MsrlError, ValueError):
+    """A bad configuration value. ``key`` is the dotted path of the offending key (``policy.actors``)."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+class CompileError(MsrlError):
+    """A training loop msrl cannot compile. Carries the user's ``file`` and ``line`` and a ``hint``."""
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None, hint: str | None = None):
+        self.file, self.line, self.hint, self.reason = file, line, hint, message
+        where = f"{file}:{line}: " if file else ""
+        text = where + message
+        if hint:
+            text += f"\n  hint: {hint}"
+        super().__init__(text)
+
+
+class TrainingError(MsrlError):
+    """Training stopped because something went wrong at run time (non-finite loss, env mismatch...)."""

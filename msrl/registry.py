@@ -1,0 +1,49 @@
+"""Registries of algorithms, policies and backends.
+
+The core never imports a concrete algorithm, policy or backend: it looks names up here. Built-ins and
+installed plug-ins are found through the entry-point groups ``msrl.algorithms``, ``msrl.policies`` and
+``msrl.backends``; a user's own class registers with the decorators below (``@msrl.register_algorithm``).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any
+
+from msrl.errors import ConfigError
+
+
+class Registry:
+    def __init__(self, kind: str, noun: str, key: str):
+        self.kind, self.noun, self.key, self._items = kind, noun, key, {}
+
+    def register(self, name: str):
+        def wrap(obj: Any) -> Any:
+            self._items[name] = obj
+            obj.registered_name = name
+            return obj
+
+        return wrap
+
+    def _entry_points(self):
+        return {ep.name: ep for ep in entry_points(group=f"msrl.{self.kind}")}
+
+    def names(self) -> list[str]:
+        return sorted(set(self._items) | set(self._entry_points()))
+
+    def get(self, name: str) -> Any:
+        if name not in self._items:
+            ep = self._entry_points().get(name)
+            if ep is None:
+                raise ConfigError(self.key, f"unknown {self.noun} {name!r}; available: {', '.join(self.names())}")
+            self.register(name)(ep.load())
+        return self._items[name]
+
+
+ALGORITHMS = Registry("algorithms", "algorithm", "algorithm.name")
+POLICIES = Registry("policies", "policy", "policy.name")
+BACKENDS = Registry("backends", "backend", "policy.backend")
+
+register_algorithm = ALGORITHMS.register
+register_policy = POLICIES.register
+register_backend = BACKENDS.register

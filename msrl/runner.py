@@ -1,0 +1,148 @@
+"""The training driver: config -> env, algorithm, program, runtime -> a run directory with metrics."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+import yaml
+
+from msrl.algorithm import Context
+from msrl.config import ExperimentConfig, load_config
+from msrl.envs import make_env
+from msrl.errors import ConfigError, TrainingError
+from msrl.registry import ALGORITHMS, BACKENDS
+
+TARGET_STEPS_PER_DISPATCH = 16_384
+
+
+def enable_compile_cache(directory: str | Path) -> None:
+    import jax
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+
+
+def build(cfg: ExperimentConfig):
+    """Env, algorithm and compiled program of a config (nothing runs yet)."""
+    from msrl.compiler import compile as compile_program
+
+    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    ctx = Context(env_spec=env.spec, num_envs=cfg.env.num_envs, total_env_steps=cfg.run.total_env_steps)
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
+    program = compile_program(algorithm, cfg.policy, env, cfg.env.num_envs)
+    return program
+
+
+class _Logger:
+    """metrics.csv (one row per iteration), TensorBoard events, and the rich progress bar."""
+
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int):
+        self.run_dir, self.cfg = run_dir, cfg
+        self.csv_file = open(run_dir / "metrics.csv", "w", newline="")
+        self.writer: csv.DictWriter | None = None
+        self.tb = None
+        if cfg.run.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"))
+        self.progress = None
+        if cfg.run.progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                     TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
+                                     TextColumn("{task.fields[sps]:,.0f} SPS"),
+                                     TextColumn("return {task.fields[ret]}"), TimeRemainingColumn(), transient=False)
+            self.task = self.progress.add_task(f"{cfg.algorithm.name} [{cfg.policy.name}]", total=total_steps,
+                                               sps=0, ret="-")
+            self.progress.start()
+
+    def log(self, row: dict[str, float]) -> None:
+        if self.writer is None:
+            first = ["iteration", "env_steps", "episode_return", "sps", "wall_time"]
+            self.writer = csv.DictWriter(self.csv_file, fieldnames=first + [k for k in row if k not in first],
+                                         extrasaction="ignore")
+            self.writer.writeheader()
+        self.writer.writerow(row)
+        if self.tb is not None:
+            for k, v in row.items():
+                if k not in ("iteration", "env_steps") and math.isfinite(v):
+                    self.tb.add_scalar(k, v, int(row["env_steps"]))
+
+    def update(self, row: dict[str, float]) -> None:
+        self.csv_file.flush()
+        if self.progress is not None:
+            ret = row["episode_return"]
+            self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"],
+                                 ret="-" if math.isnan(ret) else f"{ret:.1f}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self.tb is not None:
+            self.tb.close()
+        self.csv_file.close()
+
+
+def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None) -> dict:
+    """Train; returns the summary (also written to ``RUN_DIR/summary.json``)."""
+    if not isinstance(cfg, ExperimentConfig):
+        cfg = load_config(cfg, overrides)
+    run_dir = Path(run_dir or Path("runs") / f"{cfg.algorithm.name}-{cfg.policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
+    if cfg.run.compile_cache:
+        enable_compile_cache(os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache"))
+
+    program = build(cfg)
+    steps_per_iter = program.env_steps_per_iteration
+    iterations = cfg.run.total_env_steps // steps_per_iter
+    if iterations < 1:
+        raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than one iteration "
+                          f"({steps_per_iter} env steps)")
+    # several iterations per dispatch, but at least ~10 progress updates in a run
+    auto = max(1, min(TARGET_STEPS_PER_DISPATCH // steps_per_iter, iterations // 10))
+    per_dispatch = min(cfg.run.iterations_per_dispatch or auto, iterations)
+    backend = BACKENDS.get(cfg.policy.backend)()
+    runtime = backend.build(program, cfg.run.seed, per_dispatch)
+
+    logger = _Logger(run_dir, cfg, iterations * steps_per_iter)
+    done, last_return, start, row = 0, float("nan"), time.perf_counter(), {}
+    try:
+        while done < iterations:
+            rows = runtime.run(min(per_dispatch, iterations - done))
+            elapsed = time.perf_counter() - start
+            for r in rows:
+                done += 1
+                bad = [k for k, v in r.items() if k not in ("episode_return",) and not math.isfinite(v)]
+                if bad:
+                    raise TrainingError(f"iteration {done}: metric {bad[0]!r} is {r[bad[0]]} (non-finite); "
+                                        "training stopped. Lower algorithm.lr or check the environment's rewards.")
+                if math.isfinite(r["episode_return"]):
+                    last_return = r["episode_return"]
+                row = {"iteration": done, "env_steps": done * steps_per_iter, "sps": done * steps_per_iter / elapsed,
+                       "wall_time": elapsed, **r}
+                logger.log(row)
+            logger.update(row)
+    finally:
+        logger.close()
+        runtime.close()
+    elapsed = time.perf_counter() - start
+    summary = {
+        "env_steps": iterations * steps_per_iter,
+        "iterations": iterations,
+        "episode_return": last_return,
+        "sps": iterations * steps_per_iter / elapsed,
+        "wall_time": elapsed,
+        "compile_time": runtime.compile_seconds,
+        "graph_time": program.compile_seconds,
+        "policy": cfg.policy.name,
+        "backend": cfg.policy.backend,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+

@@ -1,0 +1,325 @@
+"""Training loops for the compiler tests: small real components, accepted and rejected loop shapes.
+
+Each rejected loop marks its offending line with a comment ``# E:<name>`` so the tests can check that the
+CompileError points at exactly that file:line.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+import msrl
+from msrl import api
+from msrl.api import agent_act as act_alias
+from msrl.components import split_keys
+
+
+class Item(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    done: jax.Array
+
+
+class RandomActor(msrl.Actor):
+    """Uniform random actions from per-env keys; adds the (zero) params so the params edge is real."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def act(self, state, params, obs):
+        keys, use = split_keys(state["keys"])
+        action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.n))(use)
+        return {"keys": keys}, msrl.ActOutput(action=action + jnp.int32(params["w"] * 0))
+
+
+class SumLearner(msrl.Learner):
+    """A learner whose one parameter accumulates the mean reward (plus optional extras) it is given."""
+
+    def init(self, key):
+        return {"w": jnp.zeros((), jnp.float32), "updates": jnp.zeros((), jnp.int32)}
+
+    def learn(self, state, batch, **extra):
+        w = state["w"] + batch.reward.mean() + sum(jnp.mean(v) for v in extra.values())
+        return {"w": w, "updates": state["updates"] + 1}, {"w": w}
+
+    def policy_params(self, state):
+        return {"w": state["w"]}
+
+
+class Base(msrl.Algorithm):
+    def __init__(self, steps: int = 3, flag: bool = True):
+        super().__init__(SimpleNamespace(steps=steps, flag=flag, inner=2), None)
+        self.actor = RandomActor(2)
+        self.learner = SumLearner()
+        self.buffer = msrl.TrajectoryBuffer(self.capacity())
+
+    def capacity(self) -> int:
+        return self.cfg.steps
+
+
+# ------------------------------------------------------------------------------------------- accepted
+class Simple(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class Nested(Base):
+    """Nested loops, the loop index used, statements between API calls, tuple and starred unpacking,
+    aliases of the API, a static local, a variable first assigned inside a loop, a static `if`."""
+
+    def capacity(self) -> int:
+        return self.cfg.steps * self.cfg.inner
+
+    def train_step(self):
+        n = self.cfg.inner
+        obs = api.env_observe()
+        total = jnp.zeros(())
+        for i in range(self.cfg.steps):
+            scale = jnp.float32(i + 1)
+            for j in range(n):
+                out = act_alias(obs)
+                next_obs, *rest = msrl.env_step(out.action)
+                reward, done = rest
+                total = total + scale * reward.sum() + j
+                msrl.buffer_insert(Item(obs, out.action, reward * scale, done))
+                last_reward = reward
+                obs = next_obs
+        if self.cfg.flag:
+            metrics = msrl.agent_learn(msrl.buffer_get(), bonus=total)
+        else:
+            metrics = {}
+        return {**metrics, "total": total, "last": last_reward.sum(), "i": jnp.float32(i)}
+
+
+class Helpers(Base):
+    """Helper methods: one that uses the API (inlined, with params, defaults and a return), one that
+    does not (called as is)."""
+
+    def collect(self, obs, steps, scale=2.0):
+        for _ in range(steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, self.shape_reward(reward, scale), done))
+        return obs
+
+    def shape_reward(self, reward, scale):
+        return reward * scale
+
+    def train_step(self):
+        obs = self.collect(msrl.env_observe(), 3)
+        return msrl.agent_learn(msrl.buffer_get(), last=obs.sum())
+
+
+# ------------------------------------------------------------------------------------------- rejected
+class WhileLoop(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        k = 0
+        while k < 3:  # E:while
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            k += 1
+        return k
+
+
+class DataIf(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        if obs.sum() > 0:  # E:data_if
+            msrl.env_step(msrl.agent_act(obs).action)
+        return 0
+
+
+class NonRange(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in [1, 2]:  # E:non_range
+            msrl.env_step(msrl.agent_act(obs).action)
+        return 0
+
+
+class DynamicRange(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        n = obs.shape[0]
+        for _ in range(n):  # E:dynamic_range
+            msrl.env_step(msrl.agent_act(obs).action)
+        return 0
+
+
+class InLambda(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        f = lambda o: msrl.agent_act(o)  # E:lambda  # noqa: E731
+        msrl.env_step(f(obs).action)
+        return 0
+
+
+class InComprehension(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        outs = [msrl.agent_act(obs) for _ in range(2)]  # E:comprehension
+        msrl.env_step(outs[0].action)
+        return 0
+
+
+class InIfExp(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs) if self.cfg.flag else None  # E:ifexp
+        msrl.env_step(out.action)
+        return 0
+
+
+class BreakInLoop(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(3):
+            obs, reward, done = msrl.env_step(msrl.agent_act(obs).action)
+            break  # E:break
+        return 0
+
+
+class EarlyReturn(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        return obs  # E:early_return
+        msrl.env_step(msrl.agent_act(obs).action)
+
+
+class SelfMutation(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        self.last_obs = obs  # E:self_mutation
+        msrl.env_step(msrl.agent_act(obs).action)
+        return 0
+
+
+class WrongArity(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act()  # E:arity
+        msrl.env_step(out.action)
+        return 0
+
+
+class StateArgument(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(self.actor, obs)  # E:state_arg
+        msrl.env_step(out.action)
+        return 0
+
+
+class ApiAsValue(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        act = msrl.agent_act  # E:api_value
+        msrl.env_step(act(obs).action)
+        return 0
+
+
+class TryBlock(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        try:  # E:try
+            msrl.env_step(msrl.agent_act(obs).action)
+        except ValueError:
+            pass
+        return 0
+
+
+class NestedDef(Base):
+    def train_step(self):
+        def step(o):  # E:nested_def
+            return msrl.env_step(msrl.agent_act(o).action)
+
+        obs = msrl.env_observe()
+        step(obs)
+        return 0
+
+
+class NoEnvStep(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        return msrl.agent_act(obs)
+
+
+class ShapeBug(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        bad = obs @ jnp.ones((7, 3))  # E:shape_bug
+        msrl.env_step(out.action)
+        return bad
+
+
+class ReservedName(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        _s_env = obs  # E:reserved
+        msrl.env_step(msrl.agent_act(_s_env).action)
+        return 0
+
+
+class GetBeforeInsert(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        batch = msrl.buffer_get()  # E:get_first
+        msrl.buffer_insert(Item(obs, obs[:, 0], obs[:, 0], obs[:, 0] > 0))
+        msrl.env_step(msrl.agent_act(obs).action)
+        return msrl.agent_learn(batch)
+
+
+class HelperEarlyReturn(Base):
+    def helper(self, obs):
+        if self.cfg.flag:
+            return obs  # E:helper_return
+        return msrl.agent_act(obs)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        msrl.env_step(self.helper(obs).action)
+        return 0
+
+
+class WithArgs(Base):
+    def train_step(self, n):  # E:args
+        obs = msrl.env_observe()
+        msrl.env_step(msrl.agent_act(obs).action)
+        return n
+
+
+REJECTED = {
+    "while": WhileLoop,
+    "data_if": DataIf,
+    "non_range": NonRange,
+    "dynamic_range": DynamicRange,
+    "lambda": InLambda,
+    "comprehension": InComprehension,
+    "ifexp": InIfExp,
+    "break": BreakInLoop,
+    "early_return": EarlyReturn,
+    "self_mutation": SelfMutation,
+    "arity": WrongArity,
+    "state_arg": StateArgument,
+    "api_value": ApiAsValue,
+    "try": TryBlock,
+    "nested_def": NestedDef,
+    "shape_bug": ShapeBug,
+    "reserved": ReservedName,
+    "get_first": GetBeforeInsert,
+    "helper_return": HelperEarlyReturn,
+    "args": WithArgs,
+}

@@ -1,0 +1,204 @@
+"""Compiler: front end, FDG, partition, lowering. Real gymnax envs, real jit."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import msrl
+from msrl.backends.jax_backend import JaxBackend
+from msrl.compiler.ir import leaves
+from msrl.envs import make_env
+from msrl.policies.fused import Fused
+from msrl.policy import FragmentSpec, Policy
+
+import loops
+
+NUM_ENVS = 3
+
+
+@pytest.fixture(scope="module")
+def env():
+    return make_env("gymnax:CartPole-v1")
+
+
+class Eager(Policy):
+    """One fragment lowered to plain Python loops (not jitted): the reference semantics."""
+
+    name: Literal["eager"] = "eager"
+
+    def fragments(self):
+        return [FragmentSpec(name="main", jit=False)]
+
+    def assign(self, stmts, fdg):
+        return {s.id: "main" for s in leaves(stmts)}
+
+
+class ActorsLearner(Policy):
+    """Cut at agent_learn: two actor replicas and one learner, host fragments."""
+
+    name: Literal["actors_learner"] = "actors_learner"
+
+    def fragments(self):
+        return [FragmentSpec(name="actors", replicas=2, jit=False), FragmentSpec(name="learner", jit=False)]
+
+    def assign(self, stmts, fdg):
+        out = {}
+        for s in leaves(stmts):
+            learner_side = s.kind == "return" or (s.kind == "api" and s.api.name == "agent_learn")
+            out[s.id] = "learner" if learner_side else "actors"
+        return out
+
+
+class SplitEnv(ActorsLearner):
+    """A bad policy: env_observe and env_step in different fragments."""
+
+    name: Literal["split_env"] = "split_env"
+
+    def assign(self, stmts, fdg):
+        out = super().assign(stmts, fdg)
+        for s in leaves(stmts):
+            if s.kind == "api" and s.api.name == "env_observe":
+                out[s.id] = "learner"
+        return out
+
+
+def fused_vs_eager(alg_cls, env, iterations=2):
+    """Run the same loop jitted (lax.scan) and eagerly (Python loops); return both final states."""
+    jit_prog = msrl.compile(alg_cls(), Fused(), env, NUM_ENVS)
+    runtime = JaxBackend().build(jit_prog, seed=0, iterations_per_dispatch=iterations)
+    rows = runtime.run(iterations)
+    eager_prog = msrl.compile(alg_cls(), Eager(), env, NUM_ENVS)
+    frag = eager_prog.fragments["main"]
+    state = eager_prog.init_states(frag.state_keys, 0, jnp.arange(NUM_ENVS))
+    results = []
+    for _ in range(iterations):
+        state, result = eager_prog.run_fragment(frag, state)
+        results.append(result)
+    return jit_prog, runtime.state(), rows, state, results
+
+
+def assert_trees_close(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+
+
+def test_simple_loop_scan_matches_python(env):
+    prog, jit_state, rows, eager_state, results = fused_vs_eager(loops.Simple, env)
+    assert prog.env_steps_per_iteration == 3 * NUM_ENVS
+    assert_trees_close(jit_state, eager_state)
+    assert rows[-1]["w"] == pytest.approx(float(results[-1]["w"]))
+    assert float(jit_state["learner"]["updates"]) == 2
+    src = prog.fragments["main"].source
+    assert "_msrl_scan(" in src and "for " not in src  # the loop became lax.scan
+
+
+def test_nested_loops_statements_unpacking_static_if(env):
+    prog, jit_state, rows, eager_state, results = fused_vs_eager(loops.Nested, env)
+    assert prog.env_steps_per_iteration == 3 * 2 * NUM_ENVS
+    assert_trees_close(jit_state, eager_state)
+    for key in ("w", "total", "last", "i"):
+        assert rows[-1][key] == pytest.approx(float(results[-1][key]), rel=1e-6)
+    assert rows[-1]["i"] == 2.0  # the loop variable keeps its last value after the loop
+    src = prog.fragments["main"].source
+    assert src.count("_msrl_scan(") == 2  # both loops became scans
+    assert "last_reward = _msrl_zeros('last_reward')" in src  # first assigned inside the loop
+    # the learner got the extra keyword through the API call
+    assert "bonus=total" in src
+
+
+def test_helper_methods_are_inlined(env):
+    prog, jit_state, rows, eager_state, results = fused_vs_eager(loops.Helpers, env)
+    assert prog.env_steps_per_iteration == 3 * NUM_ENVS
+    assert_trees_close(jit_state, eager_state)
+    src = prog.fragments["main"].source
+    assert "self.shape_reward(" in src  # helper without API calls stays a call
+    assert "self.collect" not in src  # helper with API calls is inlined
+    apis = [s.api.name for s in leaves(prog.stmts) if s.kind == "api"]
+    assert apis == ["env_observe", "agent_act", "env_step", "buffer_insert", "buffer_get", "agent_learn"]
+
+
+def test_fdg_has_api_nodes_loop_state_and_param_edges(env):
+    prog = msrl.compile(loops.Simple(), Fused(), env, NUM_ENVS)
+    g = prog.graph_dict()
+    kinds = {n["api"] for n in g["nodes"] if n["kind"] == "api"}
+    assert kinds == {"env_observe", "agent_act", "env_step", "buffer_insert", "buffer_get", "agent_learn"}
+    loop = [n for n in g["nodes"] if n["kind"] == "loop"]
+    assert len(loop) == 1 and loop[0]["trip_count"] == 3
+    assert all(n["fragment"] == "main" for n in g["nodes"])
+    by_id = {n["id"]: n for n in g["nodes"]}
+    obs_edges = [e for e in g["edges"] if e["name"] == "obs" and by_id[e["dst"]].get("api") == "agent_act"]
+    assert obs_edges and all(e["shape"] == [NUM_ENVS, 4] and e["dtype"] == "float32" for e in obs_edges)
+    assert any(e["carry"] for e in obs_edges)  # obs = next_obs flows around the loop
+    params = [e for e in g["edges"] if e["kind"] == "params"]
+    assert params and by_id[params[0]["src"]]["api"] == "agent_learn" and by_id[params[0]["dst"]]["api"] == "agent_act"
+    states = {e["name"] for e in g["edges"] if e["kind"] == "state"}
+    assert {"@env", "@actor", "@buffer", "@learner"} <= states
+    assert g["fragments"] == [{"name": "main", "replicas": 1, "backend": "jax", "device": None, "jit": True,
+                               "state": ["env", "actor", "learner", "buffer"]}]
+    order = prog.topological_order()
+    assert order.index("s1") < order.index(params[0]["src"])
+
+
+def test_partition_inserts_comm_nodes(env):
+    prog = msrl.compile(loops.Simple(), ActorsLearner(), env, NUM_ENVS)
+    comms = {(c.var, c.op, c.src_fragment, c.dst_fragment) for c in prog.partition.comms}
+    assert ("_api1", "gather", "actors", "learner") in comms  # the trajectory
+    assert ("@params", "broadcast", "learner", "actors") in comms  # the new weights
+    g = prog.graph_dict()
+    comm_nodes = [n for n in g["nodes"] if n["kind"] == "comm"]
+    assert len(comm_nodes) == len(prog.partition.comms)
+    assert {f["name"]: f["replicas"] for f in g["fragments"]} == {"actors": 2, "learner": 1}
+    actors = prog.fragments["actors"]
+    assert "params" in actors.state_keys and "learner" not in actors.state_keys
+    assert ".send(_api1)" in actors.source and "_s_params = _msrl_comm" in actors.source
+    learner = prog.fragments["learner"]
+    assert "_api1 = _msrl_comm" in learner.source and ".send(_s_params)" in learner.source
+    assert learner.state_keys == ["learner"]
+
+
+def test_policy_that_splits_component_state_is_rejected(env):
+    with pytest.raises(msrl.CompileError, match="splits the state of component 'env'"):
+        msrl.compile(loops.Simple(), SplitEnv(), env, NUM_ENVS)
+
+
+def _marked_line(marker: str) -> int:
+    lines, start = inspect.getsourcelines(loops)
+    for i, line in enumerate(lines):
+        if re.search(rf"# E:{marker}\b", line):
+            return start + i if start else i + 1
+    raise AssertionError(marker)
+
+
+@pytest.mark.parametrize("marker", sorted(loops.REJECTED))
+def test_rejected_construct_names_file_and_line(env, marker):
+    with pytest.raises(msrl.CompileError) as info:
+        msrl.compile(loops.REJECTED[marker](), Fused(), env, NUM_ENVS)
+    err = info.value
+    assert err.file == loops.__file__
+    assert err.line == _marked_line(marker), str(err)
+    assert f"loops.py:{err.line}" in str(err)
+
+
+def test_loop_without_env_step_is_rejected(env):
+    with pytest.raises(msrl.CompileError, match="never calls msrl.env_step"):
+        msrl.compile(loops.NoEnvStep(), Fused(), env, NUM_ENVS)
+
+
+def test_source_unavailable_is_a_compile_error(env):
+    ns = {"msrl": msrl, "Base": loops.Base}
+    exec("class Notebook(Base):\n    def train_step(self):\n        return msrl.env_step(0)\n", ns)
+    with pytest.raises(msrl.CompileError, match="cannot read the source") as info:
+        msrl.compile(ns["Notebook"](), Fused(), env, NUM_ENVS)
+    assert "hint" in str(info.value)
+
+
+def test_api_called_outside_a_loop_raises():
+    with pytest.raises(msrl.MsrlError, match="only has meaning inside"):
+        msrl.agent_act(jnp.zeros(3))
