@@ -53,12 +53,9 @@ class PPOActor(msrl.Actor):
     def act(self, state, params, obs):
         keys, use = split_keys(state["keys"])
 
-        def one(o, key):  # one environment; vmapped so each env samples with its own key
-            pi, value = self.net.apply(params, o)
-            action = pi.sample(seed=key)
-            return ActOutput(action, pi.log_prob(action), value)
-
-        return {"keys": keys}, jax.vmap(one)(obs, use)
+        pi, value = self.net.apply(params, obs)
+        action = jax.vmap(lambda d, k: d.sample(seed=k))(pi, use)
+        return {"keys": keys}, ActOutput(action, pi.log_prob(action), value)
 
 
 class PPOLearner(msrl.Learner):

@@ -57,8 +57,8 @@ class Fragment:
 class _ProbeBuffer:
     """During shape inference: initializes the buffer from the first inserted item's shapes."""
 
-    def __init__(self, buffer: Any, key: jax.Array):
-        self.buffer, self.key, self.item_spec = buffer, key, buffer.item_spec
+    def __init__(self, buffer: Any):
+        self.buffer, self.key, self.item_spec = buffer, None, buffer.item_spec
 
     def init(self, item: Any) -> Any:
         self.item_spec = jax.tree.map(_sds, item)
@@ -130,9 +130,8 @@ class Program:
 
     def _infer_shapes(self) -> tuple[dict[tuple[str, str], Any], Any]:
         """Run the whole loop once under ``jax.eval_shape``, recording every definition's shape."""
-        keys = component_keys(0)
         used, derive = self._state_keys(self.stmts)
-        probe_buffer = _ProbeBuffer(self.components["buffer"], keys["buffer"]) if "buffer" in used else None
+        probe_buffer = _ProbeBuffer(self.components["buffer"]) if "buffer" in used else None
         lowered, _ = generate("probe", self.stmts, used, "probe", derive_params=derive, returns=True)
         shapes: dict[tuple[str, str], Any] = {}
 
@@ -145,9 +144,13 @@ class Program:
         if probe_buffer is not None:
             ns["_c_buffer"] = probe_buffer
         fn = materialize(lowered, ns)
+        def probe():  # everything inside one abstract trace: nothing is computed or compiled
+            if probe_buffer is not None:
+                probe_buffer.key = component_keys(0)["buffer"]
+            return fn(self.init_states(used, 0, jnp.arange(self.num_envs), lazy_buffer=True))
+
         try:
-            states = jax.eval_shape(lambda: self.init_states(used, 0, jnp.arange(self.num_envs), lazy_buffer=True))
-            jax.eval_shape(fn, states)
+            jax.eval_shape(probe)
         except Exception as e:  # noqa: BLE001 - mapped to the user's line
             reraise_at_user_line(e, [lowered], "tracing")
         return shapes, probe_buffer.item_spec if probe_buffer else None

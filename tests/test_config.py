@@ -1,0 +1,63 @@
+"""Config: YAML + overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import msrl
+from msrl.config import load_config
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_example_loads_with_overrides():
+    cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=3", "algorithm.lr=1e-3", "env.num_envs=8"])
+    assert cfg.run.seed == 3 and cfg.algorithm.lr == 1e-3 and cfg.env.num_envs == 8
+    assert cfg.policy.name == "fused" and cfg.policy.backend == "jax"
+    dumped = cfg.dump()
+    assert dumped["algorithm"]["name"] == "ppo" and dumped["run"]["seed"] == 3
+
+
+@pytest.mark.parametrize(
+    "override, key, text",
+    [
+        ("algorithm.lr=abc", "algorithm.lr", "valid number"),
+        ("algorithm.lr=-1", "algorithm.lr", "greater than 0"),
+        ("algorithm.nope=1", "algorithm.nope", "allowed keys: name, rollout_len"),
+        ("algorithm.activation=gelu", "algorithm.activation", "'tanh' or 'relu'"),
+        ("algorithm.name=dqn2", "algorithm.name", "available: ppo"),
+        ("env.num_envs=0", "env.num_envs", "greater than 0"),
+        ("env.colour=red", "env.colour", "allowed keys: id, num_envs, kwargs"),
+        ("policy.name=nope", "policy.name", "available:.*fused"),
+        ("policy.backend=threads", "policy.backend", "'jax'"),
+        ("policy.actors=2", "policy.actors", "unknown key"),
+        ("run.total_env_steps=ten", "run.total_env_steps", "valid integer"),
+        ("extra.x=1", "extra", "allowed keys: algorithm, env, policy, run"),
+        ("run.seed", "run.seed", "KEY.PATH=VALUE"),
+    ],
+)
+def test_bad_values_name_the_key(override, key, text):
+    with pytest.raises(msrl.ConfigError) as info:
+        load_config(EXAMPLES / "ppo_cartpole.yaml", [override])
+    assert info.value.key == key
+    assert pytest.importorskip("re").search(text, str(info.value)), str(info.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(msrl.ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm: [unclosed\n")
+    with pytest.raises(msrl.ConfigError, match="not valid YAML"):
+        load_config(bad)
+    (tmp_path / "noalgo.yaml").write_text("env: {id: gymnax:CartPole-v1}\n")
+    with pytest.raises(msrl.ConfigError, match="algorithm.name: missing"):
+        load_config(tmp_path / "noalgo.yaml")
+
+
+def test_minibatches_must_divide_the_batch():
+    cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.minibatches=3"])
+    with pytest.raises(msrl.ConfigError, match="algorithm.minibatches.*does not divide"):
+        msrl.build(cfg)
