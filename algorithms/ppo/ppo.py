@@ -10,7 +10,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.ppo.networks import ActorCritic
+from msrl.algorithms.ppo.networks import ActorCritic, policy
 from msrl.components import split_keys
 
 
@@ -53,9 +53,9 @@ class PPOActor(msrl.Actor):
     def act(self, state, params, obs):
         keys, use = split_keys(state["keys"])
 
-        pi, value = self.net.apply(params, obs)
-        action = jax.vmap(lambda d, k: d.sample(seed=k))(pi, use)
-        return {"keys": keys}, ActOutput(action, pi.log_prob(action), value)
+        head, value = self.net.apply(params, obs)
+        action = jax.vmap(lambda h, k: policy(self.net.discrete, h).sample(seed=k))(head, use)  # per-env keys
+        return {"keys": keys}, ActOutput(action, policy(self.net.discrete, head).log_prob(action), value)
 
 
 class PPOLearner(msrl.Learner):
@@ -95,7 +95,8 @@ class PPOLearner(msrl.Learner):
     def _loss(self, params, mb):
         cfg = self.cfg
         t, adv, target = mb
-        pi, value = self.net.apply(params, t.obs)
+        head, value = self.net.apply(params, t.obs)
+        pi = policy(self.net.discrete, head)
         log_prob = pi.log_prob(t.action)
         ratio = jnp.exp(log_prob - t.log_prob)
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)

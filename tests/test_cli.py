@@ -1,0 +1,79 @@
+"""The msrl command: graph (text/json/dot/png, --code) and train (run directory contents)."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from msrl.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CARTPOLE = str(EXAMPLES / "ppo_cartpole.yaml")
+
+
+def test_graph_json_shows_api_nodes_loop_state_edges_and_shapes(capsys):
+    assert main(["graph", CARTPOLE, "--format", "json"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    apis = [n["api"] for n in g["nodes"] if n["kind"] == "api"]
+    assert apis == ["env_observe", "agent_act", "env_step", "buffer_insert", "buffer_get", "agent_learn"]
+    loops = [n for n in g["nodes"] if n["kind"] == "loop"]
+    assert len(loops) == 1 and loops[0]["trip_count"] == 128
+    assert {n["id"]: n["fragment"] for n in g["nodes"]} == {n["id"]: "main" for n in g["nodes"]}
+    kinds = {e["kind"] for e in g["edges"]}
+    assert kinds == {"data", "state", "params"}
+    batch = [e for e in g["edges"] if e["kind"] == "data" and e["dtype"] == "Transition"]
+    assert batch and batch[0]["shape"][0] == "float32[128, 4, 4]"  # [rollout, envs, obs]
+    assert all({"src", "dst", "kind", "name", "shape", "dtype"} <= set(e) for e in g["edges"])
+    assert g["fragments"][0] | {"state": None} == {"name": "main", "replicas": 1, "backend": "jax", "device": None,
+                                                   "jit": True, "state": None}
+
+
+def test_graph_code_is_jittable_python(capsys):
+    assert main(["graph", CARTPOLE, "--code"]) == 0
+    out = capsys.readouterr().out
+    code = out[out.index("def fragment_main"):]
+    ast.parse(code)
+    assert "_msrl_scan(_loop_" in code and "_c_learner.learn(_s_learner" in code
+
+
+def test_graph_dot_and_png(tmp_path, capsys):
+    assert main(["graph", CARTPOLE, "--format", "dot"]) == 0
+    dot = capsys.readouterr().out
+    assert dot.startswith("digraph fdg {") and "cluster_" in dot and "agent_learn" in dot
+    png = tmp_path / "fdg.png"
+    assert main(["graph", CARTPOLE, "--format", "png", "-o", str(png)]) == 0
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_train_writes_run_directory(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", CARTPOLE, "run.total_env_steps=5120", "run.progress=false", "--run-dir", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["env_steps"] == 5120 and summary["iterations"] == 10
+    assert {"episode_return", "sps", "wall_time", "compile_time"} <= set(summary)
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert len(rows) == 10
+    assert {"env_steps", "episode_return", "sps", "wall_time", "loss"} <= set(rows[0])
+    assert [int(r["env_steps"]) for r in rows] == list(range(512, 5121, 512))
+    assert "algorithm:" in (run / "config.yaml").read_text()
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+
+
+def test_console_script_reports_bad_config_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, "algorithm.lr=fast"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "algorithm.lr" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_cli_argument_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["graph", CARTPOLE, "--bogus"])
