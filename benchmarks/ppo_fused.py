@@ -3,8 +3,10 @@
     python benchmarks/ppo_fused.py [--total-env-steps 500000] [--repeats 3]
 
 Both train PPO on gymnax CartPole-v1 with 4 envs x 128 steps, 4 epochs x 4 minibatches. Prints JSON:
-SPS of each (best of ``repeats`` runs, compile excluded), their ratio (goal >= 1.0), XLA compile times, and
-msrl's loop -> FDG -> fragments time excluding XLA (goal <= 0.5 s), cold (first in the process) and warm.
+SPS of each (best of ``repeats`` interleaved runs, compile excluded), their ratio (goal >= 1.0) and the median
+of the per-pair ratios (more robust on a shared machine), XLA compile times, and
+msrl's loop -> FDG -> fragments time excluding XLA (goal <= 0.5 s), cold (first in the process: it includes
+JAX's one-time tracing warm-up of flax/distrax/gymnax code) and warm, with the time of each compiler phase.
 """
 
 from __future__ import annotations
@@ -42,12 +44,10 @@ def main() -> None:
     jax.devices()  # backend start-up is not the compiler's time
 
     # ---- msrl: loop -> IR -> FDG -> partition -> fragments (no XLA), cold then warm
-    t = time.perf_counter()
     program = msrl.build(cfg)
-    graph_cold = time.perf_counter() - t
-    t = time.perf_counter()
+    graph_cold, phases_cold = program.compile_seconds, program.timings
     program = msrl.build(cfg)
-    graph_warm = time.perf_counter() - t
+    graph_warm, phases_warm = program.compile_seconds, program.timings
     iterations = args.total_env_steps // program.env_steps_per_iteration
     runtime = BACKENDS.get("jax")().build(program, seed=0, iterations_per_dispatch=32)  # XLA compile here
 
@@ -78,10 +78,13 @@ def main() -> None:
         "msrl_fused_sps": round(msrl_sps),
         "handwritten_sps": round(hand_sps),
         "ratio": round(msrl_sps / hand_sps, 3),
+        "ratio_median_of_pairs": round(float(np.median(np.array(hand_times) / np.array(msrl_times))), 3),
         "msrl_xla_compile_s": round(runtime.compile_seconds, 2),
         "handwritten_xla_compile_s": round(hand_compile, 2),
         "msrl_loop_to_fragments_s_cold": round(graph_cold, 3),
         "msrl_loop_to_fragments_s_warm": round(graph_warm, 3),
+        "msrl_phases_s_cold": {k: round(v, 3) for k, v in phases_cold.items()},
+        "msrl_phases_s_warm": {k: round(v, 3) for k, v in phases_warm.items()},
         "msrl_final_return_first_run": msrl_ret,
         "handwritten_final_return": hand_ret,
         "repeats": args.repeats,

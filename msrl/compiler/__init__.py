@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -82,20 +83,30 @@ class Program:
     """A compiled training loop: the FDG, its partition and one generated function per fragment."""
 
     def __init__(self, algorithm: Any, policy: Policy, env: Environment, num_envs: int):
-        t0 = time.perf_counter()
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
-        self.stmts, self.namespace = frontend.parse(algorithm)
-        self._check_components()
+        self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
+        with self._phase("frontend"):
+            self.stmts, self.namespace = frontend.parse(algorithm)
+            self._check_components()
         self.env_steps_per_iteration = num_envs * self._count("env_step")
         if self.env_steps_per_iteration == 0:
             raise CompileError(f"{type(algorithm).__name__}.train_step() never calls msrl.env_step()",
                                hint="an iteration must step the environments")
-        self.shapes, self.item_spec = self._infer_shapes()
-        self.fdg = build_fdg(self.stmts, self.shapes)
-        self.partition: Partition = partition(self.stmts, self.fdg, policy)
-        self.fragments = {name: self._lower(spec) for name, spec in self.partition.fragments.items()}
-        self.compile_seconds = time.perf_counter() - t0
+        with self._phase("shapes"):
+            self.shapes, self.item_spec = self._infer_shapes()
+        with self._phase("fdg+partition"):
+            self.fdg = build_fdg(self.stmts, self.shapes)
+            self.partition: Partition = partition(self.stmts, self.fdg, policy)
+        with self._phase("lowering"):
+            self.fragments = {name: self._lower(spec) for name, spec in self.partition.fragments.items()}
+        self.compile_seconds = sum(self.timings.values())
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.timings[name] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------ analysis
     def _check_components(self) -> None:
