@@ -23,6 +23,7 @@ from msrl.errors import CompileError
 
 RESERVED_PREFIXES = ("_s_", "_c_", "_api", "_h", "_msrl")
 _STATIC_TYPES = (int, float, bool, str, type(None), tuple)
+_PURE_BUILTINS = {"int", "float", "bool", "len", "min", "max", "abs", "round", "tuple", "range"}
 
 
 def _node_names(node: ast.AST, ctx: type) -> set[str]:
@@ -90,6 +91,7 @@ class Source:
                     self.namespace[name] = cell.cell_contents
                 except ValueError:  # empty cell
                     pass
+        self.scope = {**builtins.__dict__, **self.namespace}  # what a global name means in this function
 
     def line(self, node: ast.AST) -> int:
         return getattr(node, "lineno", self.fdef.lineno) + self.offset
@@ -133,7 +135,7 @@ class Frontend:
         return f"s{next(self.counter)}"
 
     def _scope(self, src: Source) -> dict[str, Any]:
-        return {**builtins.__dict__, **src.namespace, "self": self.alg}
+        return {**src.scope, "self": self.alg}
 
     def _resolve(self, src: Source, expr: ast.expr, local: set[str]) -> Any:
         """The object a Name/Attribute chain rooted at a global (or ``self``) names, else None."""
@@ -142,7 +144,7 @@ class Frontend:
                 return None
             if expr.id == "self":
                 return self.alg
-            return self._scope(src).get(expr.id)
+            return src.scope.get(expr.id)
         if isinstance(expr, ast.Attribute):
             base = self._resolve(src, expr.value, local)
             return None if base is None else getattr(base, expr.attr, None)
@@ -194,8 +196,9 @@ class Frontend:
                 name = st.targets[0].id
                 if counts.get(name) != 1 or _node_names(st.value, ast.Load) & (set(counts) - set(statics)):
                     continue
-                if any(isinstance(n, ast.Call) and self._api_of(src, n, set()) for n in ast.walk(st.value)):
-                    continue
+                if any(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _PURE_BUILTINS)
+                       for n in ast.walk(st.value)):
+                    continue  # only plain expressions: never run user calls (or the API) at compile time
                 try:
                     value = eval(compile(ast.Expression(st.value), "<static>", "eval"), self._scope(src), dict(statics))
                 except Exception:
@@ -216,7 +219,8 @@ class Frontend:
         try:
             return eval(compile(ast.Expression(expr), "<static>", "eval"), scope)
         except Exception as e:
-            raise src.error(expr, f"{what} could not be evaluated at compile time ({type(e).__name__}: {e})", hint)
+            raise src.error(expr, f"{what} could not be evaluated at compile time ({type(e).__name__}: {e})",
+                            hint) from None
 
     # ------------------------------------------------------------------------------------------ statements
     def _touches_api(self, src: Source, node: ast.AST) -> bool:
@@ -270,23 +274,15 @@ class Frontend:
         raise src.error(st, f"`{type(st).__name__}` statements using the API cannot be compiled")
 
     def _check_no_self_mutation(self, src: Source, st: ast.stmt) -> None:
-        targets: list[ast.expr] = []
-        if isinstance(st, ast.Assign):
-            targets = st.targets
-        elif isinstance(st, (ast.AugAssign, ast.AnnAssign)):
-            targets = [st.target]
-        for t in targets:
-            for n in ast.walk(t):
-                if isinstance(n, (ast.Attribute, ast.Subscript)):
-                    root = n
-                    while isinstance(root, (ast.Attribute, ast.Subscript)):
-                        root = root.value
-                    if isinstance(root, ast.Name) and root.id == "self":
-                        raise src.error(st, "the training loop must not assign to attributes of `self`",
-                                        "state that changes belongs in a component (actor, learner, buffer)")
+        for n in ast.walk(st):
+            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
+                root = n
+                while isinstance(root, (ast.Attribute, ast.Subscript)):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id == "self":
+                    raise src.error(n, "the training loop must not assign to attributes of `self`",
+                                    "state that changes belongs in a component (actor, learner, buffer)")
 
-
-    # ------------------------------------------------------------------------------------------ statements
     def _rename(self, node: ast.AST, rename: dict[str, str]) -> ast.AST:
         """A copy of ``node`` with local names renamed (for inlined helpers), keeping its line number."""
         new = copy.deepcopy(node)
