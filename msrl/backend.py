@@ -44,9 +44,11 @@ def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float
         flat = {}
     else:
         flat = {"result": train}
+    from msrl.components import episode_metrics
+
     rows = []
     for i in range(n):
-        row = {k: float(np.mean(np.asarray(v[i]))) for k, v in env.items()}
+        row = episode_metrics([{k: v[i] for k, v in env.items()}])
         for k, v in flat.items():
             try:
                 row[str(k)] = float(np.mean(np.asarray(v[i])))

@@ -76,9 +76,22 @@ class Environment:
     def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, tuple[jax.Array, jax.Array, jax.Array]]:
         raise NotImplementedError
 
-    def stats(self, state: PyTree) -> dict[str, jax.Array]:
-        """Episode statistics for logging: at least ``episode_return`` and ``episodes``."""
+    def stats(self, state: PyTree) -> dict[str, Any]:
+        """Episode statistics, summable over replicas: ``return_sum`` (of the last completed episode of
+        every env that completed one), ``finished`` (how many such envs) and ``episodes`` (completed)."""
         raise NotImplementedError
+
+    def shape_stand_in(self) -> "Environment":
+        """A jittable environment with the same shapes, for the compiler's abstract tracing."""
+        return self
+
+
+def episode_metrics(stats: list[dict[str, Any]]) -> dict[str, float]:
+    """Merge :meth:`Environment.stats` of several replicas: the mean return of the last completed episodes."""
+    finished = sum(float(s["finished"]) for s in stats)
+    total = sum(float(s["return_sum"]) for s in stats)
+    return {"episode_return": total / finished if finished else float("nan"),
+            "episodes": sum(float(s["episodes"]) for s in stats)}
 
 
 class ActOutput(NamedTuple):

@@ -98,6 +98,9 @@ class Program:
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.partition: Partition = partition(self.stmts, self.fdg, policy)
+        if self.partition.comms:
+            with self._phase("env axes"):
+                self.env_axes = self._env_axes()
         with self._phase("lowering"):
             self.fragments = {name: self._lower(spec) for name, spec in self.partition.fragments.items()}
         self.compile_seconds = sum(self.timings.values())
@@ -139,8 +142,9 @@ class Program:
         derive = "learner" in used and reads_params
         return keys + (["params"] if reads_params and not derive else []), derive
 
-    def _infer_shapes(self) -> tuple[dict[tuple[str, str], Any], Any]:
+    def _infer_shapes(self, num_envs: int | None = None) -> tuple[dict[tuple[str, str], Any], Any]:
         """Run the whole loop once under ``jax.eval_shape``, recording every definition's shape."""
+        num_envs = num_envs or self.num_envs
         used, derive = self._state_keys(self.stmts)
         probe_buffer = _ProbeBuffer(self.components["buffer"]) if "buffer" in used else None
         lowered, _ = generate("probe", self.stmts, used, "probe", derive_params=derive, returns=True)
@@ -150,21 +154,35 @@ class Program:
             for var, value in values.items():
                 shapes[(sid, var)] = jax.tree.map(_sds, value)
 
+        components = {**self.components, "env": self.env.shape_stand_in()}  # host envs cannot be traced
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record,
-              **{f"_c_{c}": self.components[c] for c in used if c != "params"}}
+              **{f"_c_{c}": components[c] for c in used if c != "params"}}
         if probe_buffer is not None:
             ns["_c_buffer"] = probe_buffer
         fn = materialize(lowered, ns)
+
         def probe():  # everything inside one abstract trace: nothing is computed or compiled
             if probe_buffer is not None:
                 probe_buffer.key = component_keys(0)["buffer"]
-            return fn(self.init_states(used, 0, jnp.arange(self.num_envs), lazy_buffer=True))
+            return fn(self.init_states(used, 0, jnp.arange(num_envs), lazy_buffer=True, components=components))
 
         try:
             jax.eval_shape(probe)
         except Exception as e:  # noqa: BLE001 - mapped to the user's line
             reraise_at_user_line(e, [lowered], "tracing")
         return shapes, probe_buffer.item_spec if probe_buffer else None
+
+    def _env_axes(self) -> dict[tuple[str, str], list[int | None]]:
+        """For every recorded value, the axis of each leaf that runs over environments (None: not batched
+        over environments), found by probing again with twice the environments. Gathers concatenate and
+        scatters split along these axes."""
+        doubled, _ = self._infer_shapes(2 * self.num_envs)
+        axes = {}
+        for key, value in self.shapes.items():
+            pairs = zip(jax.tree.leaves(value), jax.tree.leaves(doubled.get(key)), strict=False)
+            axes[key] = [next((i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n), None)
+                         if hasattr(a, "shape") and hasattr(b, "shape") else None for a, b in pairs]
+        return axes
 
     # ------------------------------------------------------------------------------------ fragments
     def _project(self, stmts: list[Stmt], frag: str) -> list[Stmt]:
@@ -202,21 +220,23 @@ class Program:
         return Fragment(spec, stmts, keys, lowered, zeros)
 
     # ------------------------------------------------------------------------------------ state
-    def init_states(self, components: list[str], seed: int, env_ids: jax.Array, lazy_buffer: bool = False) -> dict:
-        """Initial state of the given components for the environments ``env_ids`` (global indices)."""
+    def init_states(self, names: list[str], seed: int, env_ids: Any, lazy_buffer: bool = False,
+                    components: dict[str, Any] | None = None) -> dict:
+        """Initial state of the named components for the environments ``env_ids`` (global indices)."""
+        components = components or self.components
         keys = component_keys(seed)
         out: dict[str, Any] = {}
-        for c in components:
-            comp = self.components.get(c)
+        for c in names:
+            comp = components.get(c)
             if c in ("env", "actor"):
                 out[c] = comp.init(keys[c], env_ids)
             elif c == "learner":
                 out[c] = comp.init(keys[c])
             elif c == "buffer":
-                spec = comp.item_spec if comp.item_spec is not None else getattr(self, "item_spec", None)
-                out[c] = None if spec is None and lazy_buffer else comp.init(keys[c], spec)
+                spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self.item_spec
+                out[c] = None if spec is None else comp.init(keys[c], spec)
             elif c == "params":
-                out[c] = self.components["learner"].policy_params(self.components["learner"].init(keys["learner"]))
+                out[c] = components["learner"].policy_params(components["learner"].init(keys["learner"]))
         return out
 
     def run_fragment(self, fragment: Fragment, state: dict) -> tuple[dict, Any]:

@@ -85,6 +85,5 @@ class GymnaxEnv(Environment):
 
     def stats(self, state: EnvState):
         finished = state.episodes > 0
-        n = finished.sum()
-        mean = jnp.where(n > 0, jnp.sum(jnp.where(finished, state.last_return, 0.0)) / jnp.maximum(n, 1), jnp.nan)
-        return {"episode_return": mean, "episodes": state.episodes.sum()}
+        return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
+                "episodes": state.episodes.sum()}
