@@ -21,7 +21,7 @@ from msrl.errors import ConfigError
 class JaxRuntime(Runtime):
     def __init__(self, program: Any, seed: int, iterations_per_dispatch: int):
         frags = list(program.fragments.values())
-        if len(frags) != 1 or frags[0].spec.replicas != 1 or not frags[0].spec.jit:
+        if len(frags) != 1 or frags[0].spec.replicas != 1 or frags[0].mode != "scan":
             raise ConfigError(
                 "policy.backend",
                 f"the jax backend runs programs of one jitted fragment; policy {program.policy.name!r} makes "

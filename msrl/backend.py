@@ -34,25 +34,26 @@ class Backend:
         raise NotImplementedError
 
 
-def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float]]:
-    """Per-iteration rows from stacked (leading axis = iteration) loop results and env statistics."""
+def result_metrics(result: Any) -> dict[str, float]:
+    """One iteration's loop result as floats (a dict of scalars as is; arrays are averaged)."""
     import numpy as np
 
-    if isinstance(train, dict):
-        flat = dict(train)
-    elif train is None:
-        flat = {}
-    else:
-        flat = {"result": train}
+    if result is None:
+        return {}
+    out = {}
+    for k, v in result.items() if isinstance(result, dict) else [("result", result)]:
+        try:
+            out[str(k)] = float(np.mean(np.asarray(v)))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float]]:
+    """Per-iteration rows from stacked (leading axis = iteration) loop results and env statistics."""
+    import jax
+
     from msrl.components import episode_metrics
 
-    rows = []
-    for i in range(n):
-        row = episode_metrics([{k: v[i] for k, v in env.items()}])
-        for k, v in flat.items():
-            try:
-                row[str(k)] = float(np.mean(np.asarray(v[i])))
-            except (TypeError, ValueError):
-                continue
-        rows.append(row)
-    return rows
+    return [{**episode_metrics([{k: v[i] for k, v in env.items()}]),
+             **result_metrics(jax.tree.map(lambda x: x[i], train))} for i in range(n)]

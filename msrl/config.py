@@ -99,7 +99,8 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested dict, in place.
-    ``policy.name=...`` applies first and drops the file's keys of the previous policy."""
+    ``policy.name=...`` applies first and drops the file's keys of the previous policy (its backend too:
+    each policy has its own default)."""
     for item in sorted(overrides, key=lambda o: not o.startswith("policy.name=")):
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -117,7 +118,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = nxt
         if parts[0] == "policy" and parts[-1] == "name" and len(parts) == 2 and node.get("name") != value:
             # switching policy: keys that belong to the old policy would be unknown to the new one
-            for k in [k for k in node if k not in ("name", "backend")]:
+            for k in [k for k in node if k != "name"]:
                 del node[k]
         node[parts[-1]] = value
     return data

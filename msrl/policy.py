@@ -37,6 +37,10 @@ class Policy(BaseModel):
     def fragments(self) -> list[FragmentSpec]:
         raise NotImplementedError
 
+    def total_envs(self, num_envs: int) -> int:
+        """How many environments run in total, given ``env.num_envs`` (a policy may set it itself)."""
+        return num_envs
+
     def assign(self, stmts: "list[Stmt]", fdg: Any) -> dict[str, str]:
         """The fragment of every leaf statement (API call, compute, return), by statement id."""
         raise NotImplementedError
@@ -50,3 +54,15 @@ class Policy(BaseModel):
         if src.replicas == 1 and dst.replicas > 1:
             return "scatter"
         return "send"
+
+
+def downstream_of(stmts: "list[Stmt]", fdg: Any, roots: set[str]) -> set[str]:
+    """``roots`` and every statement that depends on them within one iteration (data edges, not carried)."""
+    import networkx as nx
+
+    within = nx.DiGraph((u, v) for u, v, d in fdg.edges(data=True) if d["kind"] == "data" and not d["carry"])
+    out = set(roots)
+    for r in roots:
+        if r in within:
+            out |= nx.descendants(within, r)
+    return out

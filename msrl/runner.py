@@ -31,10 +31,10 @@ def build(cfg: ExperimentConfig):
     from msrl.compiler import compile as compile_program
 
     env = make_env(cfg.env.id, **cfg.env.kwargs)
-    ctx = Context(env_spec=env.spec, num_envs=cfg.env.num_envs, total_env_steps=cfg.run.total_env_steps)
+    num_envs = cfg.policy.total_envs(cfg.env.num_envs)
+    ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps)
     algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
-    program = compile_program(algorithm, cfg.policy, env, cfg.env.num_envs)
-    return program
+    return compile_program(algorithm, cfg.policy, env, num_envs)
 
 
 class _Logger:

@@ -41,6 +41,8 @@ class Fragment:
     state_keys: list[str]  # component states it holds ("params" when it receives them)
     lowered: Lowered
     zeros: dict[str, Any]
+    mode: str  # "scan": jit it whole; "host": calls its own jitted segments; "python": eager
+    namespace: dict[str, Any]  # what its source runs in (backends add the comm endpoints)
 
     @property
     def name(self) -> str:
@@ -176,13 +178,15 @@ class Program:
         """For every recorded value, the axis of each leaf that runs over environments (None: not batched
         over environments), found by probing again with twice the environments. Gathers concatenate and
         scatters split along these axes."""
-        doubled, _ = self._infer_shapes(2 * self.num_envs)
-        axes = {}
-        for key, value in self.shapes.items():
-            pairs = zip(jax.tree.leaves(value), jax.tree.leaves(doubled.get(key)), strict=False)
-            axes[key] = [next((i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n), None)
-                         if hasattr(a, "shape") and hasattr(b, "shape") else None for a, b in pairs]
-        return axes
+        doubled, doubled_item = self._infer_shapes(2 * self.num_envs)
+
+        def axes(value: Any, twice: Any) -> list[int | None]:
+            pairs = zip(jax.tree.leaves(value), jax.tree.leaves(twice), strict=False)
+            return [next((i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n), None)
+                    if hasattr(a, "shape") and hasattr(b, "shape") else None for a, b in pairs]
+
+        self.item_axes = axes(self.item_spec, doubled_item) if self.item_spec is not None else None
+        return {key: axes(value, doubled.get(key)) for key, value in self.shapes.items()}
 
     # ------------------------------------------------------------------------------------ fragments
     def _project(self, stmts: list[Stmt], frag: str) -> list[Stmt]:
@@ -192,32 +196,33 @@ class Program:
                 body = self._project(s.body, frag)
                 if body:
                     out.append(dataclasses.replace(s, body=body))
-                continue
-            mine = self.partition.assign[s.id] == frag
-            if mine:
+            elif self.partition.assign[s.id] == frag:
                 out.append(s)
             for c in self.partition.comms:
-                if c.src != s.id:
-                    continue
-                if mine and c.src_fragment == frag:
-                    out.append(Stmt(c.id, "send", s.file, s.line, s.source, uses=frozenset({c.var}), parent=s.parent))
-                elif c.dst_fragment == frag:
-                    out.append(Stmt(c.id, "recv", s.file, s.line, s.source, defs=frozenset({c.var}), parent=s.parent))
+                if c.point == s.id and frag in (c.src_fragment, c.dst_fragment):
+                    send = c.src_fragment == frag
+                    var = frozenset({c.var})
+                    out.append(Stmt(c.id, "send" if send else "recv", s.file, s.line, s.source,
+                                    uses=var if send else frozenset(), defs=frozenset() if send else var,
+                                    parent=s.parent))
         return out
 
     def _lower(self, spec: FragmentSpec) -> Fragment:
         stmts = self._project(self.stmts, spec.name)
         keys, derive = self._state_keys(stmts)
         returns = any(s.kind == "return" for s in stmts)
-        lowered, zeros = generate(spec.name, stmts, keys, "scan" if spec.jit else "python", derive, returns,
-                                  self.shapes)
+        host = frozenset(c for c in keys if getattr(self.components.get(c), "jittable", True) is False)
+        on_host = host or any(s.kind in ("send", "recv") for s in leaves(stmts))
+        mode = "python" if not spec.jit else "host" if on_host else "scan"
+        lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, self.shapes, host)
         ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
+              "_msrl_jit": jax.jit,
               "_msrl_zeros": lambda name: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros[name]),
               **{f"_c_{c}": self.components[c] for c in keys if c != "params"}}
         if derive:
             ns["_c_learner"] = self.components["learner"]
         materialize(lowered, ns)
-        return Fragment(spec, stmts, keys, lowered, zeros)
+        return Fragment(spec, stmts, keys, lowered, zeros, mode, ns)
 
     # ------------------------------------------------------------------------------------ state
     def init_states(self, names: list[str], seed: int, env_ids: Any, lazy_buffer: bool = False,
@@ -233,11 +238,20 @@ class Program:
             elif c == "learner":
                 out[c] = comp.init(keys[c])
             elif c == "buffer":
-                spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self.item_spec
+                spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
                 out[c] = None if spec is None else comp.init(keys[c], spec)
             elif c == "params":
                 out[c] = components["learner"].policy_params(components["learner"].init(keys["learner"]))
         return out
+
+    def _item_spec(self, num_envs: int) -> Any:
+        """The inferred buffer item spec for a replica holding ``num_envs`` environments."""
+        if num_envs == self.num_envs or self.item_spec is None:
+            return self.item_spec
+        leaves, tree = jax.tree.flatten(self.item_spec)
+        return jax.tree.unflatten(tree, [
+            jax.ShapeDtypeStruct(tuple(num_envs if i == ax else d for i, d in enumerate(x.shape)), x.dtype)
+            for x, ax in zip(leaves, self.item_axes, strict=True)])
 
     def run_fragment(self, fragment: Fragment, state: dict) -> tuple[dict, Any]:
         """Call a fragment's function; errors raised in user code are reported at the user's line."""

@@ -321,7 +321,7 @@ class Frontend:
         out, node = self._hoist_expr(src, st, value, rename, loop)
         uses = _node_names(node, ast.Load) & self._locals(rename)
         out.append(Stmt(self._new_id(), "return", src.file, src.line(st), src.text(st),
-                        uses=frozenset(uses), node=node, parent=loop))
+                        defs=frozenset({"_result"}), uses=frozenset(uses), node=node, parent=loop))
         return out
 
     def _loop(self, src: Source, st: ast.For, rename: dict[str, str], parent: str | None) -> Stmt:
@@ -462,7 +462,8 @@ class Frontend:
         self._reserved(src, st, defs)
         uses |= {state_var(c) for c in spec.reads}
         defs |= {state_var(c) for c in spec.writes}
-        uses |= {state_var(c) for c in spec.writes}  # a write updates the previous state
+        uses |= {state_var(c) for c in spec.writes if c != "params"}  # a write updates the previous state
+        # (the learner's params are derived from its own state, never updated in place)
         return Stmt(self._new_id(), "api", src.file, src.line(call), src.text(st), frozenset(defs),
                     frozenset(uses), api=spec, target=target, args=args, kwargs=kwargs, parent=loop)
 

@@ -4,7 +4,10 @@ Modes:
 - ``scan``: every ``for range`` loop becomes ``jax.lax.scan`` over a body function whose carry is exactly
   what liveness says crosses iterations (component states written in the loop + loop-carried variables);
   the fragment is meant to be ``jax.jit``-ted whole.
-- ``python``: loops stay Python loops (host fragments that talk to other fragments every step).
+- ``host``: for fragments that communicate or step host environments. Loops around such statements stay
+  Python loops; every maximal run of jittable statements between them becomes its own jitted function of
+  its live-in values, returning its live-out values.
+- ``python``: everything eager, loops as Python loops (the reference semantics, used in tests).
 - ``probe``: like ``python`` but every loop runs once and every definition is recorded, for shape inference.
 
 The generated source is kept (``Fragment.source``) and each of its lines maps back to the user's file:line,
@@ -43,11 +46,13 @@ class Lowered:
 
 
 class _Emitter:
-    def __init__(self, mode: str, derive_params: bool, shapes: dict, zeros: dict):
+    def __init__(self, mode: str, derive_params: bool, shapes: dict, zeros: dict, host: frozenset[str] = frozenset()):
         self.mode, self.derive_params, self.shapes, self.zeros = mode, derive_params, shapes, zeros
+        self.host = host  # components whose calls run on the host (never inside jit)
         self.lines: list[str] = []
         self.linemap: dict[int, tuple[str, int, str]] = {}
         self.live: dict[str, set[str]] = {}
+        self.segments: _Emitter | None = None  # host mode: where the jitted segment functions go
 
     def emit(self, indent: int, text: str, origin: Stmt | None = None) -> None:
         for i, line in enumerate(text.splitlines()):
@@ -64,8 +69,42 @@ class _Emitter:
     def block(self, stmts: list[Stmt], indent: int, defined: set[str]) -> None:
         if not stmts:
             self.emit(indent, "pass")
+        if self.mode != "host":
+            for s in stmts:
+                getattr(self, "_" + s.kind)(s, indent, defined)
+            return
+        run: list[Stmt] = []  # host mode: maximal runs of jittable statements become jitted segments
         for s in stmts:
-            getattr(self, "_" + s.kind)(s, indent, defined)
+            if self._on_host(s):
+                self._segment(run, indent, defined)
+                run = []
+                getattr(self, "_" + s.kind)(s, indent, defined)
+            else:
+                run.append(s)
+        self._segment(run, indent, defined)
+
+    def _on_host(self, s: Stmt) -> bool:
+        if s.kind == "loop":
+            return any(self._on_host(b) for b in s.body)
+        return s.kind in ("send", "recv") or (s.kind == "api" and s.api.component in self.host)
+
+    def _segment(self, run: list[Stmt], indent: int, defined: set[str]) -> None:
+        """Emit ``run`` as a jitted function of its live-in values returning its live-out values."""
+        if not run:
+            return
+        live_out = self.live[run[-1].id]
+        ins = sorted(py(v) for v in liveness(run, live_out, {}))
+        defs = set().union(*(loop_defs(s) if s.kind == "loop" else set(s.defs) for s in run))
+        outs = sorted(py(v) for v in defs & live_out)
+        name = f"_seg_{run[0].id}"
+        seg = self.segments
+        seg.live = self.live
+        seg.emit(0, f"def {name}({', '.join(ins)}):", run[0])
+        seg.block(run, 1, set(ins))
+        seg.emit(1, f"return {_pack(outs)}")
+        seg.emit(0, f"{name} = _msrl_jit({name})")
+        self.emit(indent, f"{_pack(outs)} = {name}({', '.join(ins)})", run[0])
+        defined |= set(outs)
 
     def _api(self, s: Stmt, indent: int, defined: set[str]) -> None:
         spec = s.api
@@ -92,8 +131,8 @@ class _Emitter:
 
     def _return(self, s: Stmt, indent: int, defined: set[str]) -> None:
         self.emit(indent, f"_result = {ast.unparse(s.node)}", s)
-        self.record(indent, s, {"_result"})
-        defined.add("_result")
+        self.record(indent, s, s.defs)
+        defined |= s.defs
 
     def _send(self, s: Stmt, indent: int, defined: set[str]) -> None:
         (var,) = s.uses
@@ -142,9 +181,11 @@ class _Emitter:
 
 
 def generate(name: str, stmts: list[Stmt], state_keys: list[str], mode: str, derive_params: bool,
-             returns: bool, shapes: dict | None = None) -> tuple[Lowered, dict]:
+             returns: bool, shapes: dict | None = None, host: frozenset[str] = frozenset()) -> tuple[Lowered, dict]:
     """Source of fragment ``name`` over ``stmts`` (already projected onto the fragment)."""
-    em = _Emitter(mode, derive_params, shapes or {}, {})
+    em = _Emitter(mode, derive_params, shapes or {}, {}, host)
+    if mode == "host":
+        em.segments = _Emitter("scan", derive_params, em.shapes, em.zeros)
     live_out = {"@" + k for k in state_keys} | ({"_result"} if returns else set())
     liveness(stmts, live_out, em.live)
     em.emit(0, f"def fragment_{name}(_state):")
@@ -158,8 +199,12 @@ def generate(name: str, stmts: list[Stmt], state_keys: list[str], mode: str, der
     em.emit(1, "_result = None")
     em.block(stmts, 1, defined)
     em.emit(1, "return {" + ", ".join(f"{k!r}: {py('@' + k)}" for k in state_keys) + "}, _result")
+    lines, linemap = em.lines, dict(em.linemap)
+    if em.segments is not None:
+        linemap.update({n + len(lines) + 1: where for n, where in em.segments.linemap.items()})
+        lines = lines + [""] + em.segments.lines
     filename = f"<msrl fragment {name} ({mode})>"
-    return Lowered(name, "\n".join(em.lines) + "\n", filename, em.linemap), em.zeros
+    return Lowered(name, "\n".join(lines) + "\n", filename, linemap), em.zeros
 
 
 def materialize(lowered: Lowered, namespace: dict[str, Any]) -> Callable:

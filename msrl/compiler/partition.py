@@ -14,7 +14,8 @@ from msrl.policy import FragmentSpec, Policy
 @dataclasses.dataclass(frozen=True)
 class Comm:
     """A communication node: ``var`` defined at statement ``src`` flows from fragment ``src_fragment`` to
-    ``dst_fragment`` (sent right after ``src``; received at the same point of the consumer's program)."""
+    ``dst_fragment``. It is sent right after ``point`` and received at the same point of the consumer's
+    program (both run the same loop skeleton): a value made in a loop but used after it crosses once."""
 
     id: str
     op: str
@@ -22,6 +23,7 @@ class Comm:
     src: str
     src_fragment: str
     dst_fragment: str
+    point: str  # the statement (or loop) after which it happens: src, hoisted out of loops the use is not in
 
 
 @dataclasses.dataclass
@@ -60,17 +62,26 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> Partit
                 f"policy {policy.name!r} splits the state of component '{var[1:]}' between fragments {fu!r} "
                 f"(`{s.source}`, {s.where}) and {fv!r} (`{t.source}`, {t.where})", t.file, t.line,
                 "a component's state lives in one fragment; cut elsewhere")
-        key = (u, var, fv)
+        point = _exit_point(fdg, u, v)
+        key = (point, var, fv)
         if key not in comms:
             op = policy.comm_op(var, fragments[fu], fragments[fv])
-            comms[key] = Comm(f"c{len(comms) + 1}", op, var, u, fu, fv)
+            comms[key] = Comm(f"c{len(comms) + 1}", op, var, u, fu, fv, point)
             c = comms[key]
-            fdg.add_node(c.id, kind="comm", op=op, fragment=f"{fu}->{fv}", parent=fdg.nodes[u]["parent"],
+            fdg.add_node(c.id, kind="comm", op=op, fragment=f"{fu}->{fv}", parent=fdg.nodes[point]["parent"],
                          text=f"{op} {var}", file=None, line=None)
             fdg.add_edge(u, c.id, key=var, **{**data, "carry": False})
         fdg.add_edge(comms[key].id, v, key=var, **data)
         fdg.remove_edge(u, v, key=var)
     return Partition(fragments, assign, list(comms.values()))
+
+
+def _exit_point(fdg: nx.MultiDiGraph, u: str, v: str) -> str:
+    """``u`` or the outermost loop around it that does not also contain ``v``."""
+    point = u
+    while fdg.nodes[point]["parent"] is not None and not _inside(fdg, v, fdg.nodes[point]["parent"]):
+        point = fdg.nodes[point]["parent"]
+    return point
 
 
 def _inside(fdg: nx.MultiDiGraph, node: str, loop: str) -> bool:

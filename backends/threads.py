@@ -1,0 +1,192 @@
+"""The ``threads`` backend: every fragment replica in a Python thread, channels over ``queue.Queue``.
+
+Jitted code releases the GIL, so replicas overlap. A fragment's source is materialized once and shared by
+its replicas (its jitted segments compile once); which replica is running is a thread-local, so the
+``_msrl_comm`` table the generated code calls resolves to that replica's end of each channel.
+
+Comm ops: ``gather`` concatenates the senders' values along each leaf's environment axis, in replica order
+(= global environment order); ``scatter`` splits along it; ``broadcast`` hands every receiver the same
+object (zero copy, in process); ``send`` pairs replica i with replica i. A receive waits on its queue but
+wakes up to notice a stop, so a failing replica ends the run instead of hanging it; its traceback comes
+back to the caller in a :class:`TrainingError`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from typing import Any
+
+import jax
+import numpy as np
+
+from msrl.backend import Backend, Runtime, result_metrics
+from msrl.compiler.lower import materialize
+from msrl.components import episode_metrics
+from msrl.errors import CompileError, ConfigError, TrainingError
+
+_POLL_S = 0.05
+
+
+class _Stopped(Exception):
+    """Raised in a replica blocked on a channel when the run is being stopped."""
+
+
+class Channel:
+    def __init__(self, op: str, axes: list[int | None], senders: int, receivers: int, stop: threading.Event):
+        if op in ("gather",) and receivers != 1 or op in ("scatter", "broadcast") and senders != 1 or (
+                op == "send" and senders != receivers):
+            raise ConfigError("policy", f"a {op} cannot connect {senders} senders to {receivers} receivers")
+        self.op, self.axes, self.stop = op, axes, stop
+        self.queues = [queue.Queue() for _ in range(max(senders, receivers))]
+
+    def _get(self, q: queue.Queue) -> Any:
+        while True:
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise _Stopped from None
+
+    def _axis(self, i: int) -> int | None:
+        return self.axes[i] if i < len(self.axes) else None
+
+    def send(self, replica: int, value: Any) -> None:
+        if self.op == "broadcast":
+            for q in self.queues:
+                q.put(value)
+        elif self.op == "scatter":
+            leaves, tree = jax.tree.flatten(value)
+            parts = [np.split(np.asarray(x), len(self.queues), axis=self._axis(i)) if self._axis(i) is not None
+                     else [x] * len(self.queues) for i, x in enumerate(leaves)]
+            for r, q in enumerate(self.queues):
+                q.put(jax.tree.unflatten(tree, [p[r] for p in parts]))
+        else:  # gather, send: the sender's own queue
+            self.queues[replica].put(value)
+
+    def recv(self, replica: int) -> Any:
+        if self.op != "gather":
+            return self._get(self.queues[replica])
+        values = [self._get(q) for q in self.queues]
+        flat = [jax.tree.leaves(v) for v in values]
+        tree = jax.tree.structure(values[0])
+        leaves = [np.concatenate([np.asarray(f[i]) for f in flat], axis=self._axis(i))
+                  if self._axis(i) is not None else flat[0][i] for i in range(len(flat[0]))]
+        return jax.tree.unflatten(tree, leaves)
+
+
+class _Endpoint:
+    def __init__(self, channel: Channel, replica: int):
+        self.channel, self.replica = channel, replica
+
+    def send(self, value: Any) -> None:
+        self.channel.send(self.replica, value)
+
+    def recv(self) -> Any:
+        return self.channel.recv(self.replica)
+
+
+class _CommTable:
+    """``_msrl_comm[id]`` in generated code: the running replica's end of channel ``id``."""
+
+    def __init__(self, channels: dict[str, Channel], local: threading.local):
+        self.channels, self.local = channels, local
+
+    def __getitem__(self, cid: str) -> _Endpoint:
+        return _Endpoint(self.channels[cid], self.local.replica)
+
+
+class _Replica:
+    def __init__(self, fragment: Any, index: int, fn: Any, state: dict):
+        self.fragment, self.index, self.fn, self.state = fragment, index, fn, state
+        self.results: list[Any] = []
+        self.stats: list[dict[str, Any]] = []
+        self.error: str | None = None
+
+
+class ThreadsRuntime(Runtime):
+    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int):
+        self.program = program
+        self.stop = threading.Event()
+        self.local = threading.local()
+        n = program.num_envs
+        frags = program.fragments
+        channels = {}
+        for c in program.partition.comms:
+            channels[c.id] = Channel(c.op, program.env_axes.get((c.src, c.var), []),
+                                     frags[c.src_fragment].spec.replicas, frags[c.dst_fragment].spec.replicas,
+                                     self.stop)
+        self.replicas: list[_Replica] = []
+        for frag in frags.values():
+            if frag.spec.backend == "jax" and "env" in frag.state_keys and not program.env.jittable:
+                raise CompileError(f"fragment {frag.name!r} is placed on the jax backend but steps the host "
+                                   f"environment {program.env.spec.id!r}", hint="place that role on threads")
+            ns = {**frag.namespace, "_msrl_comm": _CommTable(channels, self.local)}
+            fn = materialize(frag.lowered, ns)
+            if frag.mode == "scan":
+                fn = jax.jit(fn)
+            r_count = frag.spec.replicas
+            if n % r_count:
+                raise ConfigError("env.num_envs", f"{n} environments cannot be split over {r_count} replicas "
+                                  f"of fragment {frag.name!r}")
+            for r in range(r_count):
+                env_ids = np.arange(n).reshape(r_count, -1)[r]
+                self.replicas.append(_Replica(frag, r, fn, program.init_states(frag.state_keys, seed, env_ids)))
+
+    def _work(self, rep: _Replica, iterations: int) -> None:
+        self.local.replica = rep.index
+        env = self.program.env
+        try:
+            for _ in range(iterations):
+                rep.state, result = rep.fn(rep.state)
+                rep.results.append(result)
+                if "env" in rep.state:
+                    rep.stats.append(env.stats(rep.state["env"]))
+        except _Stopped:
+            pass
+        except BaseException:  # noqa: BLE001 - reported in the caller's thread
+            rep.error = traceback.format_exc()
+            self.stop.set()
+
+    def run(self, iterations: int) -> list[dict[str, float]]:
+        for rep in self.replicas:
+            rep.results, rep.stats = [], []
+        threads = [threading.Thread(target=self._work, args=(rep, iterations), daemon=True,
+                                    name=f"msrl-{rep.fragment.name}-{rep.index}") for rep in self.replicas]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=_POLL_S)
+        except KeyboardInterrupt:
+            self.close()
+            raise
+        failed = [rep for rep in self.replicas if rep.error]
+        if failed:
+            rep = failed[0]
+            raise TrainingError(f"fragment {rep.fragment.name!r} replica {rep.index} failed:\n{rep.error}")
+        returner = next(rep for rep in self.replicas if any(s.kind == "return" for s in rep.fragment.stmts))
+        with_env = [rep for rep in self.replicas if rep.stats]
+        return [{**episode_metrics([rep.stats[i] for rep in with_env]), **result_metrics(returner.results[i])}
+                for i in range(iterations)]
+
+    def state(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for rep in self.replicas:
+            out.setdefault(rep.fragment.name, []).append(rep.state)
+        return out
+
+    def params(self) -> Any:
+        learner = self.program.components["learner"]
+        rep = next(r for r in self.replicas if "learner" in r.state)
+        return learner.policy_params(rep.state["learner"])
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+class ThreadsBackend(Backend):
+    def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> Runtime:
+        return ThreadsRuntime(program, seed, iterations_per_dispatch)

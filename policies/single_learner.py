@@ -1,0 +1,62 @@
+"""Single-learner policies: many actors (or env workers) feeding one learner.
+
+- ``single_learner_coarse`` (Acme, synchronous IMPALA, MSRL DP-SLC): cut at ``agent_learn``. ``actors``
+  replicas each run env + act + insert on ``envs_per_actor`` environments; their trajectories are gathered
+  (concatenated in global environment order) to one learner, whose new parameters are broadcast back.
+- ``single_learner_fine`` (SEED RL): cut at ``env_step``. ``actors`` env-only workers step their
+  environments; inference and learning run centrally, batched over every worker's observations; actions
+  are scattered and observations/rewards/dones gathered every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from msrl.compiler.ir import leaves
+from msrl.errors import ConfigError
+from msrl.policy import FragmentSpec, Policy, downstream_of
+
+
+class _SingleLearner(Policy):
+    backend: Literal["threads"] = "threads"
+    actors: int = Field(2, gt=0, description="actor (or env worker) replicas")
+    envs_per_actor: int | None = Field(None, gt=0, description="environments per replica (default: env.num_envs / actors)")
+    actor_backend: Literal["threads", "jax"] | None = Field(None, description="placement of the actor role")
+    learner_backend: Literal["threads", "jax"] | None = Field(None, description="placement of the learner role")
+
+    def total_envs(self, num_envs: int) -> int:
+        if self.envs_per_actor is not None:
+            return self.actors * self.envs_per_actor
+        if num_envs % self.actors:
+            raise ConfigError("policy.actors", f"{self.actors} actors cannot share env.num_envs={num_envs} "
+                              "environments evenly; set policy.envs_per_actor")
+        return num_envs
+
+    def _roles(self, actor_role: str, learner_role: str) -> list[FragmentSpec]:
+        return [FragmentSpec(name=actor_role, replicas=self.actors, backend=self.actor_backend or self.backend),
+                FragmentSpec(name=learner_role, replicas=1, backend=self.learner_backend or self.backend)]
+
+
+class SingleLearnerCoarse(_SingleLearner):
+    name: Literal["single_learner_coarse"] = "single_learner_coarse"
+
+    def fragments(self) -> list[FragmentSpec]:
+        return self._roles("actor", "learner")
+
+    def assign(self, stmts, fdg: Any) -> dict[str, str]:
+        learn = {s.id for s in leaves(stmts) if s.kind == "api" and s.api.name == "agent_learn"}
+        learner = downstream_of(stmts, fdg, learn)
+        return {s.id: "learner" if s.id in learner else "actor" for s in leaves(stmts)}
+
+
+class SingleLearnerFine(_SingleLearner):
+    name: Literal["single_learner_fine"] = "single_learner_fine"
+
+    def fragments(self) -> list[FragmentSpec]:
+        return self._roles("env_worker", "central")
+
+    def assign(self, stmts, fdg: Any) -> dict[str, str]:
+        return {s.id: "env_worker" if s.kind == "api" and s.api.component == "env" else "central"
+                for s in leaves(stmts)}
