@@ -24,7 +24,7 @@ import numpy as np
 from msrl.backend import Backend, Runtime, result_metrics
 from msrl.compiler.lower import materialize
 from msrl.components import episode_metrics
-from msrl.errors import CompileError, ConfigError, TrainingError
+from msrl.errors import ConfigError, TrainingError
 
 _POLL_S = 0.05
 
@@ -119,9 +119,6 @@ class ThreadsRuntime(Runtime):
                                      self.stop)
         self.replicas: list[_Replica] = []
         for frag in frags.values():
-            if frag.spec.backend == "jax" and "env" in frag.state_keys and not program.env.jittable:
-                raise CompileError(f"fragment {frag.name!r} is placed on the jax backend but steps the host "
-                                   f"environment {program.env.spec.id!r}", hint="place that role on threads")
             ns = {**frag.namespace, "_msrl_comm": _CommTable(channels, self.local)}
             fn = materialize(frag.lowered, ns)
             if frag.mode == "scan":

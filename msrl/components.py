@@ -154,6 +154,10 @@ class ReplayBuffer:
     def insert(self, state: PyTree, item: PyTree) -> PyTree:
         raise NotImplementedError
 
+    def insert_batch(self, state: PyTree, items: PyTree) -> PyTree:
+        """Insert items stacked on a leading axis, in order: the same as inserting them one by one."""
+        return jax.lax.scan(lambda s, item: (self.insert(s, item), None), state, items)[0]
+
     def get(self, state: PyTree) -> tuple[PyTree, PyTree]:
         raise NotImplementedError
 

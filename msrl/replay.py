@@ -38,5 +38,11 @@ class TrajectoryBuffer(ReplayBuffer):
         data = jax.tree.map(lambda d, x: jax.lax.dynamic_update_index_in_dim(d, x, index, 0), state.data, item)
         return TrajectoryState(data, state.count + 1)
 
+    def insert_batch(self, state: TrajectoryState, items: Any) -> TrajectoryState:
+        n = jax.tree.leaves(items)[0].shape[0]
+        index = (state.count + jnp.arange(n)) % self.capacity
+        data = jax.tree.map(lambda d, x: d.at[index].set(x), state.data, items)
+        return TrajectoryState(data, state.count + n)
+
     def get(self, state: TrajectoryState):
         return state.replace(count=jnp.zeros((), jnp.int32)), state.data

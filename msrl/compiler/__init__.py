@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import networkx as nx
+import numpy as np
 
 from msrl.compiler import frontend
 from msrl.compiler.fdg import build_fdg
@@ -118,10 +119,6 @@ class Program:
         for s in leaves(self.stmts):
             if s.kind == "api" and self.components.get(s.api.component) is None:
                 raise CompileError(f"msrl.{s.api.name}() needs a `{s.api.component}` component", s.file, s.line)
-        if self.components["env"].jittable is False and any(f.jit for f in self.policy.fragments()):
-            raise CompileError(
-                f"environment {self.env.spec.id!r} runs on the host and cannot be jitted by policy "
-                f"{self.policy.name!r}", hint="use a policy that places the env in a host fragment")
 
     def _count(self, api: str) -> int:
         def count(stmts: list[Stmt]) -> int:
@@ -212,11 +209,16 @@ class Program:
         keys, derive = self._state_keys(stmts)
         returns = any(s.kind == "return" for s in stmts)
         host = frozenset(c for c in keys if getattr(self.components.get(c), "jittable", True) is False)
+        if host and spec.backend == "jax":
+            raise CompileError(
+                f"environment {self.env.spec.id!r} runs on the host (numpy), but policy {self.policy.name!r} "
+                f"places it in fragment {spec.name!r} on the jax backend, which jits it",
+                hint="use policy.name=single_learner_coarse (or single_learner_fine) with policy.backend=threads")
         on_host = host or any(s.kind in ("send", "recv") for s in leaves(stmts))
         mode = "python" if not spec.jit else "host" if on_host else "scan"
         lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, self.shapes, host)
         ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
-              "_msrl_jit": jax.jit,
+              "_msrl_jit": jax.jit, "_msrl_stack": lambda items: jax.tree.map(lambda *xs: np.stack(xs), *items),
               "_msrl_zeros": lambda name: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros[name]),
               **{f"_c_{c}": self.components[c] for c in keys if c != "params"}}
         if derive:

@@ -6,7 +6,8 @@ Modes:
   the fragment is meant to be ``jax.jit``-ted whole.
 - ``host``: for fragments that communicate or step host environments. Loops around such statements stay
   Python loops; every maximal run of jittable statements between them becomes its own jitted function of
-  its live-in values, returning its live-out values.
+  its live-in values, returning its live-out values. In such a loop, plain renames run in Python, and a
+  loop's only ``buffer_insert`` is collected on the host and inserted once after it (``insert_batch``).
 - ``python``: everything eager, loops as Python loops (the reference semantics, used in tests).
 - ``probe``: like ``python`` but every loop runs once and every definition is recorded, for shape inference.
 
@@ -32,6 +33,15 @@ def py(var: str) -> str:
     return STATE_PREFIX + var[1:] if is_state(var) else var
 
 
+def _is_rename(value: ast.expr) -> bool:
+    """A plain name, attribute or tuple of them: moving references around, no computation."""
+    if isinstance(value, ast.Name):
+        return True
+    if isinstance(value, ast.Attribute):
+        return _is_rename(value.value)
+    return isinstance(value, ast.Tuple) and all(_is_rename(e) for e in value.elts)
+
+
 def _pack(names: list[str]) -> str:
     return "()" if not names else "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
 
@@ -53,6 +63,7 @@ class _Emitter:
         self.linemap: dict[int, tuple[str, int, str]] = {}
         self.live: dict[str, set[str]] = {}
         self.segments: _Emitter | None = None  # host mode: where the jitted segment functions go
+        self.stacking: Stmt | None = None  # host mode: the buffer_insert of the current loop, collected
 
     def emit(self, indent: int, text: str, origin: Stmt | None = None) -> None:
         for i, line in enumerate(text.splitlines()):
@@ -86,14 +97,17 @@ class _Emitter:
     def _on_host(self, s: Stmt) -> bool:
         if s.kind == "loop":
             return any(self._on_host(b) for b in s.body)
-        return s.kind in ("send", "recv") or (s.kind == "api" and s.api.component in self.host)
+        if s.kind == "compute" and isinstance(s.node, ast.Assign) and _is_rename(s.node.value):
+            return True  # `obs = next_obs` costs nothing in Python; a jitted call for it would
+        return s.kind in ("send", "recv") or s is self.stacking or (s.kind == "api" and s.api.component in self.host)
 
     def _segment(self, run: list[Stmt], indent: int, defined: set[str]) -> None:
         """Emit ``run`` as a jitted function of its live-in values returning its live-out values."""
         if not run:
             return
         live_out = self.live[run[-1].id]
-        ins = sorted(py(v) for v in liveness(run, live_out, {}))
+        used = {u for s in walk(run) for u in s.uses}
+        ins = sorted(py(v) for v in liveness(run, live_out, {}) & used)  # pass-through values stay outside
         defs = set().union(*(loop_defs(s) if s.kind == "loop" else set(s.defs) for s in run))
         outs = sorted(py(v) for v in defs & live_out)
         name = f"_seg_{run[0].id}"
@@ -113,7 +127,11 @@ class _Emitter:
         args += [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
         call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
         target = ast.unparse(s.target) if s.target is not None else None
-        if spec.returns == "None":
+        if s is self.stacking:  # collected on the host, inserted once after the loop
+            self.emit(indent, f"_items_{s.parent}.append({args[1]})", s)
+            if target:
+                self.emit(indent, f"{target} = None")
+        elif spec.returns == "None":
             self.emit(indent, f"{state} = {call}", s)
             if target:
                 self.emit(indent, f"{target} = None")
@@ -148,8 +166,15 @@ class _Emitter:
         var = s.var if s.var and s.var != "_" else "_"
         if self.mode != "scan":
             bounds = f"range({start}, {stop}, {step})" + ("[:1]" if self.mode == "probe" else "")
+            outer, self.stacking = self.stacking, self._stackable_insert(s) if self.mode == "host" else None
+            if self.stacking is not None:
+                self.emit(indent, f"_items_{s.id} = []")
             self.emit(indent, f"for {var} in {bounds}:", s)
             self.block(s.body, indent + 1, defined)
+            if self.stacking is not None:
+                self.emit(indent, f"_s_buffer = _c_buffer.insert_batch(_s_buffer, _msrl_stack(_items_{s.id}))",
+                          self.stacking)
+            self.stacking = outer
             defined |= {py(d) for d in loop_defs(s)}
             return
         body_uses = {u for b in walk(s.body) for u in b.uses}
@@ -170,6 +195,13 @@ class _Emitter:
         if s.var and s.var in self.live[s.id]:
             self.emit(indent, f"{s.var} = {range(*s.range)[-1]}", s)
         defined |= set(carried) | {py(d) for d in loop_defs(s)}
+
+    @staticmethod
+    def _stackable_insert(loop: Stmt) -> Stmt | None:
+        """The loop's one ``buffer_insert``, if nothing else in the loop touches the buffer."""
+        inserts = [b for b in loop.body if b.kind == "api" and b.api.name == "buffer_insert"]
+        touching = [b for b in walk(loop.body) if "@buffer" in b.uses or "@buffer" in b.defs]
+        return inserts[0] if len(inserts) == 1 and touching == inserts else None
 
     def _shape_of(self, loop: Stmt, name: str) -> Any:
         for b in reversed(list(walk(loop.body))):

@@ -36,3 +36,10 @@ def _gymnax(name: str, **kwargs) -> Environment:
     from msrl.envs.gymnax_env import GymnaxEnv
 
     return GymnaxEnv(name, **kwargs)
+
+
+@register_env("gymnasium")
+def _gymnasium(name: str, **kwargs) -> Environment:
+    from msrl.envs.gymnasium_env import GymnasiumEnv
+
+    return GymnasiumEnv(name, **kwargs)

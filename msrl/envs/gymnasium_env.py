@@ -1,0 +1,123 @@
+"""Gymnasium vector environments as a host :class:`~msrl.components.Environment` (numpy in, numpy out).
+
+A host environment runs only in host fragments (``single_learner_*`` on ``threads``); its "state" is the
+stateful vector env itself plus episode counters. Environment ``i`` is seeded from the run's key and its
+*global* index, so splitting environments over replicas changes no number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from msrl.components import Box, Discrete, Environment, EnvSpec
+from msrl.errors import ConfigError
+
+
+@dataclasses.dataclass
+class HostEnvState:
+    envs: list[Any]  # one gymnasium env per index, stepped in a plain loop (cheaper than SyncVectorEnv)
+    obs: np.ndarray
+    running_return: np.ndarray
+    last_return: np.ndarray
+    episodes: np.ndarray
+
+
+class GymnasiumEnv(Environment):
+    jittable = False
+
+    def __init__(self, name: str, **kwargs: Any):
+        import gymnasium
+
+        self.name, self.kwargs = name, kwargs
+        try:
+            probe = gymnasium.make(name, **kwargs)
+        except (gymnasium.error.Error, ModuleNotFoundError, ImportError, TypeError) as e:
+            raise ConfigError("env.id", f"gymnasium:{name} cannot be made: {e}") from None
+        obs_space, act_space = probe.observation_space, probe.action_space
+        probe.close()
+        if isinstance(act_space, gymnasium.spaces.Discrete):
+            action_space = Discrete(int(act_space.n))
+        elif isinstance(act_space, gymnasium.spaces.Box):
+            action_space = Box(act_space.low.astype(np.float32), act_space.high.astype(np.float32),
+                               tuple(act_space.shape))
+        else:
+            raise ConfigError("env.id", f"gymnasium:{name} has a {type(act_space).__name__} action space; "
+                              "msrl supports Discrete and Box")
+        self.spec = EnvSpec(f"gymnasium:{name}", tuple(obs_space.shape), np.dtype(np.float32), action_space)
+
+    def init(self, key: jax.Array, env_ids: Any) -> HostEnvState:
+        import gymnasium
+
+        words = [int(w) for w in np.asarray(jax.random.key_data(key)).ravel()]
+        envs, first = [], []
+        for i in np.asarray(env_ids):
+            env = gymnasium.make(self.name, disable_env_checker=True, **self.kwargs)
+            seed = int(np.random.SeedSequence([*words, int(i)]).generate_state(1)[0])
+            first.append(env.reset(seed=seed)[0])
+            envs.append(env)
+        zeros = np.zeros(len(envs), np.float32)
+        return HostEnvState(envs, np.stack(first).astype(np.float32), zeros, zeros.copy(),
+                            np.zeros(len(envs), np.int32))
+
+    def observe(self, state: HostEnvState):
+        return state, state.obs
+
+    def reset(self, state: HostEnvState):
+        state.obs = np.stack([env.reset()[0] for env in state.envs]).astype(np.float32)
+        state.running_return[:] = 0
+        return state, state.obs
+
+    def step(self, state: HostEnvState, action: Any):
+        action = np.asarray(action)
+        if isinstance(self.spec.action_space, Box):
+            action = np.clip(action, self.spec.action_space.low, self.spec.action_space.high)
+        n = len(state.envs)
+        obs = np.empty((n, *self.spec.obs_shape), np.float32)
+        reward = np.empty(n, np.float32)
+        done = np.empty(n, np.bool_)
+        for i, env in enumerate(state.envs):  # auto-reset in the same step, as gymnax does
+            o, r, terminated, truncated, _ = env.step(action[i].item() if action.ndim == 1 else action[i])
+            done[i] = terminated or truncated
+            obs[i] = env.reset()[0] if done[i] else o
+            reward[i] = r
+        ret = state.running_return + reward
+        state.last_return = np.where(done, ret, state.last_return)
+        state.running_return = np.where(done, 0.0, ret).astype(np.float32)
+        state.episodes = state.episodes + done
+        state.obs = obs.astype(np.float32)
+        return state, (state.obs, reward, done)
+
+    def stats(self, state: HostEnvState):
+        finished = state.episodes > 0
+        return {"return_sum": float(state.last_return[finished].sum()), "finished": int(finished.sum()),
+                "episodes": int(state.episodes.sum())}
+
+    def shape_stand_in(self) -> Environment:
+        return _ShapeOnly(self.spec)
+
+
+class _ShapeOnly(Environment):
+    """Zeros of the right shapes: lets the compiler trace a loop whose environment runs on the host."""
+
+    def __init__(self, spec: EnvSpec):
+        self.spec = spec
+
+    def init(self, key, env_ids):
+        return jnp.zeros((len(env_ids), *self.spec.obs_shape), self.spec.obs_dtype)
+
+    def observe(self, state):
+        return state, state
+
+    reset = observe
+
+    def step(self, state, action):
+        n = state.shape[0]
+        return state, (state, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_))
+
+    def stats(self, state):
+        return {"return_sum": jnp.zeros(()), "finished": jnp.zeros((), jnp.int32), "episodes": jnp.zeros((), jnp.int32)}

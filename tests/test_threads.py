@@ -1,0 +1,143 @@
+"""threads backend, single_learner_coarse / single_learner_fine, Gymnasium host envs, equivalence."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import msrl
+from msrl.cli import main
+from msrl.config import load_config
+from msrl.envs import make_env
+from msrl.registry import BACKENDS
+
+import loops
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CARTPOLE = str(EXAMPLES / "ppo_cartpole.yaml")
+
+
+def final_params(overrides: list[str], iterations: int = 5):
+    cfg = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", *overrides])
+    program = msrl.build(cfg)
+    runtime = BACKENDS.get(cfg.policy.backend)().build(program, 0, iterations)
+    try:
+        rows = runtime.run(iterations)
+        return runtime.params(), rows
+    finally:
+        runtime.close()
+
+
+def max_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def test_fused_coarse_and_fine_give_the_same_parameters():
+    fused, fused_rows = final_params(["env.num_envs=8"])
+    coarse, coarse_rows = final_params(["policy.name=single_learner_coarse", "policy.actors=2",
+                                        "policy.envs_per_actor=4"])
+    fine, fine_rows = final_params(["policy.name=single_learner_fine", "policy.actors=2", "policy.envs_per_actor=4"])
+    assert max_diff(fused, coarse) <= 1e-5
+    assert max_diff(fused, fine) <= 1e-5
+    # the parameters moved, and the runs saw the same episodes
+    assert max_diff(fused, jax.tree.map(np.zeros_like, fused)) > 1e-3
+    assert [r["episodes"] for r in fused_rows] == [r["episodes"] for r in coarse_rows] == \
+        [r["episodes"] for r in fine_rows]
+
+
+@pytest.mark.parametrize("policy, cut_op, roles", [
+    ("single_learner_coarse", "gather", {"actor": 2, "learner": 1}),
+    ("single_learner_fine", "scatter", {"env_worker": 2, "central": 1}),
+])
+def test_graph_shows_cut_comm_nodes_and_replicas(capsys, policy, cut_op, roles):
+    assert main(["graph", CARTPOLE, f"policy.name={policy}", "policy.actors=2", "--format", "json"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert {f["name"]: f["replicas"] for f in g["fragments"]} == roles
+    comm = [n for n in g["nodes"] if n["kind"] == "comm"]
+    assert any(n["op"] == cut_op for n in comm)
+    assert any(n["op"] == "broadcast" for n in comm) or policy == "single_learner_fine"
+    by_id = {n["id"]: n for n in g["nodes"]}
+    for e in g["edges"]:  # every edge stays inside a fragment or passes through a comm node
+        src, dst = by_id[e["src"]], by_id[e["dst"]]
+        if "comm" not in (src["kind"], dst["kind"]) and "loop" not in (src["kind"], dst["kind"]):
+            assert src["fragment"] == dst["fragment"], e
+    assert main(["graph", CARTPOLE, f"policy.name={policy}", "policy.actors=2"]) == 0
+    text = capsys.readouterr().out
+    assert f"COMM {cut_op}" in text and "replicas=2" in text
+
+
+def test_fine_policy_communicates_every_step():
+    program = msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_fine", "policy.actors=2"]))
+    per_step = [c for c in program.partition.comms if program.fdg.nodes[c.point]["parent"] is not None]
+    assert {c.op for c in per_step} == {"scatter", "gather"}
+    assert "for _ in range(0, 128, 1)" in program.fragments["env_worker"].source
+
+
+def test_gymnasium_env_under_fused_is_a_compile_error():
+    with pytest.raises(msrl.CompileError, match="single_learner_coarse") as info:
+        msrl.build(load_config(CARTPOLE, ["env.id=gymnasium:CartPole-v1"]))
+    assert "host" in str(info.value)
+
+
+def test_host_env_on_a_jax_placed_role_is_a_compile_error():
+    with pytest.raises(msrl.CompileError, match="jax backend"):
+        msrl.build(load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.actor_backend=jax"]))
+
+
+def test_gymnasium_env_seeds_depend_on_global_index_only():
+    env = make_env("gymnasium:CartPole-v1")
+    key = jax.random.PRNGKey(3)
+    full, part = env.init(key, np.arange(4)), env.init(key, np.array([2, 3]))
+    np.testing.assert_array_equal(full.obs[2:], part.obs)
+    actions = np.array([0, 1, 1, 0])
+    for _ in range(30):
+        full, (obs_f, rew_f, done_f) = env.step(full, actions)
+        part, (obs_p, rew_p, done_p) = env.step(part, actions[2:])
+        np.testing.assert_array_equal(obs_f[2:], obs_p)
+    assert env.stats(full)["episodes"] >= 1
+
+
+class Exploding(gymnasium.Env):
+    """A host environment that breaks after a few steps."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t > 20:
+            raise RuntimeError("environment exploded on purpose")
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+gymnasium.register(id="MsrlExploding-v0", entry_point=Exploding)
+
+
+def test_worker_error_surfaces_with_its_traceback_and_no_thread_is_left():
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    program = msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), make_env("gymnasium:MsrlExploding-v0"), 4)
+    runtime = BACKENDS.get("threads")().build(program, 0, 20)
+    with pytest.raises(msrl.TrainingError, match="environment exploded on purpose") as info:
+        runtime.run(20)
+    assert "fragment 'actor'" in str(info.value) and "Traceback" in str(info.value)
+    runtime.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("msrl-") and t.is_alive()]
+
+
+def test_ppo_gymnasium_cartpole_threads_reaches_475(tmp_path):
+    summary = msrl.train(EXAMPLES / "ppo_cartpole_threads.yaml", ["run.progress=false"], run_dir=tmp_path)
+    assert summary["env_steps"] <= 300_000 and summary["policy"] == "single_learner_coarse"
+    assert summary["episode_return"] >= 475, summary
