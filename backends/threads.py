@@ -92,9 +92,13 @@ class _CommTable:
 
     def __init__(self, channels: dict[str, Channel], local: threading.local):
         self.channels, self.local = channels, local
+        self.endpoints: dict[tuple[str, int], _Endpoint] = {}
 
     def __getitem__(self, cid: str) -> _Endpoint:
-        return _Endpoint(self.channels[cid], self.local.replica)
+        key = (cid, self.local.replica)
+        if key not in self.endpoints:
+            self.endpoints[key] = _Endpoint(self.channels[cid], self.local.replica)
+        return self.endpoints[key]
 
 
 class _Replica:
@@ -164,10 +168,10 @@ class ThreadsRuntime(Runtime):
         if failed:
             rep = failed[0]
             raise TrainingError(f"fragment {rep.fragment.name!r} replica {rep.index} failed:\n{rep.error}")
-        returner = next(rep for rep in self.replicas if any(s.kind == "return" for s in rep.fragment.stmts))
+        returner = next((rep for rep in self.replicas if any(s.kind == "return" for s in rep.fragment.stmts)), None)
         with_env = [rep for rep in self.replicas if rep.stats]
-        return [{**episode_metrics([rep.stats[i] for rep in with_env]), **result_metrics(returner.results[i])}
-                for i in range(iterations)]
+        return [{**episode_metrics([rep.stats[i] for rep in with_env]),
+                 **result_metrics(returner.results[i] if returner else None)} for i in range(iterations)]
 
     def state(self) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}

@@ -9,7 +9,7 @@ class Runtime:
     """A running program. ``run(n)`` performs ``n`` training iterations and returns one metrics dict per
     iteration (``episode_return``, ``episodes`` and the loop's own metrics, as Python floats)."""
 
-    compile_seconds: float = 0.0
+    compile_seconds: float | None = None  # XLA compile time ahead of the run; None: compiled lazily in it
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         raise NotImplementedError

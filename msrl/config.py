@@ -82,6 +82,11 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     unknown = set(data) - set(_SECTIONS)
     if unknown:
         raise ConfigError(sorted(unknown)[0], f"unknown key; allowed keys: {', '.join(_SECTIONS)}")
+    for section in _SECTIONS:
+        if data.get(section) is not None and not isinstance(data[section], dict):
+            raise ConfigError(section, f"must be a mapping of keys, got {data[section]!r} "
+                              f"(write `{section}: {{name: {data[section]}}}`)" if section in ("algorithm", "policy")
+                              else f"must be a mapping of keys, got {data[section]!r}")
     algo = dict(data.get("algorithm") or {})
     if "name" not in algo:
         raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")

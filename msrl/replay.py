@@ -40,6 +40,10 @@ class TrajectoryBuffer(ReplayBuffer):
 
     def insert_batch(self, state: TrajectoryState, items: Any) -> TrajectoryState:
         n = jax.tree.leaves(items)[0].shape[0]
+        if n > self.capacity:  # as inserting one by one: only the last `capacity` items remain
+            skip = n - self.capacity
+            items = jax.tree.map(lambda x: x[skip:], items)
+            return self.insert_batch(TrajectoryState(state.data, state.count + skip), items)
         index = (state.count + jnp.arange(n)) % self.capacity
         data = jax.tree.map(lambda d, x: d.at[index].set(x), state.data, items)
         return TrajectoryState(data, state.count + n)

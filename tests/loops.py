@@ -301,6 +301,67 @@ class WithArgs(Base):
         return n
 
 
+class NestedReturn(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        msrl.env_step(msrl.agent_act(obs).action)
+        if self.cfg.flag:
+            return obs  # E:nested_return
+        return 0
+
+
+class StaticHelper(Base):
+    @staticmethod
+    def act(obs):
+        return msrl.agent_act(obs)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        msrl.env_step(self.act(obs).action)  # E:static_helper
+        return 0
+
+
+def keep(fn):
+    return fn
+
+
+class Decorated(Base):
+    @keep
+    def train_step(self):
+        obs = msrl.env_observe()
+        while obs.sum() > 0:  # E:decorated
+            msrl.env_step(msrl.agent_act(obs).action)
+        return 0
+
+
+class NoLearner(Base):
+    def __init__(self):
+        super().__init__()
+        self.learner = None
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)  # E:no_learner
+        msrl.env_step(out.action)
+        return 0
+
+
+class HostLoopDetails(Base):
+    """A conditional assignment outside the API, a keyword insert, and no return."""
+
+    def train_step(self):
+        coef = 1.0
+        if not self.cfg.flag:
+            coef = 2.0
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(item=Item(obs, out.action, reward * coef, done))
+            obs = next_obs
+        msrl.agent_learn(msrl.buffer_get())
+
+
 REJECTED = {
     "while": WhileLoop,
     "data_if": DataIf,
@@ -322,4 +383,8 @@ REJECTED = {
     "get_first": GetBeforeInsert,
     "helper_return": HelperEarlyReturn,
     "args": WithArgs,
+    "nested_return": NestedReturn,
+    "static_helper": StaticHelper,
+    "decorated": Decorated,
+    "no_learner": NoLearner,
 }

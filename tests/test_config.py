@@ -61,3 +61,9 @@ def test_minibatches_must_divide_the_batch():
     cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.minibatches=3"])
     with pytest.raises(msrl.ConfigError, match="algorithm.minibatches.*does not divide"):
         msrl.build(cfg)
+
+
+def test_sections_must_be_mappings(tmp_path):
+    (tmp_path / "scalar.yaml").write_text("algorithm: ppo\n")
+    with pytest.raises(msrl.ConfigError, match=r"algorithm: must be a mapping.*name: ppo"):
+        load_config(tmp_path / "scalar.yaml")

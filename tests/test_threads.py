@@ -141,3 +141,24 @@ def test_ppo_gymnasium_cartpole_threads_reaches_475(tmp_path):
     summary = msrl.train(EXAMPLES / "ppo_cartpole_threads.yaml", ["run.progress=false"], run_dir=tmp_path)
     assert summary["env_steps"] <= 300_000 and summary["policy"] == "single_learner_coarse"
     assert summary["episode_return"] >= 475, summary
+
+
+@pytest.mark.parametrize("env_id", ["gymnax:CartPole-v1", "gymnasium:CartPole-v1"])
+def test_host_loop_details_match_fused(env_id):
+    """Conditional assignments, keyword inserts and a loop without return, on jitted and host envs."""
+    from msrl.policies.fused import Fused
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    env = make_env(env_id)
+    program = msrl.compile(loops.HostLoopDetails(), SingleLearnerCoarse(actors=2), env, 4)
+    runtime = BACKENDS.get("threads")().build(program, 0, 2)
+    rows = runtime.run(2)
+    assert len(rows) == 2 and "episode_return" in rows[0]
+    w = float(runtime.params()["w"])
+    runtime.close()
+    if env.jittable:
+        fused = BACKENDS.get("jax")().build(msrl.compile(loops.HostLoopDetails(), Fused(), env, 4), 0, 2)
+        fused.run(2)
+        assert w == pytest.approx(float(fused.params()["w"]), rel=1e-6)
+    else:
+        assert w == pytest.approx(2.0)  # CartPole pays 1 per step: mean reward 1, two updates

@@ -105,8 +105,7 @@ class PPOLearner(msrl.Learner):
         value_loss = 0.5 * jnp.maximum((value - target) ** 2, (v_clipped - target) ** 2).mean()
         entropy = pi.entropy().mean()
         total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
-        return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
-                       "approx_kl": ((ratio - 1) - jnp.log(ratio)).mean()}
+        return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
 
     def learn(self, state, batch: Transition, last_obs):
         cfg = self.cfg

@@ -15,7 +15,7 @@ import numpy as np
 
 from msrl.compiler import frontend
 from msrl.compiler.fdg import build_fdg
-from msrl.compiler.ir import Stmt, leaves
+from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import Partition, partition
 from msrl.components import Environment
@@ -101,7 +101,7 @@ class Program:
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.partition: Partition = partition(self.stmts, self.fdg, policy)
-        if self.partition.comms:
+        if self.partition.comms or any(f.replicas > 1 for f in self.partition.fragments.values()):
             with self._phase("env axes"):
                 self.env_axes = self._env_axes()
         with self._phase("lowering"):
@@ -119,6 +119,10 @@ class Program:
         for s in leaves(self.stmts):
             if s.kind == "api" and self.components.get(s.api.component) is None:
                 raise CompileError(f"msrl.{s.api.name}() needs a `{s.api.component}` component", s.file, s.line)
+            if "@params" in s.uses and self.components["learner"] is None:
+                raise CompileError(f"msrl.{s.api.name}() acts with the learner's policy parameters, but "
+                                   f"{type(self.algorithm).__name__} has no learner", s.file, s.line,
+                                   "set self.learner in __init__")
 
     def _count(self, api: str) -> int:
         def count(stmts: list[Stmt]) -> int:
@@ -216,6 +220,12 @@ class Program:
                 hint="use policy.name=single_learner_coarse (or single_learner_fine) with policy.backend=threads")
         on_host = host or any(s.kind in ("send", "recv") for s in leaves(stmts))
         mode = "python" if not spec.jit else "host" if on_host else "scan"
+        per_step = [s for s in walk(stmts) if s.kind == "loop" and any(b.kind in ("send", "recv") for b in walk(s.body))]
+        if spec.backend == "jax" and per_step:
+            raise CompileError(f"policy {self.policy.name!r} places fragment {spec.name!r} on the jax backend, but it "
+                               "communicates inside a loop", per_step[0].file, per_step[0].line,
+                               "a role on jax runs as one jitted program between receiving and sending; place it "
+                               "on threads")
         lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, self.shapes, host)
         ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
               "_msrl_jit": jax.jit, "_msrl_stack": lambda items: jax.tree.map(lambda *xs: np.stack(xs), *items),

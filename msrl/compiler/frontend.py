@@ -30,13 +30,16 @@ def _node_names(node: ast.AST, ctx: type) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
 
 
+def _target_root(target: ast.expr) -> ast.expr:
+    """The object an assignment target mutates: ``x`` for ``x``, ``x.a``, ``x[i]``, ``x.a[i].b``."""
+    while isinstance(target, (ast.Attribute, ast.Subscript)):
+        target = target.value
+    return target
+
+
 def _stored_roots(target: ast.expr) -> set[str]:
-    """Names that an assignment target rebinds or mutates (``x``, ``x.a``, ``x[0]`` all count as ``x``)."""
-    out: set[str] = set()
-    for n in ast.walk(target):
-        if isinstance(n, ast.Name):
-            out.add(n.id)
-    return out
+    root = _target_root(target)
+    return {root.id} if isinstance(root, ast.Name) else set()
 
 
 def _find_escape(nodes: list[ast.AST]) -> ast.AST | None:
@@ -82,7 +85,7 @@ class Source:
         if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)):
             raise CompileError(f"{what} is not a function definition", file=file, line=code.co_firstlineno)
         self.fn, self.file, self.fdef = fn, file, fdef
-        self.offset = code.co_firstlineno - fdef.lineno
+        self.offset = code.co_firstlineno - 1  # the source starts at the first decorator, if any
         self.lines = text.splitlines()
         self.namespace: dict[str, Any] = dict(fn.__globals__)
         if fn.__closure__:
@@ -161,6 +164,13 @@ class Frontend:
             and isinstance(call.func.value, ast.Name)
             and call.func.value.id == "self"
         ):
+            return None
+        raw = inspect.getattr_static(type(self.alg), call.func.attr, None)
+        if isinstance(raw, (staticmethod, classmethod)):
+            fn = raw.__func__
+            if self._uses_api(fn):
+                raise src.error(call, f"self.{call.func.attr}() is a {type(raw).__name__} that uses the API",
+                                "make it a plain method (helpers that use the API are inlined)")
             return None
         fn = getattr(type(self.alg), call.func.attr, None)
         if not inspect.isfunction(fn):
@@ -244,6 +254,10 @@ class Frontend:
                 raise src.error(st, "`return` must be the last statement of the training loop",
                                 "compute the value and return it once at the end")
             return self._return(src, st, rename, loop)
+        nested_return = next((n for n in ast.walk(st) if isinstance(n, ast.Return)), None)
+        if nested_return is not None and not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            raise src.error(nested_return, "`return` must be the last statement of the training loop, not inside "
+                            f"`{type(st).__name__.lower()}`", "assign the value and return it once at the end")
         if not api:
             return [self._compute(src, st, rename, loop)]
         if isinstance(st, ast.For):
@@ -276,9 +290,7 @@ class Frontend:
     def _check_no_self_mutation(self, src: Source, st: ast.stmt) -> None:
         for n in ast.walk(st):
             if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
-                root = n
-                while isinstance(root, (ast.Attribute, ast.Subscript)):
-                    root = root.value
+                root = _target_root(n)
                 if isinstance(root, ast.Name) and root.id == "self":
                     raise src.error(n, "the training loop must not assign to attributes of `self`",
                                     "state that changes belongs in a component (actor, learner, buffer)")
@@ -308,6 +320,8 @@ class Frontend:
                 uses |= roots
         if isinstance(node, ast.AugAssign):
             uses |= _stored_roots(node.target)
+        if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+            uses |= defs  # assigned only on some paths: the value from before may flow through
         self._reserved(src, st, defs)
         locals_ = self._locals(rename)
         return Stmt(self._new_id(), "compute", src.file, src.line(st), src.text(st),
@@ -328,7 +342,7 @@ class Frontend:
         hint = "loops around API calls must be `for NAME in range(N)` with N known at compile time"
         it = st.iter
         if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
-                and self._scope(src).get("range") is range and not it.keywords and 1 <= len(it.args) <= 3):
+                and src.scope.get("range") is range and not it.keywords and 1 <= len(it.args) <= 3):
             raise src.error(st, f"cannot compile a loop over `{ast.unparse(it)}` around API calls", hint)
         if not isinstance(st.target, ast.Name):
             raise src.error(st, "the loop variable must be a single name", hint)
@@ -469,6 +483,10 @@ class Frontend:
 
     def _inline(self, src: Source, call: ast.Call, fn: Callable, result: str, loop: str | None) -> list[Stmt]:
         helper = Source(fn, fn.__qualname__)
+        for name in _node_names(helper.fdef, ast.Load):
+            if name in helper.namespace and name in self.namespace and helper.namespace[name] is not self.namespace[name]:
+                raise helper.error(helper.fdef, f"helper {fn.__qualname__} uses the global `{name}`, which means "
+                                   f"something else where train_step is defined", "rename one of them")
         self.namespace.update({k: v for k, v in helper.namespace.items() if k not in self.namespace})
         prefix = f"_h{next(self.tmp)}_"
         params = [a.arg for a in helper.fdef.args.args][1:]

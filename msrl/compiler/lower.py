@@ -94,12 +94,21 @@ class _Emitter:
                 run.append(s)
         self._segment(run, indent, defined)
 
-    def _on_host(self, s: Stmt) -> bool:
+    def _needs_host(self, s: Stmt) -> bool:
+        """Must run in Python: a send/recv, a host component's call, or a loop around one."""
         if s.kind == "loop":
-            return any(self._on_host(b) for b in s.body)
-        if s.kind == "compute" and isinstance(s.node, ast.Assign) and _is_rename(s.node.value):
-            return True  # `obs = next_obs` costs nothing in Python; a jitted call for it would
-        return s.kind in ("send", "recv") or s is self.stacking or (s.kind == "api" and s.api.component in self.host)
+            return any(self._needs_host(b) for b in s.body)
+        return s.kind in ("send", "recv") or (s.kind == "api" and s.api.component in self.host)
+
+    def _on_host(self, s: Stmt) -> bool:
+        """Runs in Python here: what must, plus what costs nothing there (plain renames such as
+        ``obs = next_obs`` or ``return metrics``) and the insert being collected, which would otherwise
+        each cost a jitted call."""
+        if self._needs_host(s) or s is self.stacking:
+            return True
+        value = s.node.value if s.kind == "compute" and isinstance(s.node, ast.Assign) else (
+            s.node if s.kind == "return" else None)
+        return value is not None and _is_rename(value)
 
     def _segment(self, run: list[Stmt], indent: int, defined: set[str]) -> None:
         """Emit ``run`` as a jitted function of its live-in values returning its live-out values."""
@@ -128,7 +137,8 @@ class _Emitter:
         call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
         target = ast.unparse(s.target) if s.target is not None else None
         if s is self.stacking:  # collected on the host, inserted once after the loop
-            self.emit(indent, f"_items_{s.parent}.append({args[1]})", s)
+            item = ast.unparse(s.args[0] if s.args else dict(s.kwargs)["item"])
+            self.emit(indent, f"_items_{s.parent}.append({item})", s)
             if target:
                 self.emit(indent, f"{target} = None")
         elif spec.returns == "None":

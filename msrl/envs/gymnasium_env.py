@@ -40,6 +40,9 @@ class GymnasiumEnv(Environment):
             raise ConfigError("env.id", f"gymnasium:{name} cannot be made: {e}") from None
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
+        if not isinstance(obs_space, gymnasium.spaces.Box):
+            raise ConfigError("env.id", f"gymnasium:{name} has a {type(obs_space).__name__} observation space; "
+                              "msrl supports Box observations (wrap it with gymnasium's FlattenObservation)")
         if isinstance(act_space, gymnasium.spaces.Discrete):
             action_space = Discrete(int(act_space.n))
         elif isinstance(act_space, gymnasium.spaces.Box):
