@@ -122,6 +122,7 @@ class ThreadsRuntime(Runtime):
                                      frags[c.src_fragment].spec.replicas, frags[c.dst_fragment].spec.replicas,
                                      self.stop)
         self.replicas: list[_Replica] = []
+        self.threads: list[threading.Thread] = []
         for frag in frags.values():
             ns = {**frag.namespace, "_msrl_comm": _CommTable(channels, self.local)}
             fn = materialize(frag.lowered, ns)
@@ -153,12 +154,12 @@ class ThreadsRuntime(Runtime):
     def run(self, iterations: int) -> list[dict[str, float]]:
         for rep in self.replicas:
             rep.results, rep.stats = [], []
-        threads = [threading.Thread(target=self._work, args=(rep, iterations), daemon=True,
-                                    name=f"msrl-{rep.fragment.name}-{rep.index}") for rep in self.replicas]
-        for t in threads:
+        self.threads = [threading.Thread(target=self._work, args=(rep, iterations), daemon=True,
+                                         name=f"msrl-{rep.fragment.name}-{rep.index}") for rep in self.replicas]
+        for t in self.threads:
             t.start()
         try:
-            for t in threads:
+            for t in self.threads:
                 while t.is_alive():
                     t.join(timeout=_POLL_S)
         except KeyboardInterrupt:
@@ -185,7 +186,14 @@ class ThreadsRuntime(Runtime):
         return learner.policy_params(rep.state["learner"])
 
     def close(self) -> None:
+        """Stop every replica (blocked ones wake up within a poll interval) and release host envs."""
         self.stop.set()
+        for t in self.threads:
+            t.join()
+        for rep in self.replicas:
+            if "env" in rep.state:
+                self.program.env.close(rep.state["env"])
+        self.replicas = []
 
 
 class ThreadsBackend(Backend):

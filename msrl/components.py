@@ -81,6 +81,9 @@ class Environment:
         every env that completed one), ``finished`` (how many such envs) and ``episodes`` (completed)."""
         raise NotImplementedError
 
+    def close(self, state: PyTree) -> None:
+        """Release what the state holds outside JAX (host environments' simulators)."""
+
     def shape_stand_in(self) -> "Environment":
         """A jittable environment with the same shapes, for the compiler's abstract tracing."""
         return self

@@ -100,6 +100,10 @@ class GymnasiumEnv(Environment):
         return {"return_sum": float(state.last_return[finished].sum()), "finished": int(finished.sum()),
                 "episodes": int(state.episodes.sum())}
 
+    def close(self, state: HostEnvState) -> None:
+        for env in state.envs:
+            env.close()
+
     def shape_stand_in(self) -> Environment:
         return _ShapeOnly(self.spec)
 
