@@ -58,14 +58,22 @@ class JaxRuntime(Runtime):
         self.compile_seconds = time.perf_counter() - t0
 
     def run(self, iterations: int) -> list[dict[str, float]]:
-        rows: list[dict[str, float]] = []
-        while iterations > 0:
-            n = min(iterations, self.k)
-            self._state, out = self._compiled(self._state, jnp.int32(n))
-            out = jax.device_get(out)
-            rows += metric_rows(out["train"], out["env"], n)
-            iterations -= n
-        return rows
+        return [row for rows in self.stream(iterations, self.k) for row in rows]
+
+    def stream(self, iterations: int, chunk: int):
+        """Dispatch (asynchronously) the next chunk before reading the last one, so the device never
+        waits for the host's logging."""
+        pending = None
+        while iterations > 0 or pending is not None:
+            dispatched = None
+            if iterations > 0:
+                n = min(iterations, self.k, chunk)
+                self._state, out = self._compiled(self._state, jnp.int32(n))
+                dispatched, iterations = (out, n), iterations - n
+            if pending is not None:
+                out, n = jax.device_get(pending[0]), pending[1]
+                yield metric_rows(out["train"], out["env"], n)
+            pending = dispatched
 
     def state(self) -> Any:
         return self._state

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 
 class Runtime:
@@ -13,6 +13,14 @@ class Runtime:
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         raise NotImplementedError
+
+    def stream(self, iterations: int, chunk: int) -> Iterator[list[dict[str, float]]]:
+        """Run ``iterations`` iterations, yielding the rows of every ``chunk`` of them as they finish
+        (a backend may start the next chunk before the caller has read the last one)."""
+        while iterations > 0:
+            n = min(chunk, iterations)
+            yield self.run(n)
+            iterations -= n
 
     def state(self) -> Any:
         raise NotImplementedError

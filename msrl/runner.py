@@ -113,8 +113,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     logger = _Logger(run_dir, cfg, iterations * steps_per_iter)
     done, last_return, start, row = 0, float("nan"), time.perf_counter(), {}
     try:
-        while done < iterations:
-            rows = runtime.run(min(per_dispatch, iterations - done))
+        for rows in runtime.stream(iterations, per_dispatch):
             elapsed = time.perf_counter() - start
             for r in rows:
                 done += 1
