@@ -35,8 +35,9 @@ class _Stopped(Exception):
 
 class Channel:
     def __init__(self, op: str, axes: list[int | None], senders: int, receivers: int, stop: threading.Event):
-        if op in ("gather",) and receivers != 1 or op in ("scatter", "broadcast") and senders != 1 or (
-                op == "send" and senders != receivers):
+        fits = {"gather": receivers == 1, "scatter": senders == 1, "broadcast": senders == 1,
+                "send": senders == receivers}
+        if not fits.get(op, True):
             raise ConfigError("policy", f"a {op} cannot connect {senders} senders to {receivers} receivers")
         self.op, self.axes, self.stop = op, axes, stop
         self.queues = [queue.Queue() for _ in range(max(senders, receivers))]

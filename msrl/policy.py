@@ -56,7 +56,7 @@ class Policy(BaseModel):
         return "send"
 
 
-def downstream_of(stmts: "list[Stmt]", fdg: Any, roots: set[str]) -> set[str]:
+def downstream_of(fdg: Any, roots: set[str]) -> set[str]:
     """``roots`` and every statement that depends on them within one iteration (data edges, not carried)."""
     import networkx as nx
 

@@ -47,7 +47,7 @@ class SingleLearnerCoarse(_SingleLearner):
 
     def assign(self, stmts, fdg: Any) -> dict[str, str]:
         learn = {s.id for s in leaves(stmts) if s.kind == "api" and s.api.name == "agent_learn"}
-        learner = downstream_of(stmts, fdg, learn)
+        learner = downstream_of(fdg, learn)
         return {s.id: "learner" if s.id in learner else "actor" for s in leaves(stmts)}
 
 

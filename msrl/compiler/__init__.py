@@ -101,6 +101,8 @@ class Program:
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.partition: Partition = partition(self.stmts, self.fdg, policy)
+        self.env_axes: dict[tuple[str, str], list[int | None]] = {}  # needed only to gather/scatter/split
+        self.item_axes: list[int | None] | None = None
         if self.partition.comms or any(f.replicas > 1 for f in self.partition.fragments.values()):
             with self._phase("env axes"):
                 self.env_axes = self._env_axes()
