@@ -19,12 +19,12 @@ import traceback
 from typing import Any
 
 import jax
-import numpy as np
 
-from msrl.backend import Backend, Runtime, result_metrics
+from msrl.backend import (Backend, Runtime, check_comms, concat_along, replica_env_ids, result_metrics,
+                          split_along)
 from msrl.compiler.lower import materialize
 from msrl.components import episode_metrics
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import TrainingError
 
 _POLL_S = 0.05
 
@@ -35,10 +35,6 @@ class _Stopped(Exception):
 
 class Channel:
     def __init__(self, op: str, axes: list[int | None], senders: int, receivers: int, stop: threading.Event):
-        fits = {"gather": receivers == 1, "scatter": senders == 1, "broadcast": senders == 1,
-                "send": senders == receivers}
-        if not fits.get(op, True):
-            raise ConfigError("policy", f"a {op} cannot connect {senders} senders to {receivers} receivers")
         self.op, self.axes, self.stop = op, axes, stop
         self.queues = [queue.Queue() for _ in range(max(senders, receivers))]
 
@@ -50,31 +46,20 @@ class Channel:
                 if self.stop.is_set():
                     raise _Stopped from None
 
-    def _axis(self, i: int) -> int | None:
-        return self.axes[i] if i < len(self.axes) else None
-
     def send(self, replica: int, value: Any) -> None:
         if self.op == "broadcast":
             for q in self.queues:
                 q.put(value)
         elif self.op == "scatter":
-            leaves, tree = jax.tree.flatten(value)
-            parts = [np.split(np.asarray(x), len(self.queues), axis=self._axis(i)) if self._axis(i) is not None
-                     else [x] * len(self.queues) for i, x in enumerate(leaves)]
-            for r, q in enumerate(self.queues):
-                q.put(jax.tree.unflatten(tree, [p[r] for p in parts]))
+            for q, part in zip(self.queues, split_along(value, len(self.queues), self.axes), strict=True):
+                q.put(part)
         else:  # gather, send: the sender's own queue
             self.queues[replica].put(value)
 
     def recv(self, replica: int) -> Any:
         if self.op != "gather":
             return self._get(self.queues[replica])
-        values = [self._get(q) for q in self.queues]
-        flat = [jax.tree.leaves(v) for v in values]
-        tree = jax.tree.structure(values[0])
-        leaves = [np.concatenate([np.asarray(f[i]) for f in flat], axis=self._axis(i))
-                  if self._axis(i) is not None else flat[0][i] for i in range(len(flat[0]))]
-        return jax.tree.unflatten(tree, leaves)
+        return concat_along([self._get(q) for q in self.queues], self.axes)
 
 
 class _Endpoint:
@@ -112,10 +97,10 @@ class _Replica:
 
 class ThreadsRuntime(Runtime):
     def __init__(self, program: Any, seed: int, iterations_per_dispatch: int):
+        check_comms(program)
         self.program = program
         self.stop = threading.Event()
         self.local = threading.local()
-        n = program.num_envs
         frags = program.fragments
         channels = {}
         for c in program.partition.comms:
@@ -129,12 +114,7 @@ class ThreadsRuntime(Runtime):
             fn = materialize(frag.lowered, ns)
             if frag.mode == "scan":
                 fn = jax.jit(fn)
-            r_count = frag.spec.replicas
-            if n % r_count:
-                raise ConfigError("env.num_envs", f"{n} environments cannot be split over {r_count} replicas "
-                                  f"of fragment {frag.name!r}")
-            for r in range(r_count):
-                env_ids = np.arange(n).reshape(r_count, -1)[r]
+            for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):
                 self.replicas.append(_Replica(frag, r, fn, program.init_states(frag.state_keys, seed, env_ids)))
 
     def _work(self, rep: _Replica, iterations: int) -> None:

@@ -65,3 +65,60 @@ def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float
 
     return [{**episode_metrics([{k: v[i] for k, v in env.items()}]),
              **result_metrics(jax.tree.map(lambda x: x[i], train))} for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------- communication
+COMM_OPS = ("gather", "scatter", "broadcast", "send")
+
+
+def check_comms(program: Any) -> None:
+    """Every cut edge has an op a backend implements, and its fan-in/fan-out fits the replica counts."""
+    from msrl.errors import ConfigError
+
+    frags = program.fragments
+    for c in program.partition.comms:
+        senders, receivers = frags[c.src_fragment].spec.replicas, frags[c.dst_fragment].spec.replicas
+        fits = {"gather": receivers == 1, "scatter": senders == 1, "broadcast": senders == 1,
+                "send": senders == receivers}
+        if c.op not in fits:
+            raise ConfigError("policy", f"policy {program.policy.name!r} puts op {c.op!r} on `{c.var}` "
+                              f"({c.src_fragment} -> {c.dst_fragment}); backends implement {', '.join(COMM_OPS)}")
+        if not fits[c.op]:
+            raise ConfigError("policy", f"a {c.op} cannot connect {senders} {c.src_fragment!r} replicas to "
+                              f"{receivers} {c.dst_fragment!r} replicas")
+
+
+def concat_along(values: list[Any], axes: list[int | None]) -> Any:
+    """Join same-structured pytrees leaf by leaf along each leaf's environment axis (a leaf whose axis is
+    None is not per-environment: the first value's is kept)."""
+    import jax
+    import numpy as np
+
+    flat = [jax.tree.leaves(v) for v in values]
+    out = [np.concatenate([np.asarray(f[i]) for f in flat], axis=axes[i])
+           if i < len(axes) and axes[i] is not None else flat[0][i] for i in range(len(flat[0]))]
+    return jax.tree.unflatten(jax.tree.structure(values[0]), out)
+
+
+def split_along(value: Any, parts: int, axes: list[int | None]) -> list[Any]:
+    """The inverse of :func:`concat_along`: ``parts`` pytrees, each leaf split along its environment axis."""
+    import jax
+    import numpy as np
+
+    leaves, tree = jax.tree.flatten(value)
+    split = [np.split(np.asarray(x), parts, axis=axes[i]) if i < len(axes) and axes[i] is not None
+             else [x] * parts for i, x in enumerate(leaves)]
+    return [jax.tree.unflatten(tree, [s[r] for s in split]) for r in range(parts)]
+
+
+def replica_env_ids(num_envs: int, fragment: Any) -> list[Any]:
+    """The global environment indices of each replica of ``fragment`` (contiguous, equal slices)."""
+    import numpy as np
+
+    from msrl.errors import ConfigError
+
+    n = fragment.spec.replicas
+    if num_envs % n:
+        raise ConfigError("env.num_envs", f"{num_envs} environments cannot be split over {n} replicas of "
+                          f"fragment {fragment.name!r}")
+    return list(np.arange(num_envs).reshape(n, -1))

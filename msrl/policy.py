@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from msrl.compiler.ir import Stmt
@@ -24,6 +24,8 @@ class FragmentSpec(BaseModel):
     backend: str = "jax"
     device: str | None = None
     jit: bool = True  # lower `for range` loops to lax.scan and jit the fragment
+    num_cpus: float = 1.0  # per replica, where the backend schedules processes (ray)
+    num_gpus: float = 0.0
 
 
 class Policy(BaseModel):
@@ -54,6 +56,42 @@ class Policy(BaseModel):
         if src.replicas == 1 and dst.replicas > 1:
             return "scatter"
         return "send"
+
+
+class Resources(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
+class DistributedPolicy(Policy):
+    """A policy whose fragments can run as processes (``backend: ray``): resources and fault tolerance."""
+
+    resources: dict[str, Resources] = Field(default_factory=dict, description="per role: num_cpus, num_gpus")
+    max_actor_restarts: int = Field(3, ge=0, description="restarts of each actor replica whose process dies (ray)")
+    ray_address: str | None = Field(None, description="an existing Ray cluster to join (default: start a private one)")
+    ray_dashboard: bool = Field(False, description="start the Ray dashboard with the private cluster")
+
+    def role(self, name: str, replicas: int, backend_key: str) -> FragmentSpec:
+        """Fragment ``name`` placed by the field ``backend_key`` (default: ``backend``), with its resources."""
+        from msrl.errors import ConfigError
+
+        backend = getattr(self, backend_key)
+        if backend not in (None, "jax", self.backend):
+            raise ConfigError(f"policy.{backend_key}", f"{backend!r} cannot run inside policy.backend="
+                              f"{self.backend!r}; use {self.backend!r} or 'jax' (one jitted program per step)")
+        res = self.resources.get(name, Resources())
+        return FragmentSpec(name=name, replicas=replicas, backend=backend or self.backend, **res.model_dump())
+
+    def check_roles(self, roles: list[FragmentSpec]) -> list[FragmentSpec]:
+        from msrl.errors import ConfigError
+
+        unknown = set(self.resources) - {r.name for r in roles}
+        if unknown:
+            raise ConfigError(f"policy.resources.{sorted(unknown)[0]}",
+                              f"not a role of {self.name!r} (roles: {', '.join(r.name for r in roles)})")
+        return roles
 
 
 def downstream_of(fdg: Any, roots: set[str]) -> set[str]:

@@ -16,15 +16,15 @@ from pydantic import Field
 
 from msrl.compiler.ir import leaves
 from msrl.errors import ConfigError
-from msrl.policy import FragmentSpec, Policy, downstream_of
+from msrl.policy import DistributedPolicy, FragmentSpec, downstream_of
 
 
-class _SingleLearner(Policy):
-    backend: Literal["threads"] = "threads"
+class _SingleLearner(DistributedPolicy):
+    backend: Literal["threads", "ray"] = "threads"
     actors: int = Field(2, gt=0, description="actor (or env worker) replicas")
     envs_per_actor: int | None = Field(None, gt=0, description="environments per replica (default: env.num_envs / actors)")
-    actor_backend: Literal["threads", "jax"] | None = Field(None, description="placement of the actor role")
-    learner_backend: Literal["threads", "jax"] | None = Field(None, description="placement of the learner role")
+    actor_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the actor role")
+    learner_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the learner role")
 
     def total_envs(self, num_envs: int) -> int:
         if self.envs_per_actor is not None:
@@ -35,8 +35,8 @@ class _SingleLearner(Policy):
         return num_envs
 
     def _roles(self, actor_role: str, learner_role: str) -> list[FragmentSpec]:
-        return [FragmentSpec(name=actor_role, replicas=self.actors, backend=self.actor_backend or self.backend),
-                FragmentSpec(name=learner_role, replicas=1, backend=self.learner_backend or self.backend)]
+        return self.check_roles([self.role(actor_role, self.actors, "actor_backend"),
+                                 self.role(learner_role, 1, "learner_backend")])
 
 
 class SingleLearnerCoarse(_SingleLearner):

@@ -240,10 +240,13 @@ class Program:
 
     # ------------------------------------------------------------------------------------ state
     def init_states(self, names: list[str], seed: int, env_ids: Any, lazy_buffer: bool = False,
-                    components: dict[str, Any] | None = None) -> dict:
-        """Initial state of the named components for the environments ``env_ids`` (global indices)."""
+                    components: dict[str, Any] | None = None, fold: int | None = None) -> dict:
+        """Initial state of the named components for the environments ``env_ids`` (global indices);
+        ``fold`` (a restarted replica's iteration) draws fresh keys for the same environments."""
         components = components or self.components
         keys = component_keys(seed)
+        if fold is not None:
+            keys = {name: jax.random.fold_in(key, fold) for name, key in keys.items()}
         out: dict[str, Any] = {}
         for c in names:
             comp = components.get(c)

@@ -74,8 +74,8 @@ def build_fdg(stmts: list[Stmt], shapes: dict[tuple[str, str], Any] | None = Non
                 continue
             if not second_pass:
                 add_node(s)
-            for var in s.uses:
-                for d in cur.get(var, ()):
+            for var in sorted(s.uses):  # sorted: every process numbers edges and comm nodes alike
+                for d in sorted(cur.get(var, ())):
                     add_edge(d, s.id, var, carry=second_pass and not g.has_edge(d, s.id, key=var))
             for var in s.defs:
                 cur[var] = {s.id}

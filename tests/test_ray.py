@@ -1,0 +1,149 @@
+"""ray backend: the single-learner policies as Ray actors, equivalence, multi-node, restarts, shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import msrl
+from msrl.config import load_config
+from msrl.registry import BACKENDS
+
+from test_threads import CARTPOLE, final_params, max_diff
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ray_runtime(overrides: list[str], iterations: int = 5):
+    cfg = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", "policy.backend=ray", *overrides])
+    return cfg, BACKENDS.get("ray")().build(msrl.build(cfg), 0, iterations)
+
+
+def test_ray_coarse_and_fine_match_fused():
+    fused, fused_rows = final_params(["env.num_envs=8"], iterations=3)
+    for policy in ("single_learner_coarse", "single_learner_fine"):
+        params, rows = final_params([f"policy.name={policy}", "policy.backend=ray", "policy.actors=2",
+                                     "policy.envs_per_actor=4"], iterations=3)
+        assert max_diff(fused, params) <= 1e-5, policy
+        assert [r["episodes"] for r in rows] == [r["episodes"] for r in fused_rows]
+
+
+def test_killed_actors_restart_and_the_learner_loses_no_update():
+    cfg, runtime = ray_runtime(["policy.name=single_learner_coarse", "policy.actors=2", "policy.max_actor_restarts=2"])
+    kills = []
+
+    def killer():
+        for victim in (("actor", 1), ("actor", 0)):
+            time.sleep(0.5)
+            os.kill(runtime.where()[victim][1], signal.SIGKILL)
+            kills.append(victim)
+            while runtime.restarts.get(victim, 0) < 1:
+                time.sleep(0.05)
+
+    rows = runtime.run(2)
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    while thread.is_alive() or len(rows) < 20:
+        rows += runtime.run(4)
+    try:
+        assert runtime.restarts == {("actor", 1): 1, ("actor", 0): 1} and len(kills) == 2
+        state = runtime.state()["learner"][0]["learner"]
+        counts = {int(np.max(x)) for p, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
+                  if "count" in jax.tree_util.keystr(p)}
+        assert counts == {len(rows) * cfg.algorithm.epochs * cfg.algorithm.minibatches}
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(runtime.params()))
+        assert all(np.isfinite(r["loss"]) for r in rows)
+    finally:
+        runtime.close()
+
+
+def test_a_dead_learner_ends_the_run_with_a_clear_error():
+    _, runtime = ray_runtime(["policy.name=single_learner_coarse", "policy.actors=2"])
+    runtime.run(1)
+    os.kill(runtime.where()[("learner", 0)][1], signal.SIGKILL)
+    with pytest.raises(msrl.TrainingError, match="'learner' replica 0 died and cannot be restarted: it holds the "
+                                                 "learner"):
+        runtime.run(50)
+
+
+def test_ppo_cartpole_on_ray_reaches_475(tmp_path):
+    summary = msrl.train(CARTPOLE, ["policy.name=single_learner_coarse", "policy.actors=2", "policy.backend=ray",
+                                    "run.progress=false"], run_dir=tmp_path)
+    assert summary["env_steps"] <= 300_000 and summary["backend"] == "ray"
+    assert summary["episode_return"] >= 475, summary
+
+
+def run_script(code: str, timeout: int = 300) -> dict:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=timeout, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_three_node_cluster_spreads_actors_and_matches_one_node():
+    """Three raylets on this machine (ray.cluster_utils.Cluster); each replica lands on its own node."""
+    got = run_script("""
+        import json, logging, ray, jax, numpy as np
+        from ray.cluster_utils import Cluster
+        import msrl
+        from msrl.config import load_config
+        from msrl.registry import BACKENDS
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
+        cfg = load_config("examples/ppo_cartpole.yaml", ["run.seed=0", "run.total_env_steps=100000",
+            "policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=2", "policy.envs_per_actor=4"])
+        runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 3)
+        runtime.run(3)
+        nodes = {"/".join(map(str, k)): v[0] for k, v in runtime.where().items()}
+        params = jax.tree.map(lambda x: np.asarray(x).tolist(), runtime.params())
+        runtime.close(); ray.shutdown(); cluster.shutdown()
+        print(json.dumps({"nodes": nodes, "params": params}))
+    """)
+    assert len(set(got["nodes"].values())) == 3, got["nodes"]
+    single, _ = final_params(["policy.name=single_learner_coarse", "policy.actors=2", "policy.envs_per_actor=4"],
+                             iterations=3)
+    remote = jax.tree.map(np.asarray, got["params"], is_leaf=lambda x: isinstance(x, list))
+    assert max_diff(jax.tree.map(np.asarray, single), remote) <= 1e-5
+
+
+def test_close_leaves_no_ray_process_behind():
+    got = run_script("""
+        import json, time, psutil, msrl
+        from msrl.config import load_config
+        from msrl.registry import BACKENDS
+        cfg = load_config("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                                         "policy.actors=2"])
+        runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 2)
+        runtime.run(2)
+        pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        runtime.close()
+        print(json.dumps({"pids": pids}))
+    """)
+    assert len(got["pids"]) >= 4  # gcs, raylet, our three replicas, ...
+    deadline = time.time() + 30
+    while time.time() < deadline and any(alive(p) for p in got["pids"]):
+        time.sleep(0.2)
+    assert not [p for p in got["pids"] if alive(p)]
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
