@@ -36,10 +36,15 @@ from msrl.components import episode_metrics
 from msrl.errors import ConfigError, TrainingError
 
 _POLL_S = 0.05
+_INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
 
 
 def _numpy(tree: Any) -> Any:
     return jax.tree.map(np.asarray, tree)
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
 class _Stopped(Exception):
@@ -119,7 +124,8 @@ class FragmentWorker:
 
         if self.params_from is not None and self.iteration > 0:
             sender, cid = self.params_from
-            self.state["params"] = ray.get(ray.get(sender.sent_value.remote(cid, self.iteration - 1))[0])
+            (params,) = ray.get(sender.sent_value.remote(cid, self.iteration - 1))
+            self.state["params"] = ray.get(params) if isinstance(params, ray.ObjectRef) else params
         self.params_from = None
         env = self.program.env
         out = []
@@ -183,7 +189,8 @@ class FragmentWorker:
         count, value = self._count(comm.id), _numpy(value)
         dst, n = comm.dst_fragment, self.replicas[comm.dst_fragment]
         if comm.op == "broadcast":
-            ref = ray.put(value)
+            # big values: one ray.put, every receiver fetches the same object; small ones ride inline
+            ref = ray.put(value) if _nbytes(value) > _INLINE_BYTES else value
             with self.cond:
                 self.sent[(comm.id, self.iteration)] = ref
                 self.sent.pop((comm.id, self.iteration - 2), None)
@@ -210,7 +217,7 @@ class FragmentWorker:
                     raise _Stopped
                 self.cond.wait(_POLL_S)
             values = [self.box.pop(k) for k in keys]
-        if comm.op == "broadcast":
+        if isinstance(values[0], ray.ObjectRef):
             return ray.get(values[0])
         return concat_along(values, self._axes(comm)) if comm.op == "gather" else values[0]
 
@@ -225,6 +232,8 @@ class FragmentWorker:
         for dst, messages in self.pending.items():
             self.in_flight.append(self.peers[dst].deliver.remote(self.key, self.iteration, messages))
         self.pending = {}
+        if len(self.in_flight) < 32:
+            return
         done, self.in_flight = ray.wait(self.in_flight, num_returns=len(self.in_flight), timeout=0)
         for ref in done:
             try:

@@ -85,6 +85,19 @@ def test_ppo_cartpole_on_ray_reaches_475(tmp_path):
     assert summary["episode_return"] >= 475, summary
 
 
+def test_resources_per_role_and_unknown_roles():
+    cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                 "policy.resources.learner.num_cpus=2", "policy.resources.actor.num_gpus=0"])
+    specs = {f.name: f for f in cfg.policy.fragments()}
+    assert (specs["learner"].num_cpus, specs["actor"].num_cpus, specs["actor"].num_gpus) == (2, 1, 0)
+    bad = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.resources.central.num_cpus=1"])
+    with pytest.raises(msrl.ConfigError, match="policy.resources.central: not a role"):
+        msrl.build(bad)
+    with pytest.raises(msrl.ConfigError, match="policy.actor_backend"):
+        msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                          "policy.actor_backend=threads"]))
+
+
 def run_script(code: str, timeout: int = 300) -> dict:
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                          timeout=timeout, cwd=ROOT)
@@ -95,7 +108,7 @@ def run_script(code: str, timeout: int = 300) -> dict:
 def test_three_node_cluster_spreads_actors_and_matches_one_node():
     """Three raylets on this machine (ray.cluster_utils.Cluster); each replica lands on its own node."""
     got = run_script("""
-        import json, logging, ray, jax, numpy as np
+        import json, ray, jax, numpy as np
         from ray.cluster_utils import Cluster
         import msrl
         from msrl.config import load_config
@@ -103,14 +116,16 @@ def test_three_node_cluster_spreads_actors_and_matches_one_node():
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
         for _ in range(2):
             cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
         cfg = load_config("examples/ppo_cartpole.yaml", ["run.seed=0", "run.total_env_steps=100000",
-            "policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=2", "policy.envs_per_actor=4"])
+            "policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=2", "policy.envs_per_actor=4",
+            f"policy.ray_address={cluster.address}"])
         runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 3)
         runtime.run(3)
         nodes = {"/".join(map(str, k)): v[0] for k, v in runtime.where().items()}
         params = jax.tree.map(lambda x: np.asarray(x).tolist(), runtime.params())
-        runtime.close(); ray.shutdown(); cluster.shutdown()
+        runtime.close()
+        assert not ray.is_initialized()  # we joined the cluster, so we leave it
+        cluster.shutdown()
         print(json.dumps({"nodes": nodes, "params": params}))
     """)
     assert len(set(got["nodes"].values())) == 3, got["nodes"]
