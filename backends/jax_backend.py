@@ -78,6 +78,13 @@ class JaxRuntime(Runtime):
     def state(self) -> Any:
         return self._state
 
+    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+        return {self.fragment.name: [jax.device_get({k: v for k, v in self._state.items() if k not in skip})]}
+
+    def restore(self, snapshot: dict[str, list[dict]]) -> None:
+        (state,) = snapshot[self.fragment.name]
+        self._state = {**self._state, **jax.tree.map(lambda x: jnp.array(x, copy=True), state)}
+
     def params(self) -> Any:
         learner = self.program.components["learner"]
         return learner.policy_params(self._state["learner"])

@@ -172,8 +172,11 @@ class FragmentWorker:
             self.stopped = True
             self.cond.notify_all()
 
-    def get_state(self) -> dict:
-        return _numpy(self.state)
+    def get_state(self, skip: tuple[str, ...] = ()) -> dict:
+        return _numpy({k: v for k, v in self.state.items() if k not in skip})
+
+    def set_state(self, state: dict) -> None:
+        self.state = {**self.state, **state}
 
     def params(self) -> Any:
         return _numpy(self.program.components["learner"].policy_params(self.state["learner"]))
@@ -366,12 +369,20 @@ class RayRuntime(Runtime):
         return self.workers[key].resume.remote(self.workers, resume_at, params, target - resume_at)
 
     def state(self) -> dict[str, list[dict]]:
+        return self.snapshot()
+
+    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
         import ray
 
-        out: dict[str, list[dict]] = {}
+        out: dict[str, list[Any]] = {}
         for (name, _), w in self.workers.items():
-            out.setdefault(name, []).append(w.get_state.remote())
+            out.setdefault(name, []).append(w.get_state.remote(skip))
         return {name: ray.get(refs) for name, refs in out.items()}
+
+    def restore(self, snapshot: dict[str, list[dict]]) -> None:
+        import ray
+
+        ray.get([w.set_state.remote(snapshot[name][r]) for (name, r), w in self.workers.items()])
 
     def params(self) -> Any:
         import ray

@@ -161,6 +161,17 @@ class ThreadsRuntime(Runtime):
             out.setdefault(rep.fragment.name, []).append(rep.state)
         return out
 
+    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for rep in self.replicas:
+            out.setdefault(rep.fragment.name, []).append(
+                jax.device_get({k: v for k, v in rep.state.items() if k not in skip}))
+        return out
+
+    def restore(self, snapshot: dict[str, list[dict]]) -> None:
+        for rep in self.replicas:
+            rep.state = {**rep.state, **snapshot[rep.fragment.name][rep.index]}
+
     def params(self) -> Any:
         learner = self.program.components["learner"]
         rep = next(r for r in self.replicas if "learner" in r.state)

@@ -25,6 +25,14 @@ class Runtime:
     def state(self) -> Any:
         raise NotImplementedError
 
+    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
+        """Every replica's component states, as host arrays, by fragment (components in ``skip`` left out)."""
+        raise NotImplementedError
+
+    def restore(self, snapshot: dict[str, list[dict[str, Any]]]) -> None:
+        """Set the component states found in ``snapshot`` (as :meth:`snapshot` returns them); others stay."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 

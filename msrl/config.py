@@ -34,6 +34,10 @@ class RunConfig(BaseModel):
     progress: bool = True
     tensorboard: bool = True
     compile_cache: bool = Field(True, description="JAX persistent compilation cache beside the run directory")
+    checkpoint_every: int = Field(100, ge=0, description="iterations between checkpoints (and one at the end); "
+                                  "0: none")
+    keep_checkpoints: int = Field(3, gt=0, description="how many of the latest checkpoints to keep")
+    checkpoint_buffer: bool = Field(True, description="store the buffers' content in checkpoints")
 
 
 class ExperimentConfig(BaseModel):

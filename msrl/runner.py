@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 import yaml
 
+from msrl import checkpoint
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, load_config
 from msrl.envs import make_env
@@ -40,10 +41,18 @@ def build(cfg: ExperimentConfig):
 class _Logger:
     """metrics.csv (one row per iteration), TensorBoard events, and the rich progress bar."""
 
-    def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int):
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int, resume_at: int | None = None):
         self.run_dir, self.cfg = run_dir, cfg
+        kept: list[dict] = []
+        if resume_at is not None and (run_dir / "metrics.csv").exists():  # drop rows after the checkpoint
+            with open(run_dir / "metrics.csv", newline="") as f:
+                kept = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_at]
         self.csv_file = open(run_dir / "metrics.csv", "w", newline="")
         self.writer: csv.DictWriter | None = None
+        if kept:
+            self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
+            self.writer.writeheader()
+            self.writer.writerows(kept)
         self.tb = None
         if cfg.run.tensorboard:
             from tensorboardX import SummaryWriter
@@ -88,13 +97,20 @@ class _Logger:
         self.csv_file.close()
 
 
-def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None) -> dict:
-    """Train; returns the summary (also written to ``RUN_DIR/summary.json``)."""
+def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
+          resume: bool = False) -> dict:
+    """Train; returns the summary (also written to ``RUN_DIR/summary.json``). ``resume``: continue the run in
+    ``run_dir`` from its latest checkpoint."""
     if not isinstance(cfg, ExperimentConfig):
         cfg = load_config(cfg, overrides)
+    if resume:  # refuse before building anything
+        path = checkpoint.latest(run_dir) if run_dir is not None else None
+        if path is None:
+            raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from")
+        leaves, meta = checkpoint.load(path)
+        checkpoint.check_same_config(meta["config"], cfg.dump(), path)
     run_dir = Path(run_dir or Path("runs") / f"{cfg.algorithm.name}-{cfg.policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
     if cfg.run.compile_cache:
         enable_compile_cache(os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache"))
 
@@ -109,24 +125,43 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     per_dispatch = min(cfg.run.iterations_per_dispatch or auto, iterations)
     backend = BACKENDS.get(cfg.policy.backend)()
     runtime = backend.build(program, cfg.run.seed, per_dispatch)
+    # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
+    skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
-    logger = _Logger(run_dir, cfg, iterations * steps_per_iter)
-    done, last_return, start, row = 0, float("nan"), time.perf_counter(), {}
+    done, elapsed0, last_return, row = 0, 0.0, float("nan"), {}
     try:
-        for rows in runtime.stream(iterations, per_dispatch):
-            elapsed = time.perf_counter() - start
-            for r in rows:
-                done += 1
-                bad = [k for k, v in r.items() if k not in ("episode_return",) and not math.isfinite(v)]
-                if bad:
-                    raise TrainingError(f"iteration {done}: metric {bad[0]!r} is {r[bad[0]]} (non-finite); "
-                                        "training stopped. Lower algorithm.lr or check the environment's rewards.")
-                if math.isfinite(r["episode_return"]):
-                    last_return = r["episode_return"]
-                row = {"iteration": done, "env_steps": done * steps_per_iter, "sps": done * steps_per_iter / elapsed,
-                       "wall_time": elapsed, **r}
-                logger.log(row)
-            logger.update(row)
+        if resume:
+            runtime.restore(checkpoint.restore(runtime.snapshot(skip), leaves, path))
+            done, elapsed0, last_return = meta["iteration"], meta["wall_time"], meta["episode_return"]
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
+        logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=done if resume else None)
+    except BaseException:
+        runtime.close()
+        raise
+    every = cfg.run.checkpoint_every
+    start = time.perf_counter() - elapsed0
+    try:
+        while done < iterations:
+            segment = iterations - done if not every else min(iterations - done, every - done % every)
+            for rows in runtime.stream(segment, per_dispatch):
+                elapsed = time.perf_counter() - start
+                for r in rows:
+                    done += 1
+                    bad = [k for k, v in r.items() if k not in ("episode_return",) and not math.isfinite(v)]
+                    if bad:
+                        raise TrainingError(f"iteration {done}: metric {bad[0]!r} is {r[bad[0]]} (non-finite); "
+                                            f"training stopped{_last_good(run_dir)}. Lower algorithm.lr or check "
+                                            "the environment's rewards.")
+                    if math.isfinite(r["episode_return"]):
+                        last_return = r["episode_return"]
+                    row = {"iteration": done, "env_steps": done * steps_per_iter,
+                           "sps": done * steps_per_iter / elapsed, "wall_time": elapsed, **r}
+                    logger.log(row)
+                logger.update(row)
+            if every:
+                _save_checkpoint(runtime, run_dir, cfg, skip, {
+                    "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
+                    "episode_return": last_return, "config": cfg.dump()})
     finally:
         logger.close()
         runtime.close()
@@ -145,3 +180,24 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
+
+def _save_checkpoint(runtime, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict) -> None:
+    """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest)."""
+    import jax
+    import numpy as np
+
+    snap = runtime.snapshot(skip)
+    for frag, replicas in snap.items():
+        for state in replicas:
+            for path, x in jax.tree_util.tree_leaves_with_path({k: state[k] for k in ("learner", "params") if k in state}):
+                x = np.asarray(x)
+                if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+                    raise TrainingError(f"iteration {meta['iteration']}: parameter {jax.tree_util.keystr(path)} "
+                                        f"of fragment {frag!r} is non-finite; training stopped"
+                                        f"{_last_good(run_dir)}")
+    checkpoint.save(run_dir, snap, meta, keep=cfg.run.keep_checkpoints)
+
+
+def _last_good(run_dir: Path) -> str:
+    path = checkpoint.latest(run_dir)
+    return f" (last good checkpoint: {path})" if path else ""

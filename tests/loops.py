@@ -388,3 +388,44 @@ REJECTED = {
     "decorated": Decorated,
     "no_learner": NoLearner,
 }
+
+
+# ------------------------------------------------------------------------------------------- diverging
+class GrowthConfig(msrl.AlgorithmConfig):
+    name: str = "growth"
+    lr: float = 0.1
+    steps: int = 4
+
+
+class GrowthLearner(SumLearner):
+    """w <- w * (1 + lr): a learning rate of 1e9 overflows float32 in the fifth update."""
+
+    def __init__(self, lr: float):
+        self.lr = lr
+
+    def init(self, key):
+        return {"w": jnp.ones((), jnp.float32), "updates": jnp.zeros((), jnp.int32)}
+
+    def learn(self, state, batch, **extra):
+        w = state["w"] * (1.0 + self.lr)
+        return {"w": w, "updates": state["updates"] + 1}, {"loss": w - w + batch.reward.mean()}
+
+
+@msrl.register_algorithm("growth")
+class Growth(Base):
+    Config = GrowthConfig
+
+    def __init__(self, cfg, ctx):
+        msrl.Algorithm.__init__(self, cfg, ctx)
+        self.actor = RandomActor(ctx.env_spec.action_space.n)
+        self.learner = GrowthLearner(cfg.lr)
+        self.buffer = msrl.TrajectoryBuffer(cfg.steps)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
