@@ -1,4 +1,4 @@
-"""The ``msrl`` command: ``train``, ``graph``."""
+"""The ``msrl`` command: ``train``, ``graph``, ``eval``, ``plot``, ``bench``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msrl.errors import MsrlError
+from msrl.errors import ConfigError, MsrlError
 
 
 def _graph_text(program: Any) -> str:
@@ -121,7 +121,9 @@ def _graph_png(program: Any, path: str) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from msrl.runner import train
 
-    summary = train(args.config, args.overrides, run_dir=args.run_dir)
+    if args.resume and args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
+        raise ConfigError("--resume", "a resumed run continues in its own directory; drop --run-dir")
+    summary = train(args.config, args.overrides, run_dir=args.resume or args.run_dir, resume=bool(args.resume))
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -153,6 +155,39 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from msrl.evaluate import evaluate
+
+    out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed)
+    print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes "
+          f"(greedy; {out['checkpoint']}, iteration {out['iteration']})")
+    if args.render:
+        print(f"wrote {out['frames']} frames and episode.gif to {args.render}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from msrl.plot import plot_runs
+
+    print(f"wrote {plot_runs(args.run_dirs, args.output, smooth=args.smooth)}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from msrl.bench import run_benchmarks, table
+
+    console = Console()
+    records = run_benchmarks(directory=args.dir, quick=not args.full, only=args.only, console=console)
+    console.print(table(records))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"mode": "full" if args.full else "quick", "benchmarks": records},
+                                              indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="msrl", description="Write an RL algorithm once; run it under any policy.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -161,6 +196,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("config")
     t.add_argument("overrides", nargs="*", help="e.g. run.seed=1 policy.name=fused")
     t.add_argument("--run-dir", default=None, help="where metrics, config and summary go (default runs/...)")
+    t.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue RUN_DIR from its latest checkpoint (give the run's config, e.g. RUN_DIR/config.yaml)")
     t.set_defaults(fn=cmd_train)
 
     g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")
@@ -171,6 +208,28 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--code", action="store_true", help="also print each fragment's generated source")
     g.add_argument("-o", "--output", default=None)
     g.set_defaults(fn=cmd_graph)
+
+    e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run greedily over fresh episodes")
+    e.add_argument("run_dir", metavar="RUN_DIR")
+    e.add_argument("--episodes", type=int, default=10)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--render", metavar="DIR", default=None, help="write one episode's frames (PNG) and a GIF here")
+    e.set_defaults(fn=cmd_eval)
+
+    pl = sub.add_parser("plot", help="learning curves of run directories (return vs env steps and wall time)")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    pl.add_argument("-o", "--output", default="curves.png", help="image file (default curves.png)")
+    pl.add_argument("--smooth", type=int, default=1, metavar="K", help="moving average over K iterations")
+    pl.set_defaults(fn=cmd_plot)
+
+    b = sub.add_parser("bench", help="run benchmarks/ (msrl vs peers) and print a table")
+    mode = b.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="short runs, a few minutes in all (default)")
+    mode.add_argument("--full", action="store_true", help="the scripts' own defaults (the README's figures)")
+    b.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="ppo_fused, ppo_host_threads, ...")
+    b.add_argument("--json", default=None, metavar="FILE", help="also write the combined results as JSON")
+    b.add_argument("--dir", default=None, help="benchmarks directory (default: the source checkout's)")
+    b.set_defaults(fn=cmd_bench)
     return p
 
 

@@ -114,6 +114,10 @@ class Actor:
     def act(self, state: PyTree, params: PyTree, obs: jax.Array) -> tuple[PyTree, Any]:
         raise NotImplementedError
 
+    def greedy(self, params: PyTree, obs: jax.Array) -> jax.Array:
+        """The deterministic action for each observation (``msrl eval``): the policy's mode, say."""
+        raise NotImplementedError(f"{type(self).__name__} defines no greedy(params, obs), which msrl eval needs")
+
 
 class Learner:
     """``learn(state, batch, **kw) -> (state, metrics)``; ``policy_params(state)`` is what actors use.

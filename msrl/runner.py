@@ -107,7 +107,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         path = checkpoint.latest(run_dir) if run_dir is not None else None
         if path is None:
             raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from")
-        leaves, meta = checkpoint.load(path)
+        states, meta = checkpoint.load(path)
         checkpoint.check_same_config(meta["config"], cfg.dump(), path)
     run_dir = Path(run_dir or Path("runs") / f"{cfg.algorithm.name}-{cfg.policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +131,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     done, elapsed0, last_return, row = 0, 0.0, float("nan"), {}
     try:
         if resume:
-            runtime.restore(checkpoint.restore(runtime.snapshot(skip), leaves, path))
+            runtime.restore(checkpoint.restore(runtime.snapshot(skip), states, path))
             done, elapsed0, last_return = meta["iteration"], meta["wall_time"], meta["episode_return"]
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
         logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=done if resume else None)

@@ -40,9 +40,9 @@ def killed_run(config: str, overrides: list[str], run_dir: Path, after: int) -> 
     assert not (run_dir / "summary.json").exists()  # it really died mid-run
 
 
-def final_leaves(run_dir: Path) -> list:
-    leaves, meta = checkpoint.load(checkpoint.latest(run_dir))
-    return leaves, meta
+def final_leaves(run_dir: Path) -> tuple[list, dict]:
+    states, meta = checkpoint.load(checkpoint.latest(run_dir))
+    return [x for key in sorted(states) for x in states[key]], meta
 
 
 def test_fused_resume_after_sigkill_ends_identical(tmp_path):
@@ -88,7 +88,7 @@ def test_checkpoints_are_never_unpickled(tmp_path):
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    (folder / "ckpt_000000001.msgpack").write_bytes(pickle.dumps({"format": 1, "leaves": [Boom()]}))
+    (folder / "ckpt_000000001.msgpack").write_bytes(pickle.dumps({"format": 1, "states": {"a": [Boom()]}}))
     with pytest.raises(msrl.TrainingError, match="not an msrl checkpoint"):
         checkpoint.load(checkpoint.latest(tmp_path))
     assert not (tmp_path / "pwned").exists()
@@ -101,5 +101,26 @@ def test_nan_guard_names_the_iteration_and_keeps_the_last_good_checkpoint(tmp_pa
     (tmp_path / "growth.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(msrl.TrainingError, match=r"iteration 5: metric 'loss' is nan.*last good checkpoint: .*ckpt_000000004"):
         train(tmp_path / "growth.yaml", [], run_dir=tmp_path / "run")
-    leaves, meta = checkpoint.load(checkpoint.latest(tmp_path / "run"))
+    leaves, meta = final_leaves(tmp_path / "run")
     assert meta["iteration"] == 4 and all(np.isfinite(x).all() for x in leaves if x is not None and x.dtype.kind == "f")
+
+
+def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
+    from matplotlib.image import imread
+
+    from msrl.cli import main
+
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=102400", "run.checkpoint_every=50"], run_dir=tmp_path / "fused")
+    assert main(["eval", str(tmp_path / "fused"), "--episodes", "4"]) == 0
+    mean = float(capsys.readouterr().out.split()[1])
+    assert mean >= 150  # greedy CartPole after 100k steps of PPO (random play scores ~20)
+    assert main(["eval", str(tmp_path / "fused"), "--render", str(tmp_path / "x")]) == 2  # gymnax: no renderer
+    assert "--render" in capsys.readouterr().err
+
+    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every=1"],
+          run_dir=tmp_path / "host")
+    assert main(["eval", str(tmp_path / "host"), "--episodes", "2", "--render", str(tmp_path / "frames")]) == 0
+    frames = sorted((tmp_path / "frames").glob("frame_*.png"))
+    image = imread(frames[0])
+    assert len(frames) >= 2 and image.shape[0] > 0 and image.std() > 0
+    assert (tmp_path / "frames" / "episode.gif").stat().st_size > 0

@@ -57,6 +57,10 @@ class PPOActor(msrl.Actor):
         action = jax.vmap(lambda h, k: policy(self.net.discrete, h).sample(seed=k))(head, use)  # per-env keys
         return {"keys": keys}, ActOutput(action, policy(self.net.discrete, head).log_prob(action), value)
 
+    def greedy(self, params, obs):
+        head, _ = self.net.apply(params, obs)
+        return jnp.argmax(head, axis=-1) if self.net.discrete else head[0]
+
 
 class PPOLearner(msrl.Learner):
     def __init__(self, net: ActorCritic, cfg: PPOConfig, obs_shape, obs_dtype, num_updates: int):

@@ -1,0 +1,92 @@
+"""``msrl eval RUN_DIR``: the latest checkpoint's policy, acting greedily, over fresh episodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from msrl import checkpoint
+from msrl.algorithm import Context
+from msrl.config import load_config
+from msrl.envs import make_env
+from msrl.errors import ConfigError
+from msrl.registry import ALGORITHMS
+
+MAX_STEPS = 100_000
+MAX_FRAMES = 1_000
+
+
+def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
+    """The run's config, algorithm and policy parameters from its latest checkpoint."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
+    path = checkpoint.latest(run_dir)
+    if path is None:
+        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every > 0)")
+    cfg = load_config(run_dir / "config.yaml")
+    states, meta = checkpoint.load(path)
+    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
+                  total_env_steps=cfg.run.total_env_steps)
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
+    key = next((k for k in sorted(states) if k.endswith("/learner")), None)
+    if key is None:
+        raise ConfigError("RUN_DIR", f"{path} holds no learner state")
+    learner = algorithm.learner
+    state = checkpoint.restore_state(learner.init(jax.random.PRNGKey(0)), states, key, path)
+    return cfg, env, algorithm, learner.policy_params(state), meta
+
+
+def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None = None, seed: int = 0) -> dict:
+    cfg, env, algorithm, params, meta = load_policy(Path(run_dir))
+    greedy = jax.jit(algorithm.actor.greedy)
+    step = jax.jit(env.step) if env.jittable else env.step
+    state = env.init(jax.random.PRNGKey(seed), np.arange(episodes))
+    state, obs = env.observe(state)
+    returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
+    for _ in range(MAX_STEPS):
+        state, (obs, reward, done) = step(state, greedy(params, obs))
+        returns += np.where(finished, 0.0, np.asarray(reward))
+        finished |= np.asarray(done)
+        if finished.all():
+            break
+    env.close(state)
+    out = {"checkpoint": str(checkpoint.latest(Path(run_dir))), "iteration": meta["iteration"],
+           "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std())}
+    if render is not None:
+        out["frames"] = _render(cfg.env.id, cfg.env.kwargs, greedy, params, Path(render), seed)
+    return out
+
+
+def _render(env_id: str, kwargs: dict, greedy: Any, params: Any, out: Path, seed: int) -> int:
+    """One greedy episode of a Gymnasium environment as frame_NNNN.png files and episode.gif."""
+    import gymnasium
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    if not env_id.startswith("gymnasium:"):
+        raise ConfigError("--render", f"{env_id} has no renderer; --render works for gymnasium: environments "
+                          "(train with env.id=gymnasium:..., e.g. examples/ppo_cartpole_threads.yaml)")
+    try:
+        env = gymnasium.make(env_id.split(":", 1)[1], render_mode="rgb_array", **kwargs)
+        obs, _ = env.reset(seed=seed)
+        frames = [env.render()]
+    except (gymnasium.error.DependencyNotInstalled, ImportError) as e:
+        raise ConfigError("--render", f"{env_id} cannot render here: {e}") from None
+    done = False
+    while not done and len(frames) < MAX_FRAMES:
+        action = np.asarray(greedy(params, np.asarray(obs, np.float32)[None]))[0]
+        obs, _, terminated, truncated, _ = env.step(action)
+        frames.append(env.render())
+        done = terminated or truncated
+    env.close()
+    out.mkdir(parents=True, exist_ok=True)
+    for i, frame in enumerate(frames):
+        plt.imsave(out / f"frame_{i:04d}.png", frame)
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(out / "episode.gif", save_all=True, append_images=images[1:], duration=33, loop=0)
+    return len(frames)

@@ -1,0 +1,151 @@
+"""``msrl plot`` on real run directories; ``msrl bench`` on small benchmark scripts written here (the real
+benchmarks take minutes and are never run by the tests)."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+from rich.console import Console
+
+import msrl
+from msrl.bench import BENCHMARKS, Benchmark, benchmarks_dir, last_json, run_benchmarks, table
+from msrl.cli import main
+from msrl.errors import ConfigError
+from msrl.plot import moving_average, plot_runs
+
+CARTPOLE = str(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for name, seed in (("a", 0), ("b", 1)):
+        msrl.train(CARTPOLE, ["run.total_env_steps=20000", "run.progress=false", "run.tensorboard=false",
+                              f"run.seed={seed}"], run_dir=root / name)
+    return root / "a", root / "b"
+
+
+def test_plot_two_runs_on_one_figure(runs, tmp_path, capsys):
+    out = tmp_path / "sub" / "curves.png"
+    assert main(["plot", str(runs[0]), str(runs[1]), "-o", str(out), "--smooth", "3"]) == 0
+    assert str(out) in capsys.readouterr().out
+    image = matplotlib.image.imread(out)
+    assert image.ndim == 3 and image.shape[0] >= 300 and image.shape[1] >= 800  # two axes side by side
+    rgb = image[..., :3].reshape(-1, 3)
+    assert len(np.unique(rgb, axis=0)) > 20  # lines, text and a legend, not a blank canvas
+    # the two runs' lines are drawn in matplotlib's first two default colours, on both axes
+    for color in ((0x1f, 0x77, 0xb4), (0xff, 0x7f, 0x0e)):
+        hits = np.all(np.abs(image[..., :3] - np.array(color) / 255) < 0.02, axis=-1)
+        cols = np.nonzero(hits.any(axis=0))[0]
+        assert cols.size and cols.min() < image.shape[1] / 2 < cols.max(), color
+
+
+def test_plot_skips_rows_without_a_return_and_smooths(tmp_path):
+    run = tmp_path / "partial"
+    run.mkdir()
+    (run / "metrics.csv").write_text("iteration,env_steps,episode_return,sps,wall_time,loss\n"
+                                     "1,512,,100,5.1,0.3\n2,1024,nan,100,5.2,0.2\n3,1536,10,100,5.3,0.1\n"
+                                     "4,2048,20,100,5.4,0.1\n")
+    assert plot_runs([run], tmp_path / "p.png").stat().st_size > 0
+    assert moving_average(np.array([10.0, 20.0, 30.0, 40.0]), 2).tolist() == [10.0, 15.0, 25.0, 35.0]
+    with pytest.raises(ConfigError, match="smooth"):
+        plot_runs([run], tmp_path / "p.png", smooth=0)
+
+
+def test_plot_reports_missing_or_empty_metrics(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="no metrics.csv"):
+        plot_runs([empty], tmp_path / "x.png")
+    assert main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("msrl: error:") and "no metrics.csv" in err and "Traceback" not in err
+    (empty / "metrics.csv").write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        plot_runs([empty], tmp_path / "x.png")
+    (empty / "metrics.csv").write_text("iteration,env_steps,episode_return,sps,wall_time\n1,512,,1,1\n")
+    with pytest.raises(ConfigError, match="no row with a finished episode"):
+        plot_runs([empty], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+FAKE = textwrap.dedent("""
+    import argparse, json
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1000)
+    args = ap.parse_args()
+    print("log noise {not json}")
+    print(json.dumps({"steps": args.steps, "ours_sps": 3000.4, "theirs_sps": 1500, "nested": {"a": 1}}, indent=2))
+""")
+
+FAKES = (
+    Benchmark("fake", "fake.py", ("--steps", "7"), "ours_sps", "theirs_sps", "a peer"),
+    Benchmark("crash", "crash.py", (), "ours_sps", "theirs_sps", "a peer"),
+    Benchmark("needs_peer", "fake.py", (), "ours_sps", "theirs_sps", "absent peer",
+              needs=("msrl_no_such_module_for_tests",)),
+)
+
+
+def test_bench_runs_scripts_and_tabulates(tmp_path):
+    (tmp_path / "fake.py").write_text(FAKE)
+    (tmp_path / "crash.py").write_text("raise SystemExit('peer exploded')\n")
+    records = {r["name"]: r for r in run_benchmarks(FAKES, tmp_path, quick=True)}
+    assert records["fake"]["status"] == "ok"
+    assert records["fake"]["result"] == {"steps": 7, "ours_sps": 3000.4, "theirs_sps": 1500, "nested": {"a": 1}}
+    assert records["crash"]["status"] == "failed" and "peer exploded" in records["crash"]["reason"]
+    assert records["needs_peer"]["status"] == "skipped"
+    assert "pip install -e '.[bench]'" in records["needs_peer"]["reason"]
+    assert records["needs_peer"]["result"] is None
+
+    full = run_benchmarks(FAKES, tmp_path, quick=False, only=["fake"])
+    assert [r["name"] for r in full] == ["fake"] and full[0]["result"]["steps"] == 1000
+
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(table(list(records.values()), FAKES))
+    text = buf.getvalue()
+    fake_row = next(line for line in text.splitlines() if "fake" in line)
+    assert "3,000" in fake_row and "1,500" in fake_row and "2.00" in fake_row and "ok" in fake_row
+    assert "skipped (pip install -e '.[bench]'" in text and "failed" in text
+
+
+def test_bench_cli_json_and_errors(tmp_path, capsys):
+    fused = textwrap.dedent("""
+        import argparse, json
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--total-env-steps", type=int, default=500000)
+        ap.add_argument("--repeats", type=int, default=3)
+        a = ap.parse_args()
+        print(json.dumps({"msrl_fused_sps": 3000, "handwritten_sps": 1500, "ratio": 2.0,
+                          "env_steps": a.total_env_steps, "repeats": a.repeats}))
+    """)
+    (tmp_path / "ppo_fused.py").write_text(fused)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--dir", str(tmp_path), "--only", "ppo_fused", "--json", str(out)]) == 0
+    assert "ppo_fused" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["mode"] == "quick" and [r["name"] for r in data["benchmarks"]] == ["ppo_fused"]
+    assert data["benchmarks"][0]["result"]["handwritten_sps"] == 1500
+    assert data["benchmarks"][0]["result"]["env_steps"] == 51200  # the quick flags were passed
+
+    assert main(["bench", "--dir", str(tmp_path / "nowhere")]) == 2
+    assert "no benchmarks directory" in capsys.readouterr().err
+    assert main(["bench", "--dir", str(tmp_path), "--only", "nope"]) == 2
+    assert "unknown benchmark nope" in capsys.readouterr().err
+
+
+def test_last_json_takes_the_final_object():
+    assert last_json('{"a": 1}\nwarning\n{\n  "b": {"c": 2}\n}\n') == {"b": {"c": 2}}
+    with pytest.raises(ValueError):
+        last_json("no json here\n")
+
+
+def test_default_benchmarks_are_the_checkouts_scripts():
+    d = benchmarks_dir()
+    assert d == Path(__file__).resolve().parent.parent / "benchmarks"
+    assert all((d / b.script).is_file() for b in BENCHMARKS)
