@@ -93,8 +93,11 @@ def episode_metrics(stats: list[dict[str, Any]]) -> dict[str, float]:
     """Merge :meth:`Environment.stats` of several replicas: the mean return of the last completed episodes."""
     finished = sum(float(s["finished"]) for s in stats)
     total = sum(float(s["return_sum"]) for s in stats)
-    return {"episode_return": total / finished if finished else float("nan"),
-            "episodes": sum(float(s["episodes"]) for s in stats)}
+    out = {"episode_return": total / finished if finished else float("nan"),
+           "episodes": sum(float(s["episodes"]) for s in stats)}
+    if any("nonfinite" in s for s in stats):  # non-finite numbers in the envs' observations or returns
+        out["env_nonfinite"] = sum(float(s.get("nonfinite", 0)) for s in stats)
+    return out
 
 
 class ActOutput(NamedTuple):

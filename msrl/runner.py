@@ -147,6 +147,10 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
                 elapsed = time.perf_counter() - start
                 for r in rows:
                     done += 1
+                    if r.pop("env_nonfinite", 0):
+                        raise TrainingError(f"environment {cfg.env.id} produced a non-finite observation or reward "
+                                            f"in iteration {done} (env steps {(done - 1) * steps_per_iter}.."
+                                            f"{done * steps_per_iter}); training stopped{_last_good(run_dir)}")
                     bad = [k for k, v in r.items() if k not in ("episode_return",) and not math.isfinite(v)]
                     if bad:
                         raise TrainingError(f"iteration {done}: metric {bad[0]!r} is {r[bad[0]]} (non-finite); "

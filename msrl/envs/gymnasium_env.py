@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from msrl.components import Box, Discrete, Environment, EnvSpec
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, TrainingError
 
 
 @dataclasses.dataclass
@@ -25,6 +25,9 @@ class HostEnvState:
     running_return: np.ndarray
     last_return: np.ndarray
     episodes: np.ndarray
+    ids: np.ndarray  # global indices
+    dtypes: list[np.dtype]  # of each env's first observation: it must not change
+    steps: int = 0
 
 
 class GymnasiumEnv(Environment):
@@ -64,8 +67,11 @@ class GymnasiumEnv(Environment):
             first.append(env.reset(seed=seed)[0])
             envs.append(env)
         zeros = np.zeros(len(envs), np.float32)
-        return HostEnvState(envs, np.stack(first).astype(np.float32), zeros, zeros.copy(),
-                            np.zeros(len(envs), np.int32))
+        state = HostEnvState(envs, np.zeros((len(envs), *self.spec.obs_shape), np.float32), zeros, zeros.copy(),
+                             np.zeros(len(envs), np.int32), np.asarray(env_ids), [np.asarray(o).dtype for o in first])
+        for i, o in enumerate(first):
+            state.obs[i] = self._checked(state, i, o)
+        return state
 
     def observe(self, state: HostEnvState):
         return state, state.obs
@@ -86,14 +92,31 @@ class GymnasiumEnv(Environment):
         for i, env in enumerate(state.envs):  # auto-reset in the same step, as gymnax does
             o, r, terminated, truncated, _ = env.step(action[i].item() if action.ndim == 1 else action[i])
             done[i] = terminated or truncated
-            obs[i] = env.reset()[0] if done[i] else o
+            obs[i] = self._checked(state, i, env.reset()[0] if done[i] else o)
             reward[i] = r
+        if not (np.isfinite(obs).all() and np.isfinite(reward).all()):
+            i = int(np.flatnonzero(~(np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(reward)))[0])
+            raise TrainingError(f"{self._where(state, i)} returned a non-finite "
+                                f"{'reward' if np.isfinite(obs[i]).all() else 'observation'}: "
+                                f"{reward[i] if np.isfinite(obs[i]).all() else obs[i]}")
+        state.steps += 1
         ret = state.running_return + reward
         state.last_return = np.where(done, ret, state.last_return)
         state.running_return = np.where(done, 0.0, ret).astype(np.float32)
         state.episodes = state.episodes + done
         state.obs = obs.astype(np.float32)
         return state, (state.obs, reward, done)
+
+    def _where(self, state: HostEnvState, i: int) -> str:
+        return f"environment {self.spec.id} #{state.ids[i]} at step {state.steps}"  # counted from 0
+
+    def _checked(self, state: HostEnvState, i: int, o: Any) -> np.ndarray:
+        """An observation as the run started: same shape and dtype, numeric (else a TrainingError)."""
+        o = np.asarray(o)
+        if o.shape != self.spec.obs_shape or o.dtype != state.dtypes[i] or o.dtype.kind not in "fiub":
+            raise TrainingError(f"{self._where(state, i)} returned an observation of {o.dtype}{list(o.shape)}, but "
+                                f"its observations are {state.dtypes[i]}{list(self.spec.obs_shape)}")
+        return o
 
     def stats(self, state: HostEnvState):
         finished = state.episodes > 0

@@ -85,5 +85,6 @@ class GymnaxEnv(Environment):
 
     def stats(self, state: EnvState):
         finished = state.episodes > 0
+        bad = jnp.sum(~jnp.isfinite(state.obs)) + jnp.sum(~jnp.isfinite(state.running_return))
         return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
-                "episodes": state.episodes.sum()}
+                "episodes": state.episodes.sum(), "nonfinite": bad}

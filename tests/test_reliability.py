@@ -1,0 +1,139 @@
+"""Reliability: environments that change or break mid-run, and actors killed over and over (chaos)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import msrl
+from msrl.envs import register_env
+from msrl.envs.gymnax_env import GymnaxEnv
+from msrl.runner import train
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+
+
+class Shifty(gymnasium.Env):
+    """CartPole-shaped, until step 40: then a wrong shape, a wrong dtype, or NaN, by ``mode``."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, mode: str = "shape"):
+        self.mode = mode
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.zeros(4, np.float32)
+        if self.t >= 40:
+            obs = {"shape": np.zeros(5, np.float32), "dtype": obs.astype(np.float64),
+                   "nan": np.full(4, np.nan, np.float32)}[self.mode]
+        return obs, 1.0, False, False, {}
+
+
+gymnasium.register(id="MsrlShifty-v0", entry_point=Shifty)
+
+
+@pytest.mark.parametrize("mode, expect", [
+    ("shape", r"returned an observation of float32\[5\], but its observations are float32\[4\]"),
+    ("dtype", r"returned an observation of float64\[4\], but its observations are float32\[4\]"),
+    ("nan", r"returned a non-finite observation"),
+])
+def test_a_host_env_that_changes_midrun_is_named_with_its_step(tmp_path, mode, expect):
+    with pytest.raises(msrl.TrainingError, match=expect) as info:
+        train(EXAMPLES / "ppo_cartpole_threads.yaml",
+              [*QUIET, "env.id=gymnasium:MsrlShifty-v0", f"env.kwargs.mode={mode}", "run.total_env_steps=4096"],
+              run_dir=tmp_path)
+    assert "environment gymnasium:MsrlShifty-v0 #0 at step 39" in str(info.value)
+
+
+class PoisonedCartPole(GymnaxEnv):
+    """gymnax CartPole whose observations turn NaN after ``after`` steps (jitted, like any gymnax env)."""
+
+    def __init__(self, name: str, after: int = 300):
+        super().__init__(name)
+        self.after = after
+
+    def init(self, key, env_ids):
+        return {"inner": super().init(key, env_ids), "t": jnp.zeros((), jnp.int32)}
+
+    def observe(self, state):
+        return state, state["inner"].obs
+
+    def step(self, state, action):
+        inner, (obs, reward, done) = super().step(state["inner"], action)
+        bad = state["t"] >= self.after
+        inner = inner.replace(obs=jnp.where(bad, jnp.nan, inner.obs))
+        return {"inner": inner, "t": state["t"] + 1}, (inner.obs, reward, done)
+
+    def stats(self, state):
+        return super().stats(state["inner"])
+
+
+register_env("poisoned")(PoisonedCartPole)
+
+
+def test_a_jitted_env_returning_nan_stops_the_run_naming_env_and_steps(tmp_path):
+    with pytest.raises(msrl.TrainingError, match=r"environment poisoned:CartPole-v1 produced a non-finite observation "
+                                                 r"or reward in iteration 3 \(env steps 1024..1536\)"):
+        train(EXAMPLES / "ppo_cartpole.yaml", [*QUIET, "env.id=poisoned:CartPole-v1", "run.total_env_steps=20480",
+                                               "run.iterations_per_dispatch=1"], run_dir=tmp_path)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_chaos_random_actor_kills_every_few_seconds():
+    """At least five SIGKILLs of random actor processes during one run: it completes, no update is lost."""
+    from msrl.config import load_config
+    from msrl.registry import BACKENDS
+
+    cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                                       "policy.actors=3", "env.num_envs=6",
+                                                       "policy.max_actor_restarts=10"])
+    runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 4)
+    rng, kills, stop = random.Random(0), [], threading.Event()
+
+    def chaos():
+        while not stop.is_set() and len(kills) < 5:
+            time.sleep(rng.uniform(1.0, 3.0))
+            victim = ("actor", rng.randrange(3))
+            before = runtime.restarts.get(victim, 0)
+            try:
+                os.kill(runtime.where()[victim][1], signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            kills.append(victim)
+            while runtime.restarts.get(victim, 0) == before and not stop.is_set():
+                time.sleep(0.05)
+
+    killer = threading.Thread(target=chaos, daemon=True)
+    killer.start()
+    rows, deadline = [], time.time() + 110
+    try:
+        while (killer.is_alive() or len(rows) < 20) and time.time() < deadline:
+            rows += runtime.run(4)
+        stop.set()
+        assert len(kills) >= 5 and sum(runtime.restarts.values()) == len(kills)
+        state = runtime.snapshot()["learner"][0]["learner"]
+        counts = {int(x) for p, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
+                  if "count" in jax.tree_util.keystr(p)}
+        assert counts == {len(rows) * cfg.algorithm.epochs * cfg.algorithm.minibatches}
+        assert all(np.isfinite(r["loss"]) for r in rows)
+    finally:
+        stop.set()
+        runtime.close()
