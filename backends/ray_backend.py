@@ -274,30 +274,34 @@ class RayRuntime(Runtime):
 
         check_comms(program)
         self.program, self.policy = program, program.policy
-        self.owns_connection = _connect(self.policy, program)
         self.iteration = 0
         self.restarts: dict[tuple[str, int], int] = {}
         self.unrestartable = {name: restartable(f) for name, f in program.fragments.items()}
+        self.workers: dict[tuple[str, int], Any] = {}
+        splits = {name: replica_env_ids(program.num_envs, frag) for name, frag in program.fragments.items()}
         recipe = cloudpickle.dumps((program.algorithm, self.policy, program.env, program.num_envs))  # ~2 KB
         driver = {"sys_path": [p for p in sys.path if p], "compile_cache": jax.config.jax_compilation_cache_dir,
                   "fingerprint": fingerprint(program)}
-        self.workers: dict[tuple[str, int], Any] = {}
-        for name, frag in program.fragments.items():
-            spec = frag.spec
-            cls = ray.remote(FragmentWorker).options(
-                num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=4, max_task_retries=0,
-                max_restarts=0 if self.unrestartable[name] else self.policy.max_actor_restarts,
-                scheduling_strategy="SPREAD", name=None)
-            for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):
-                self.workers[(name, r)] = cls.remote(recipe, name, r, seed, env_ids, driver)
+        self.owns_connection = _connect(self.policy, program)
         try:
+            _check_resources(program)
+            for name, frag in program.fragments.items():
+                spec = frag.spec
+                cls = ray.remote(FragmentWorker).options(
+                    num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=4, max_task_retries=0,
+                    max_restarts=0 if self.unrestartable[name] else self.policy.max_actor_restarts,
+                    scheduling_strategy="SPREAD")
+                for r, env_ids in enumerate(splits[name]):
+                    self.workers[(name, r)] = cls.remote(recipe, name, r, seed, env_ids, driver)
             ray.get([w.connect.remote(self.workers) for w in self.workers.values()])
             self.where_ = dict(zip(self.workers, ray.get([w.where.remote() for w in self.workers.values()]),
                                    strict=True))
-        except ray.exceptions.RayError as e:
+        except BaseException as e:
             self.close()
-            raise TrainingError(f"a fragment replica could not start:\n{e}\n(on ray, the algorithm's module must "
-                                "be importable on every node)") from None
+            if isinstance(e, ray.exceptions.RayError):
+                raise TrainingError(f"a fragment replica could not start:\n{e}\n(on ray, the algorithm's module "
+                                    "must be importable on every node)") from None
+            raise
 
     def where(self) -> dict[tuple[str, int], tuple[str, int]]:
         """(node id, process id) of every replica."""
@@ -406,25 +410,39 @@ class RayRuntime(Runtime):
 
 
 def _connect(policy: Any, program: Any) -> bool:
-    """Join the running Ray session, ``policy.ray_address``, or start a private local cluster (loopback
-    only, dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
+    """Join the running Ray session, ``policy.ray_address``, or start a private cluster on this machine
+    (dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
     import logging
 
     import ray
 
     if ray.is_initialized():
         return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if policy.ray_address:
         kwargs = {"address": policy.ray_address}
     else:
         need = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values())
         kwargs = {"address": "local", "num_cpus": max(os.cpu_count() or 1, int(np.ceil(need))),
-                  "_node_ip_address": "127.0.0.1", "include_dashboard": policy.ray_dashboard}
+                  "include_dashboard": policy.ray_dashboard}
     with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
         ray.init(**kwargs, **quiet)
     return True
+
+
+def _check_resources(program: Any) -> None:
+    """Fail now, not hang, when the cluster cannot hold every replica at once."""
+    import ray
+
+    have = ray.cluster_resources()
+    for res, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        need = sum(getattr(f.spec, field) * f.spec.replicas for f in program.fragments.values())
+        if need > have.get(res, 0) + 1e-9:
+            raise ConfigError("policy.resources", f"the replicas need {need:g} {res}s in all, but the Ray cluster has "
+                              f"{have.get(res, 0):g}; lower policy.resources.<role>.{field} (fractions are fine) or "
+                              "give the cluster more")
 
 
 class RayBackend(Backend):

@@ -215,6 +215,9 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--render", metavar="DIR", default=None, help="write one episode's frames (PNG) and a GIF here")
     e.set_defaults(fn=cmd_eval)
+    for command in (t, g, e):
+        command.add_argument("--import", dest="imports", action="append", metavar="MODULE_OR_FILE",
+                             help="import your own algorithm/policy/env module first (repeatable)")
 
     pl = sub.add_parser("plot", help="learning curves of run directories (return vs env steps and wall time)")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -233,15 +236,34 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def import_user_module(spec: str) -> None:
+    """``--import``: a dotted module name, or a .py file (imported by its name from its folder, so Ray workers
+    can import it the same way). Its ``@msrl.register_*`` decorators run."""
+    import importlib
+
+    path = Path(spec)
+    if spec.endswith(".py"):
+        if not path.is_file():
+            raise ConfigError("--import", f"{spec}: no such file")
+        sys.path.insert(0, str(path.resolve().parent))
+        spec = path.stem
+    try:
+        importlib.import_module(spec)
+    except ImportError as e:
+        raise ConfigError("--import", f"cannot import {spec!r}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args, extra = parser.parse_known_args(argv)  # KEY=VALUE overrides may follow options too
-    bad = [a for a in extra if "=" not in a or a.startswith("-")]
+    bad = [a for a in extra if "=" not in a or a.startswith("-") or not hasattr(args, "overrides")]
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
     try:
+        for module in getattr(args, "imports", None) or []:
+            import_user_module(module)
         return args.fn(args)
     except MsrlError as e:
         print(f"msrl: error: {e}", file=sys.stderr)

@@ -27,7 +27,7 @@ def test_example_loads_with_overrides():
         ("algorithm.lr=-1", "algorithm.lr", "greater than 0"),
         ("algorithm.nope=1", "algorithm.nope", "allowed keys: name, rollout_len"),
         ("algorithm.activation=gelu", "algorithm.activation", "'tanh' or 'relu'"),
-        ("algorithm.name=dqn2", "algorithm.name", "available: ppo"),
+        ("algorithm.name=dqn2", "algorithm.name", "available:.*ppo"),
         ("env.num_envs=0", "env.num_envs", "greater than 0"),
         ("env.colour=red", "env.colour", "allowed keys: id, num_envs, kwargs"),
         ("policy.name=nope", "policy.name", "available:.*fused"),

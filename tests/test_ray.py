@@ -135,19 +135,25 @@ def test_three_node_cluster_spreads_actors_and_matches_one_node():
     assert max_diff(jax.tree.map(np.asarray, single), remote) <= 1e-5
 
 
-def test_close_leaves_no_ray_process_behind():
+def test_private_cluster_is_local_without_dashboard_and_close_leaves_no_process_behind():
     got = run_script("""
-        import json, time, psutil, msrl
+        import json, time, psutil, ray, msrl
         from msrl.config import load_config
         from msrl.registry import BACKENDS
         cfg = load_config("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
                                                          "policy.actors=2"])
         runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 2)
         runtime.run(2)
-        pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        procs = psutil.Process().children(recursive=True)
+        pids, cmds = [p.pid for p in procs], [" ".join(p.cmdline()) for p in procs]
+        addresses = sorted({n["NodeManagerAddress"] for n in ray.nodes()})
+        mine = sorted({a.address for nic in psutil.net_if_addrs().values() for a in nic})
         runtime.close()
-        print(json.dumps({"pids": pids}))
+        print(json.dumps({"pids": pids, "cmds": cmds, "addresses": addresses, "mine": mine}))
     """)
+    assert got["addresses"] and set(got["addresses"]) <= set(got["mine"])  # this machine's own addresses
+    dashboards = [c for c in got["cmds"] if "dashboard/dashboard.py" in c]
+    assert all("--disable-frontend" in c for c in dashboards)  # Ray's headless stats module at most: no UI
     assert len(got["pids"]) >= 4  # gcs, raylet, our three replicas, ...
     deadline = time.time() + 30
     while time.time() < deadline and any(alive(p) for p in got["pids"]):
@@ -162,3 +168,12 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_more_resources_than_the_cluster_has_is_a_config_error():
+    import ray
+
+    with pytest.raises(msrl.ConfigError, match=r"policy.resources: the replicas need 1001 CPUs in all, but the Ray "
+                                               r"cluster has 4"):
+        ray_runtime(["policy.name=single_learner_coarse", "policy.resources.learner.num_cpus=999"])
+    assert ray.is_initialized()  # the shared session is left as it was

@@ -1,0 +1,51 @@
+"""Write your own distribution policy: three roles, with inference and learning on separate replicas.
+
+`inference_server`: `env_workers` replicas only step their environments; one `inference` replica acts for
+all of them at once and fills the buffer; one `learner` replica learns on its own. Per step, actions are
+scattered to the workers and observations gathered; per iteration, the rollout goes to the learner and its
+parameters are broadcast back to inference. (The built-ins put acting with the envs, or with the learner.)
+
+A policy is a pydantic model (its `policy:` config keys) with `fragments()`: the roles, their replica
+counts and placement, and `assign()`: the role of every statement of the loop. The base class's
+`comm_op()` picks gather / scatter / send / broadcast for each cut edge from the replica counts. Select it
+in any config; this file is the `msrl` command with the policy registered:
+
+    python examples/custom_policy.py train examples/ppo_cartpole.yaml policy.name=inference_server
+    python examples/custom_policy.py graph examples/ppo_cartpole.yaml policy.name=inference_server
+"""
+
+import sys
+from typing import Literal
+
+from pydantic import Field
+
+import msrl
+from msrl.compiler.ir import leaves
+
+
+@msrl.register_policy("inference_server")  # `policy.name: inference_server` in a config selects it
+class InferenceServer(msrl.DistributedPolicy):  # DistributedPolicy: per-role resources, the `ray` keys
+    name: Literal["inference_server"] = "inference_server"
+    backend: Literal["threads", "ray"] = "threads"
+    env_workers: int = Field(2, gt=0, description="replicas that step environments (env.num_envs split evenly)")
+
+    def fragments(self) -> list[msrl.FragmentSpec]:
+        return self.check_roles([self.role("env", self.env_workers, "backend"),
+                                 self.role("inference", 1, "backend"), self.role("learner", 1, "backend")])
+
+    def assign(self, stmts, fdg) -> dict[str, str]:
+        learn = {s.id for s in leaves(stmts) if s.kind == "api" and s.api.name == "agent_learn"}
+        learner = msrl.downstream_of(fdg, learn)  # agent_learn and everything computed from its result
+
+        def role(s) -> str:
+            if s.id in learner:
+                return "learner"
+            return "env" if s.kind == "api" and s.api.component == "env" else "inference"
+
+        return {s.id: role(s) for s in leaves(stmts)}
+
+
+if __name__ == "__main__":
+    from msrl.cli import main
+
+    sys.exit(main(sys.argv[1:]))
