@@ -147,15 +147,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
                 elapsed = time.perf_counter() - start
                 for r in rows:
                     done += 1
-                    if r.pop("env_nonfinite", 0):
-                        raise TrainingError(f"environment {cfg.env.id} produced a non-finite observation or reward "
-                                            f"in iteration {done} (env steps {(done - 1) * steps_per_iter}.."
-                                            f"{done * steps_per_iter}); training stopped{_last_good(run_dir)}")
-                    bad = [k for k, v in r.items() if k not in ("episode_return",) and not math.isfinite(v)]
-                    if bad:
-                        raise TrainingError(f"iteration {done}: metric {bad[0]!r} is {r[bad[0]]} (non-finite); "
-                                            f"training stopped{_last_good(run_dir)}. Lower algorithm.lr or check "
-                                            "the environment's rewards.")
+                    _check_finite(r, done, cfg.env.id, steps_per_iter, run_dir)
                     if math.isfinite(r["episode_return"]):
                         last_return = r["episode_return"]
                     row = {"iteration": done, "env_steps": done * steps_per_iter,
@@ -183,6 +175,18 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_iter: int, run_dir: Path) -> None:
+    """The NaN guard: a non-finite env observation/reward or metric stops the run, naming where."""
+    if row.pop("env_nonfinite", 0):
+        raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
+                            f"{iteration} (env steps {(iteration - 1) * steps_per_iter}..{iteration * steps_per_iter}); "
+                            f"training stopped{_last_good(run_dir)}")
+    bad = [k for k, v in row.items() if k != "episode_return" and not math.isfinite(v)]
+    if bad:
+        raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
+                            f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")
 
 
 def _save_checkpoint(runtime, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict) -> None:
