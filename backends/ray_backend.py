@@ -290,7 +290,8 @@ class RayRuntime(Runtime):
                 cls = ray.remote(FragmentWorker).options(
                     num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=4, max_task_retries=0,
                     max_restarts=0 if self.unrestartable[name] else self.policy.max_actor_restarts,
-                    scheduling_strategy="SPREAD")
+                    scheduling_strategy="SPREAD",
+                    enable_task_events=False)  # else the GCS keeps an event for every delivery (memory grows)
                 for r, env_ids in enumerate(splits[name]):
                     self.workers[(name, r)] = cls.remote(recipe, name, r, seed, env_ids, driver)
             ray.get([w.connect.remote(self.workers) for w in self.workers.values()])
