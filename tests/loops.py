@@ -412,7 +412,7 @@ class GrowthLearner(SumLearner):
 
 
 @msrl.register_algorithm("growth")
-class Growth(Base):
+class Growth(Simple):
     Config = GrowthConfig
 
     def __init__(self, cfg, ctx):
@@ -420,12 +420,3 @@ class Growth(Base):
         self.actor = RandomActor(ctx.env_spec.action_space.n)
         self.learner = GrowthLearner(cfg.lr)
         self.buffer = msrl.TrajectoryBuffer(cfg.steps)
-
-    def train_step(self):
-        obs = msrl.env_observe()
-        for _ in range(self.cfg.steps):
-            out = msrl.agent_act(obs)
-            next_obs, reward, done = msrl.env_step(out.action)
-            msrl.buffer_insert(Item(obs, out.action, reward, done))
-            obs = next_obs
-        return msrl.agent_learn(msrl.buffer_get())
