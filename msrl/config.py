@@ -15,20 +15,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from msrl.errors import ConfigError
 from msrl.registry import ALGORITHMS, POLICIES
 
+INT32_MAX = 2**31 - 1  # counts that become array sizes or indices (jax's default integers are int32)
+# what yaml.safe_load raises on bad input: PyYAML's own errors, and plain ones for a malformed explicit tag
+# (`!!int x`: ValueError, `!!bool x`: KeyError, `!!timestamp x`: AttributeError) or absurd nesting
+_YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+
 
 class EnvConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = "gymnax:CartPole-v1"
-    num_envs: int = Field(4, gt=0, description="environments in total, over all replicas")
+    num_envs: int = Field(4, gt=0, le=INT32_MAX, description="environments in total, over all replicas")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
 
 
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    total_env_steps: int = Field(500_000, gt=0)
-    seed: int = Field(0, ge=0)
+    total_env_steps: int = Field(500_000, gt=0, le=2**63 - 1)
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="jax PRNG seed (32 bits)")
     iterations_per_dispatch: int | None = Field(
         None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
     progress: bool = True
@@ -60,6 +65,25 @@ class ExperimentConfig(BaseModel):
 _SECTIONS = ("algorithm", "env", "policy", "run")
 
 
+def _name(key: Any) -> str:
+    """A key as written in an error's dotted path (repr() where the key itself would not show)."""
+    return key if isinstance(key, str) and key.strip() and "." not in key else repr(key)
+
+
+def _check_keys(data: dict | list, prefix: str, inside: tuple[int, ...] = ()) -> None:
+    """Every key of a section (and of the mappings in it) is a string, and nothing in it contains itself
+    (YAML can write that with an anchor and an alias)."""
+    inside = (*inside, id(data))
+    for k, v in data.items() if isinstance(data, dict) else enumerate(data):
+        path = f"{prefix}.{_name(k) if isinstance(data, dict) else k}"
+        if isinstance(data, dict) and not isinstance(k, str):
+            raise ConfigError(path, f"keys must be strings, got {type(k).__name__} {k!r}")
+        if isinstance(v, (dict, list)):
+            if id(v) in inside:
+                raise ConfigError(path, "contains itself (a YAML alias of an enclosing anchor)")
+            _check_keys(v, path, inside)
+
+
 def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {data!r}")
@@ -67,7 +91,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        key = ".".join([prefix, *(str(p) for p in err["loc"])])
+        key = ".".join([prefix, *(_name(p) if isinstance(p, str) else str(p) for p in err["loc"])])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = f"unknown key; allowed keys: {', '.join(model.model_fields)}"
@@ -83,14 +107,17 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     """Validate a plain dict (as from YAML) into an :class:`ExperimentConfig`."""
     if not isinstance(data, dict):
         raise ConfigError("", f"a config must be a mapping with keys {', '.join(_SECTIONS)}")
-    unknown = set(data) - set(_SECTIONS)
+    unknown = [k for k in data if k not in _SECTIONS]
     if unknown:
-        raise ConfigError(sorted(unknown)[0], f"unknown key; allowed keys: {', '.join(_SECTIONS)}")
+        raise ConfigError(_name(unknown[0]), f"unknown key; allowed keys: {', '.join(_SECTIONS)}")
     for section in _SECTIONS:
         if data.get(section) is not None and not isinstance(data[section], dict):
             raise ConfigError(section, f"must be a mapping of keys, got {data[section]!r} "
-                              f"(write `{section}: {{name: {data[section]}}}`)" if section in ("algorithm", "policy")
+                              f"(write `{section}: {{name: {data[section]}}}`)"
+                              if section in ("algorithm", "policy") and isinstance(data[section], str)
                               else f"must be a mapping of keys, got {data[section]!r}")
+        if data.get(section) is not None:
+            _check_keys(data[section], section)
     algo = dict(data.get("algorithm") or {})
     if "name" not in algo:
         raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")
@@ -113,12 +140,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for item in sorted(overrides, key=lambda o: not o.startswith("policy.name=")):
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(item, "overrides are written KEY.PATH=VALUE (e.g. run.seed=1)")
+            raise ConfigError(key or repr(item), "overrides are written KEY.PATH=VALUE (e.g. run.seed=1)")
         try:
             value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
+        except _YAML_ERRORS:
             value = raw
         parts = key.split(".")
+        if not all(parts):
+            raise ConfigError(key, "a key path has no empty parts: KEY.PATH=VALUE (e.g. run.seed=1)")
         node = data
         for i, part in enumerate(parts[:-1]):
             nxt = node.setdefault(part, {})
@@ -141,6 +170,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
             raise ConfigError("", f"config file {str(p)!r} does not exist")
         try:
             data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
+        except _YAML_ERRORS as e:
             raise ConfigError("", f"{p}: not valid YAML: {e}") from None
     return validate_config(apply_overrides(data, list(overrides)))

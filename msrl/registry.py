@@ -32,6 +32,9 @@ class Registry:
         return sorted(set(self._items) | set(self._entry_points()))
 
     def get(self, name: str) -> Any:
+        if not isinstance(name, str):
+            raise ConfigError(self.key, f"must be the name of a {self.noun} (a string), got {name!r}; "
+                              f"available: {', '.join(self.names())}")
         if name not in self._items:
             ep = self._entry_points().get(name)
             if ep is None:

@@ -15,19 +15,24 @@ from typing import Any, Literal
 from pydantic import Field
 
 from msrl.compiler.ir import leaves
+from msrl.config import INT32_MAX
 from msrl.errors import ConfigError
 from msrl.policy import DistributedPolicy, FragmentSpec, downstream_of
 
 
 class _SingleLearner(DistributedPolicy):
     backend: Literal["threads", "ray"] = "threads"
-    actors: int = Field(2, gt=0, description="actor (or env worker) replicas")
-    envs_per_actor: int | None = Field(None, gt=0, description="environments per replica (default: env.num_envs / actors)")
+    actors: int = Field(2, gt=0, le=INT32_MAX, description="actor (or env worker) replicas")
+    envs_per_actor: int | None = Field(None, gt=0, le=INT32_MAX,
+                                       description="environments per replica (default: env.num_envs / actors)")
     actor_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the actor role")
     learner_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the learner role")
 
     def total_envs(self, num_envs: int) -> int:
         if self.envs_per_actor is not None:
+            if self.actors * self.envs_per_actor > INT32_MAX:
+                raise ConfigError("policy.envs_per_actor", f"{self.actors} actors x {self.envs_per_actor} envs is more "
+                                  f"than {INT32_MAX} environments")
             return self.actors * self.envs_per_actor
         if num_envs % self.actors:
             raise ConfigError("policy.actors", f"{self.actors} actors cannot share env.num_envs={num_envs} "

@@ -30,7 +30,8 @@ def test_gymnax_env_steps_and_resets(name):
         state, (obs, reward, done) = step(state, action)
     assert obs.shape == (4, *spec.obs_shape) and reward.shape == (4,) and done.dtype == jnp.bool_
     assert np.isfinite(np.asarray(obs)).all()
-    assert set(env.stats(state)) == {"return_sum", "finished", "episodes"}
+    assert set(env.stats(state)) == {"return_sum", "finished", "episodes", "nonfinite"}
+    assert int(env.stats(state)["nonfinite"]) == 0
 
 
 def test_cartpole_episodes_end_and_are_counted():

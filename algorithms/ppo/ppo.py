@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -12,13 +12,14 @@ from pydantic import Field
 import msrl
 from msrl.algorithms.ppo.networks import ActorCritic, policy
 from msrl.components import split_keys
+from msrl.config import INT32_MAX
 
 
 class PPOConfig(msrl.AlgorithmConfig):
     name: Literal["ppo"] = "ppo"
-    rollout_len: int = Field(128, gt=0, description="environment steps per iteration, per env")
-    epochs: int = Field(4, gt=0)
-    minibatches: int = Field(4, gt=0)
+    rollout_len: int = Field(128, gt=0, le=INT32_MAX, description="environment steps per iteration, per env")
+    epochs: int = Field(4, gt=0, le=INT32_MAX)
+    minibatches: int = Field(4, gt=0, le=INT32_MAX)
     lr: float = Field(2.5e-4, gt=0)
     anneal_lr: bool = True
     gamma: float = Field(0.99, gt=0, le=1)
@@ -27,7 +28,8 @@ class PPOConfig(msrl.AlgorithmConfig):
     ent_coef: float = Field(0.01, ge=0)
     vf_coef: float = Field(0.5, ge=0)
     max_grad_norm: float = Field(0.5, gt=0)
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
+                                                      description="widths of the hidden layers")
     activation: Literal["tanh", "relu"] = "tanh"
 
 
@@ -72,7 +74,7 @@ class PPOLearner(msrl.Learner):
         lr = cfg.lr
         if cfg.anneal_lr:
             steps_per_update = cfg.epochs * cfg.minibatches
-            lr = lambda count: cfg.lr * (1.0 - (count // steps_per_update) / self.num_updates)  # noqa: E731
+            lr = lambda count: cfg.lr * (1.0 - (count // steps_per_update) / float(self.num_updates))  # noqa: E731
         return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
 
     def init(self, key):
@@ -144,6 +146,12 @@ class PPO(msrl.Algorithm):
     def __init__(self, cfg: PPOConfig, ctx: msrl.Context):
         super().__init__(cfg, ctx)
         batch = ctx.num_envs * cfg.rollout_len
+        if batch > INT32_MAX:  # minibatches are drawn by an int32 permutation of the batch
+            raise msrl.ConfigError("algorithm.rollout_len", f"the batch of {ctx.num_envs} envs x {cfg.rollout_len} "
+                                   f"steps = {batch} is more than {INT32_MAX}")
+        if cfg.anneal_lr and cfg.epochs * cfg.minibatches > INT32_MAX:  # the optimizer counts steps in int32
+            raise msrl.ConfigError("algorithm.epochs", f"{cfg.epochs} epochs x {cfg.minibatches} minibatches is more "
+                                   f"than {INT32_MAX} optimizer steps per update")
         if batch % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
                                    f"{ctx.num_envs} envs x {cfg.rollout_len} steps = {batch}")

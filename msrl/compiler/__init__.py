@@ -92,10 +92,7 @@ class Program:
         with self._phase("frontend"):
             self.stmts, self.namespace = frontend.parse(algorithm)
             self._check_components()
-        self.env_steps_per_iteration = num_envs * self._count("env_step")
-        if self.env_steps_per_iteration == 0:
-            raise CompileError(f"{type(algorithm).__name__}.train_step() never calls msrl.env_step()",
-                               hint="an iteration must step the environments")
+        self.env_steps_per_iteration = num_envs * self._count("env_step")  # >= num_envs: the frontend checks
         with self._phase("shapes"):
             self.shapes, self.item_spec = self._infer_shapes()
         with self._phase("fdg+partition"):

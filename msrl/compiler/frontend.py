@@ -18,7 +18,7 @@ import textwrap
 from typing import Any, Callable
 
 from msrl.api import API, ApiSpec, api_spec
-from msrl.compiler.ir import Stmt, state_var
+from msrl.compiler.ir import Stmt, leaves, state_var
 from msrl.errors import CompileError
 
 RESERVED_PREFIXES = ("_s_", "_c_", "_api", "_h", "_msrl")
@@ -26,8 +26,59 @@ _STATIC_TYPES = (int, float, bool, str, type(None), tuple)
 _PURE_BUILTINS = {"int", "float", "bool", "len", "min", "max", "abs", "round", "tuple", "range"}
 
 
+_NESTED_SCOPES = (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ListComp, ast.SetComp,
+                  ast.DictComp, ast.GeneratorExp)
+
+
+def _scope_walk(node: ast.AST):
+    """Like ``ast.walk``, but the variables of a nested scope (comprehension, lambda, def, class) stay
+    inside it: from one, only what it shares with the enclosing scope is yielded. That is the parts
+    evaluated outside it (a comprehension's first iterable, defaults, decorators, bases), the name a def or
+    class binds, walrus targets in comprehensions and ``nonlocal`` names (as stores), and its free
+    variables (as loads). ``node`` itself, if a def, is the scope walked (its body)."""
+    todo = list(node.body) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else [node]
+    while todo:
+        n = todo.pop(0)
+        if not isinstance(n, _NESTED_SCOPES):
+            yield n
+            todo.extend(ast.iter_child_nodes(n))
+            continue
+        inner: list[ast.AST] = []
+        if isinstance(n, ast.Lambda):
+            todo += n.args.defaults + [d for d in n.args.kw_defaults if d is not None]
+            inner, bound = [n.body], {a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg)}
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield ast.Name(n.name, ast.Store())
+            todo += n.decorator_list
+            if isinstance(n, ast.ClassDef):
+                todo += n.bases + [k.value for k in n.keywords]
+                bound = set()
+            else:
+                todo += n.args.defaults + [d for d in n.args.kw_defaults if d is not None]
+                bound = {a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg)}
+            inner = n.body
+            for s in inner:
+                for m in ast.walk(s):
+                    if isinstance(m, ast.Nonlocal):
+                        for name in m.names:
+                            yield ast.Name(name, ast.Store())
+        else:  # comprehension
+            first, *rest = n.generators
+            todo.append(first.iter)
+            inner = [first.target, *(c for g in rest for c in (g.target, g.iter)), *(i for g in n.generators
+                     for i in g.ifs), *((n.key, n.value) if isinstance(n, ast.DictComp) else (n.elt,))]
+            bound = set()
+            for m in (m for c in inner for m in ast.walk(c)):
+                if isinstance(m, ast.NamedExpr):
+                    yield m.target  # binds in the enclosing scope
+        names = [m for c in inner for m in ast.walk(c) if isinstance(m, ast.Name)]
+        bound |= {m.id for m in names if not isinstance(m.ctx, ast.Load)}
+        yield from (ast.Name(m.id, ast.Load()) for m in names if isinstance(m.ctx, ast.Load) and m.id not in bound)
+
+
 def _node_names(node: ast.AST, ctx: type) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
+    """The names ``node`` loads (or stores, deletes) in its own scope, see :func:`_scope_walk`."""
+    return {n.id for n in _scope_walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
 
 
 def _target_root(target: ast.expr) -> ast.expr:
@@ -131,7 +182,11 @@ class Frontend:
         self._all_locals = _node_names(src.fdef, ast.Store)
         self.statics = self._static_locals(src)
         body = src.fdef.body
-        return [s for i, st in enumerate(body) for s in self._stmt(src, st, i == len(body) - 1, {}, None)]
+        stmts = [s for i, st in enumerate(body) for s in self._stmt(src, st, i == len(body) - 1, {}, None)]
+        if not any(s.kind == "api" and s.api.name == "env_step" for s in leaves(stmts)):
+            raise src.error(src.fdef, f"{type(self.alg).__name__}.{self.method}() never calls msrl.env_step()",
+                            "an iteration must step the environments")
+        return stmts
 
     # ------------------------------------------------------------------------------------------ helpers
     def _new_id(self) -> str:
@@ -197,7 +252,7 @@ class Frontend:
         """Locals assigned once, at the top level, from expressions of ``self``/globals/constants: their
         values are known at compile time (so ``n = self.cfg.steps; for _ in range(n)`` is static)."""
         counts: dict[str, int] = {}
-        for node in ast.walk(src.fdef):
+        for node in _scope_walk(src.fdef):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 counts[node.id] = counts.get(node.id, 0) + 1
         statics: dict[str, Any] = {}
@@ -249,6 +304,11 @@ class Frontend:
             if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
                 raise src.error(n, "generators and coroutines cannot be compiled", "write a plain loop")
         self._check_no_self_mutation(src, st)
+        self._check_no_reserved(src, st)
+        deleted = next((n for n in _scope_walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del)), None)
+        if deleted is not None:
+            raise src.error(deleted, f"`del {deleted.id}` cannot be compiled: the compiler follows every variable's "
+                            "value through the loop", "drop the `del` (values nobody uses later are not kept)")
         if isinstance(st, ast.Return):
             if not is_last:
                 raise src.error(st, "`return` must be the last statement of the training loop",
@@ -289,11 +349,19 @@ class Frontend:
 
     def _check_no_self_mutation(self, src: Source, st: ast.stmt) -> None:
         for n in ast.walk(st):
-            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
+            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, (ast.Store, ast.Del)):
                 root = _target_root(n)
                 if isinstance(root, ast.Name) and root.id == "self":
-                    raise src.error(n, "the training loop must not assign to attributes of `self`",
+                    raise src.error(n, "the training loop must not assign to (or delete) attributes of `self`",
                                     "state that changes belongs in a component (actor, learner, buffer)")
+
+    def _check_no_reserved(self, src: Source, st: ast.stmt) -> None:
+        """The user's own code names none of msrl's generated variables: assigning one would clobber it (or
+        be clobbered), reading one would read the compiler's state. A global of that name is the user's."""
+        for n in ast.walk(st):
+            if (isinstance(n, ast.Name) and n.id.startswith(RESERVED_PREFIXES)
+                    and (not isinstance(n.ctx, ast.Load) or n.id not in src.scope)):
+                raise src.error(n, f"the name `{n.id}` is reserved for msrl's generated code", "rename the variable")
 
     def _rename(self, node: ast.AST, rename: dict[str, str]) -> ast.AST:
         """A copy of ``node`` with local names renamed (for inlined helpers), keeping its line number."""
@@ -311,7 +379,7 @@ class Frontend:
     def _compute(self, src: Source, st: ast.stmt, rename: dict[str, str], loop: str | None) -> Stmt:
         node = self._rename(st, rename)
         defs, uses = set(), _node_names(node, ast.Load)
-        for n in ast.walk(node):
+        for n in _scope_walk(node):
             if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
                 defs.add(n.id)
             if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
@@ -351,6 +419,11 @@ class Frontend:
         bounds = [self._static_eval(src, a, rename, "the loop bound", hint) for a in it.args]
         if not all(isinstance(b, int) for b in bounds):
             raise src.error(st, f"range bounds must be ints, got {bounds}", hint)
+        if not all(-(2**31) <= b < 2**31 for b in bounds):
+            raise src.error(st, f"range bounds must fit in int32, got {bounds}",
+                            "a loop around API calls runs as lax.scan with an int32 counter")
+        if len(bounds) == 3 and bounds[2] == 0:
+            raise src.error(st, f"`{ast.unparse(it)}` has a step of 0", hint)
         r = range(*bounds)
         if len(r) == 0:
             raise src.error(st, f"`{ast.unparse(it)}` is empty: the loop body would never run",

@@ -39,8 +39,11 @@ class GymnasiumEnv(Environment):
         self.name, self.kwargs = name, kwargs
         try:
             probe = gymnasium.make(name, **kwargs)
-        except (gymnasium.error.Error, ModuleNotFoundError, ImportError, TypeError) as e:
+        except (gymnasium.error.Error, ModuleNotFoundError, ImportError) as e:
             raise ConfigError("env.id", f"gymnasium:{name} cannot be made: {e}") from None
+        except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
+            raise ConfigError("env.kwargs" if kwargs else "env.id", f"gymnasium:{name} cannot be made"
+                              f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: {e}") from None
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
         if not isinstance(obs_space, gymnasium.spaces.Box):

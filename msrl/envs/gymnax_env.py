@@ -33,8 +33,8 @@ class GymnaxEnv(Environment):
             )
         try:
             self.env, self.params = gymnax.make(name, **kwargs)
-        except TypeError as e:
-            raise ConfigError("env.kwargs", f"gymnax:{name} rejected {kwargs}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
+            raise ConfigError("env.kwargs", f"gymnax:{name} rejected {kwargs}: {type(e).__name__}: {e}") from None
         space = self.env.action_space(self.params)
         if hasattr(space, "n"):
             action_space = Discrete(int(space.n))
