@@ -9,8 +9,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import NamedTuple
 
+import gymnasium
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import msrl
 from msrl import api
@@ -420,3 +422,33 @@ class Growth(Simple):
         self.actor = RandomActor(ctx.env_spec.action_space.n)
         self.learner = GrowthLearner(cfg.lr)
         self.buffer = msrl.TrajectoryBuffer(cfg.steps)
+
+
+# ------------------------------------------------------------------------------------------- host envs
+class Shifty(gymnasium.Env):
+    """CartPole-shaped until its 40th step (20th for "explode"), then by ``mode``: a wrong observation shape,
+    a wrong dtype, NaN, or an exception."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, mode: str = "shape"):
+        self.mode = mode
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.zeros(4, np.float32)
+        if self.mode == "explode" and self.t > 20:
+            raise RuntimeError("environment exploded on purpose")
+        if self.t >= 40:
+            obs = {"shape": np.zeros(5, np.float32), "dtype": obs.astype(np.float64),
+                   "nan": np.full(4, np.nan, np.float32)}[self.mode]
+        return obs, 1.0, False, False, {}
+
+
+gymnasium.register(id="MsrlShifty-v0", entry_point=Shifty)

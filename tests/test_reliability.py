@@ -9,7 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,34 +19,10 @@ from msrl.envs import register_env
 from msrl.envs.gymnax_env import GymnaxEnv
 from msrl.runner import train
 
+import loops  # noqa: F401 - registers gymnasium's MsrlShifty-v0
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
-
-
-class Shifty(gymnasium.Env):
-    """CartPole-shaped, until step 40: then a wrong shape, a wrong dtype, or NaN, by ``mode``."""
-
-    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    action_space = gymnasium.spaces.Discrete(2)
-
-    def __init__(self, mode: str = "shape"):
-        self.mode = mode
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(4, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        obs = np.zeros(4, np.float32)
-        if self.t >= 40:
-            obs = {"shape": np.zeros(5, np.float32), "dtype": obs.astype(np.float64),
-                   "nan": np.full(4, np.nan, np.float32)}[self.mode]
-        return obs, 1.0, False, False, {}
-
-
-gymnasium.register(id="MsrlShifty-v0", entry_point=Shifty)
 
 
 @pytest.mark.parametrize("mode, expect", [

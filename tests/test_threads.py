@@ -6,7 +6,6 @@ import json
 import threading
 from pathlib import Path
 
-import gymnasium
 import jax
 import numpy as np
 import pytest
@@ -104,31 +103,10 @@ def test_gymnasium_env_seeds_depend_on_global_index_only():
     assert env.stats(full)["episodes"] >= 1
 
 
-class Exploding(gymnasium.Env):
-    """A host environment that breaks after a few steps."""
-
-    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    action_space = gymnasium.spaces.Discrete(2)
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(4, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        if self.t > 20:
-            raise RuntimeError("environment exploded on purpose")
-        return np.zeros(4, np.float32), 1.0, False, False, {}
-
-
-gymnasium.register(id="MsrlExploding-v0", entry_point=Exploding)
-
-
 def test_worker_error_surfaces_with_its_traceback_and_no_thread_is_left():
     from msrl.policies.single_learner import SingleLearnerCoarse
 
-    program = msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), make_env("gymnasium:MsrlExploding-v0"), 4)
+    program = msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), make_env("gymnasium:MsrlShifty-v0", mode="explode"), 4)
     runtime = BACKENDS.get("threads")().build(program, 0, 20)
     with pytest.raises(msrl.TrainingError, match="environment exploded on purpose") as info:
         runtime.run(20)
