@@ -157,6 +157,21 @@ def _paths(data: dict, prefix: tuple = (), inside: tuple = ()) -> list[tuple]:
     return out
 
 
+def _set(data: dict, key: str, value) -> None:
+    """Set dotted ``key`` in ``data`` (making mappings on the way); DELETE removes it. Values are copied:
+    never the pools' own objects, which later mutations would change."""
+    node = data
+    *parents, last = key.split(".")
+    for p in parents:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    if value is DELETE:
+        node.pop(last, None)
+    else:
+        node[last] = copy.deepcopy(value)
+
+
 @st.composite
 def mutated_config(draw) -> dict:
     """One of the example configs with 1-4 mutations: wrong values, unknown keys, deletions, whole sections
@@ -166,14 +181,7 @@ def mutated_config(draw) -> dict:
         op = draw(st.sampled_from(["set", "set", "set", "unknown", "delete", "section", "combo", "cycle"]))
         if op == "set":
             key = draw(st.sampled_from(ALL_KEYS))
-            value = draw(value_for(key))
-            node = data
-            parts = key.split(".")
-            for p in parts[:-1]:
-                if not isinstance(node.get(p), dict):
-                    node[p] = {}
-                node = node[p]
-            node[parts[-1]] = copy.deepcopy(value)  # never the pools' own objects: later mutations change it
+            _set(data, key, draw(value_for(key)))
         elif op == "unknown":
             targets = [()] + [p for p in _paths(data) if isinstance(_get(data, p), dict)]
             where = draw(st.sampled_from(targets))
@@ -195,16 +203,7 @@ def mutated_config(draw) -> dict:
         else:  # incompatible combinations
             combo = draw(st.sampled_from(COMBOS))
             for key, value in combo.items():
-                node = data
-                parts = key.split(".")
-                for p in parts[:-1]:
-                    if not isinstance(node.get(p), dict):
-                        node[p] = {}
-                    node = node[p]
-                if value is DELETE:
-                    node.pop(parts[-1], None)
-                else:
-                    node[parts[-1]] = copy.deepcopy(value)
+                _set(data, key, value)
     return data
 
 
