@@ -3,6 +3,10 @@
 A program of one jitted fragment (``fused``) runs as a single XLA program per dispatch: a ``fori_loop`` of
 up to ``iterations_per_dispatch`` training iterations with the state donated, so the host only wakes up to
 log. One compiled executable serves every dispatch size (the count is a runtime argument).
+
+A fragment with several replicas (``multi_learner``) is still one program: the replicas' states are stacked
+on a leading axis split over the devices (``shard_map``), ``vmap``ped on each device; the learner's
+all-reduce averages over all of them.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from msrl.backend import Backend, Runtime, metric_rows
+from msrl.backend import Backend, Runtime, metric_rows, replica_env_ids, replicated
 from msrl.compiler.lower import reraise_at_user_line
 from msrl.errors import ConfigError
 
@@ -21,13 +27,14 @@ from msrl.errors import ConfigError
 class JaxRuntime(Runtime):
     def __init__(self, program: Any, seed: int, iterations_per_dispatch: int):
         frags = list(program.fragments.values())
-        if len(frags) != 1 or frags[0].spec.replicas != 1 or frags[0].mode != "scan":
+        if len(frags) != 1 or frags[0].mode != "scan":
             raise ConfigError(
                 "policy.backend",
                 f"the jax backend runs programs of one jitted fragment; policy {program.policy.name!r} makes "
                 f"{[f.name + 'x' + str(f.spec.replicas) for f in frags]} (use backend threads or ray)",
             )
         self.program, self.fragment = program, frags[0]
+        self.replicas = self.fragment.spec.replicas
         self.k = max(1, int(iterations_per_dispatch))
         env = program.env
         frag_fn = self.fragment.fn
@@ -35,6 +42,15 @@ class JaxRuntime(Runtime):
         def one(state):
             state, result = frag_fn(state)
             return state, {"train": result, "env": env.stats(state["env"])}
+
+        if self.replicas > 1:  # one program over every replica: shard_map over the devices, vmap on each
+            self.mesh = replica_mesh(self.replicas)
+            each = replicated(one, self.mesh)
+
+            def one(state):  # noqa: F811 - the replicas' metrics averaged, their episode statistics summed
+                state, out = each(state)
+                return state, {"train": jax.tree.map(lambda x: x.mean(0), out["train"]),
+                               "env": jax.tree.map(lambda x: x.sum(0), out["env"])}
 
         def chunk(state, n):
             out_spec = jax.eval_shape(one, state)[1]
@@ -47,8 +63,8 @@ class JaxRuntime(Runtime):
 
             return jax.lax.fori_loop(0, n, body, (state, buf))
 
-        state = program.init_states(self.fragment.state_keys, seed, jnp.arange(program.num_envs))
-        self._state = jax.tree.map(lambda x: jnp.array(x, copy=True), state)  # distinct buffers, donatable
+        self._state = self._place([program.init_states(self.fragment.state_keys, seed, ids)
+                                   for ids in replica_env_ids(program.num_envs, self.fragment)])
         t0 = time.perf_counter()
         try:
             lowered = jax.jit(chunk, donate_argnums=0).lower(self._state, jnp.int32(self.k))
@@ -56,6 +72,20 @@ class JaxRuntime(Runtime):
             reraise_at_user_line(e, [self.fragment.lowered], "tracing")
         self._compiled = lowered.compile()
         self.compile_seconds = time.perf_counter() - t0
+
+    def _place(self, states: list[Any]) -> Any:
+        """Device state from per-replica states (stacked on a leading axis split over the mesh when several);
+        fresh buffers, so they can be donated."""
+        if self.replicas == 1:
+            return jax.tree.map(lambda x: jnp.array(x, copy=True), states[0])
+        sharding = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
+        return jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(states)), sharding)
+
+    def _replica_states(self, state: Any) -> list[Any]:
+        state = jax.device_get(state)
+        if self.replicas == 1:
+            return [state]
+        return [jax.tree.map(lambda x: x[r], state) for r in range(self.replicas)]
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         return [row for rows in self.stream(iterations, self.k) for row in rows]
@@ -79,15 +109,21 @@ class JaxRuntime(Runtime):
         return self._state
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
-        return {self.fragment.name: [jax.device_get({k: v for k, v in self._state.items() if k not in skip})]}
+        return {self.fragment.name: self._replica_states({k: v for k, v in self._state.items() if k not in skip})}
 
     def restore(self, snapshot: dict[str, list[dict]]) -> None:
-        (state,) = snapshot[self.fragment.name]
-        self._state = {**self._state, **jax.tree.map(lambda x: jnp.array(x, copy=True), state)}
+        self._state = {**self._state, **self._place(snapshot[self.fragment.name])}
 
     def params(self) -> Any:
         learner = self.program.components["learner"]
-        return learner.policy_params(self._state["learner"])
+        return learner.policy_params(self._replica_states(self._state["learner"])[0])
+
+
+def replica_mesh(replicas: int) -> Mesh:
+    """The devices ``replicas`` replicas run on: as many as divide them evenly (the rest are vmapped)."""
+    devices = jax.devices()
+    n = max(d for d in range(1, min(replicas, len(devices)) + 1) if replicas % d == 0)
+    return Mesh(np.array(devices[:n]), ("devices",))
 
 
 class JaxBackend(Backend):

@@ -28,8 +28,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from msrl.backend import (Backend, Runtime, check_comms, concat_along, replica_env_ids, result_metrics,
-                          split_along)
+from msrl.backend import (Backend, Runtime, check_comms, concat_along, replica_env_ids, replicated,
+                          result_metrics, split_along)
 from msrl.compiler.ir import walk
 from msrl.compiler.lower import materialize, reraise_at_user_line
 from msrl.components import episode_metrics
@@ -65,22 +65,34 @@ class _Endpoint:
 class FragmentWorker:
     """One fragment replica (the body of a Ray actor)."""
 
-    def __init__(self, recipe: bytes, name: str, replica: int, seed: int, env_ids: Any, driver: dict):
+    def __init__(self, recipe: bytes, name: str, replica: int, seed: int, env_ids: Any, driver: dict,
+                 spmd: bool = False):
         for path in reversed(driver["sys_path"]):  # the driver's modules (the algorithm's file) import here too
             if path not in sys.path:
                 sys.path.insert(0, path)
         if driver["compile_cache"]:
             jax.config.update("jax_compilation_cache_dir", driver["compile_cache"])
+        self.recipe, self.driver = recipe, driver
+        self.key, self.replica, self.seed, self.env_ids = (name, replica), replica, seed, env_ids
+        if not spmd:  # else the driver calls setup() once it knows where the group's coordinator is
+            self.setup()
+
+    def setup(self, group: dict | None = None) -> None:
+        """Compile the program and initialize this replica's state. ``group`` (a fragment whose replicas
+        are one SPMD program): join the other replicas' JAX processes first, so collectives span them."""
         import cloudpickle
 
         from msrl.compiler import compile as compile_program
 
-        self.program = compile_program(*cloudpickle.loads(recipe))
-        if fingerprint(self.program) != driver["fingerprint"]:
+        if group is not None:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(group["coordinator"], num_processes=group["size"], process_id=self.replica)
+        self.program = compile_program(*cloudpickle.loads(self.recipe))
+        if fingerprint(self.program) != self.driver["fingerprint"]:
             raise TrainingError("this process compiled the training loop differently from the driver (are msrl and "
                                 "the algorithm's code the same version on every node?)")
+        name = self.key[0]
         self.frag = self.program.fragments[name]
-        self.key, self.replica, self.seed, self.env_ids = (name, replica), replica, seed, env_ids
         self.comms = {c.id: c for c in self.program.partition.comms}
         self.replicas = {f.name: f.spec.replicas for f in self.program.fragments.values()}
         self.peers: dict[tuple[str, int], Any] = {}
@@ -96,8 +108,19 @@ class FragmentWorker:
         self.params_from: tuple[Any, str] | None = None
         endpoints = {cid: _Endpoint(self, c) for cid, c in self.comms.items()}
         fn = materialize(self.frag.lowered, {**self.frag.namespace, "_msrl_comm": endpoints})
-        self.fn = jax.jit(fn) if self.frag.mode == "scan" else fn
-        self.state = self.program.init_states(self.frag.state_keys, seed, env_ids)
+        self.fn = _across_processes(fn) if group is not None else jax.jit(fn) if self.frag.mode == "scan" else fn
+        self.state = self.program.init_states(self.frag.state_keys, self.seed, self.env_ids)
+
+    def coordinator(self) -> str:
+        """An address (this node, a free port) where this replica can coordinate its SPMD group."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
 
     # ------------------------------------------------------------------------------ driver calls
     def where(self) -> tuple[str, int]:
@@ -245,6 +268,31 @@ class FragmentWorker:
                 pass
 
 
+def _across_processes(fn: Any) -> Any:
+    """``fn`` (one replica's step) as one jitted program over the group's processes, one device each, so
+    the all-reduce inside runs across them (gloo on CPU); takes and returns this replica's own state."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+               for p in range(jax.process_count())]
+    mesh = Mesh(np.array(devices), ("processes",))
+    sharding, mine = NamedSharding(mesh, PartitionSpec("processes")), devices[jax.process_index()]
+    step = jax.jit(replicated(fn, mesh))
+
+    def call(state: Any) -> Any:
+        spread = jax.tree.map(lambda x: jax.make_array_from_single_device_arrays(
+            (len(devices), *np.shape(x)), sharding, [jax.device_put(np.asarray(x)[None], mine)]), state)
+        return jax.tree.map(lambda x: x.addressable_data(0)[0], step(spread))
+
+    return call
+
+
+def spmd(fragment: Any) -> bool:
+    """Whether the replicas of ``fragment`` run as one program (a jitted fragment with several replicas and
+    no comms: ``multi_learner``), each a JAX process of one ``jax.distributed`` group."""
+    return fragment.spec.replicas > 1 and fragment.mode == "scan"
+
+
 def fingerprint(program: Any) -> str:
     """What every process must agree on: the fragments' code and the comm nodes."""
     import hashlib
@@ -293,7 +341,11 @@ class RayRuntime(Runtime):
                     scheduling_strategy="SPREAD",
                     enable_task_events=False)  # else the GCS keeps an event for every delivery (memory grows)
                 for r, env_ids in enumerate(splits[name]):
-                    self.workers[(name, r)] = cls.remote(recipe, name, r, seed, env_ids, driver)
+                    self.workers[(name, r)] = cls.remote(recipe, name, r, seed, env_ids, driver, spmd(frag))
+                if spmd(frag):  # one jax.distributed group, coordinated by replica 0
+                    group = {"coordinator": ray.get(self.workers[(name, 0)].coordinator.remote()),
+                             "size": spec.replicas}
+                    ray.get([self.workers[(name, r)].setup.remote(group) for r in range(spec.replicas)])
             ray.get([w.connect.remote(self.workers) for w in self.workers.values()])
             self.where_ = dict(zip(self.workers, ray.get([w.where.remote() for w in self.workers.values()]),
                                    strict=True))
@@ -314,7 +366,7 @@ class RayRuntime(Runtime):
         target = self.iteration + iterations
         running = {w.run.remote(iterations): key for key, w in self.workers.items()}
         stats: dict[int, list] = {}
-        results: dict[int, Any] = {}
+        results: dict[int, list[dict[str, float]]] = {}  # the loop's metrics, of every replica returning them
         try:
             while running:
                 (ref,), _ = ray.wait(list(running), num_returns=1)
@@ -330,11 +382,11 @@ class RayRuntime(Runtime):
                     if st is not None:
                         stats.setdefault(it, []).append(st)
                     if any(s.kind == "return" for s in self.program.fragments[key[0]].stmts):
-                        results[it] = result
+                        results.setdefault(it, []).append(result_metrics(result))
         except BaseException:
             self.close()
             raise
-        rows = [{**episode_metrics(stats.get(it, [])), **result_metrics(results.get(it))}
+        rows = [{**episode_metrics(stats.get(it, [])), **_mean(results.get(it, []))}
                 for it in range(self.iteration, target)]
         self.iteration = target
         return rows
@@ -408,6 +460,10 @@ class RayRuntime(Runtime):
         if self.owns_connection:
             ray.shutdown()
             self.owns_connection = False
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]} if rows else {}
 
 
 def _connect(policy: Any, program: Any) -> bool:

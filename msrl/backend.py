@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import contextvars
+from typing import Any, Callable, Iterator
 
 
 class Runtime:
@@ -130,3 +131,54 @@ def replica_env_ids(num_envs: int, fragment: Any) -> list[Any]:
         raise ConfigError("env.num_envs", f"{num_envs} environments cannot be split over {n} replicas of "
                           f"fragment {fragment.name!r}")
     return list(np.arange(num_envs).reshape(n, -1))
+
+
+
+# ---------------------------------------------------------------------------------------- replicas as SPMD
+# The mesh axes the running program's replicas are mapped over, set while a backend traces it: the
+# all-reduce reads them, so outside a replicated program (the compiler's shape probe, one replica) it is the
+# identity.
+_REPLICA_AXES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("msrl_replica_axes", default=())
+REPLICA_AXIS = "replica"  # the vmap axis of the replicas on one device
+
+
+def all_reduce_mean() -> Any:
+    """An optax transformation that replaces every replica's gradients by their mean over all replicas."""
+    import optax
+
+    return optax.GradientTransformation(_no_state, _mean_over_replicas)  # module functions: picklable
+
+
+def _no_state(params: Any) -> Any:
+    import optax
+
+    return optax.EmptyState()
+
+
+def _mean_over_replicas(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    import jax
+
+    axes = _REPLICA_AXES.get()
+    return (jax.lax.pmean(grads, axes) if axes else grads), state
+
+
+def replicated(fn: Callable, mesh: Any) -> Callable:
+    """``fn`` over a leading replica axis of every input and output leaf: the replicas are split over the
+    devices of ``mesh`` (its one axis; ``shard_map``) and ``vmap``ped on each device, and collectives
+    inside (:func:`all_reduce_mean`) reduce over all of them. Trace the result under jit."""
+    import jax
+    from jax.sharding import PartitionSpec
+
+    axes = (mesh.axis_names[0], REPLICA_AXIS)
+    spec = PartitionSpec(axes[0])
+    mapped = jax.shard_map(jax.vmap(fn, axis_name=REPLICA_AXIS), mesh=mesh, in_specs=spec, out_specs=spec,
+                           check_vma=False)
+
+    def call(*args: Any) -> Any:
+        token = _REPLICA_AXES.set(axes)
+        try:
+            return mapped(*args)
+        finally:
+            _REPLICA_AXES.reset(token)
+
+    return call

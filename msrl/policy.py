@@ -47,6 +47,11 @@ class Policy(BaseModel):
         """The fragment of every leaf statement (API call, compute, return), by statement id."""
         raise NotImplementedError
 
+    def grad_transforms(self) -> tuple[Any, ...]:
+        """Optax transformations the learner applies to its gradients before the algorithm's optimizer
+        (``multi_learner``: the all-reduce)."""
+        return ()
+
     def comm_op(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
         """The communication op for a value crossing from fragment ``src`` to ``dst``."""
         if var == "@params":
@@ -83,6 +88,23 @@ class DistributedPolicy(Policy):
                               f"{self.backend!r}; use {self.backend!r} or 'jax' (one jitted program per step)")
         res = self.resources.get(name, Resources())
         return FragmentSpec(name=name, replicas=replicas, backend=backend or self.backend, **res.model_dump())
+
+    def shard_envs(self, num_envs: int, replicas_key: str, per_replica_key: str) -> int:
+        """Total environments when the fields ``replicas_key`` replicas hold ``per_replica_key`` envs each
+        (default: ``env.num_envs`` shared evenly)."""
+        from msrl.config import INT32_MAX
+        from msrl.errors import ConfigError
+
+        replicas, per = getattr(self, replicas_key), getattr(self, per_replica_key)
+        if per is not None:
+            if replicas * per > INT32_MAX:
+                raise ConfigError(f"policy.{per_replica_key}", f"{replicas} {replicas_key} x {per} envs is more "
+                                  f"than {INT32_MAX} environments")
+            return replicas * per
+        if num_envs % replicas:
+            raise ConfigError(f"policy.{replicas_key}", f"{replicas} {replicas_key} cannot share env.num_envs="
+                              f"{num_envs} environments evenly; set policy.{per_replica_key}")
+        return num_envs
 
     def check_roles(self, roles: list[FragmentSpec]) -> list[FragmentSpec]:
         from msrl.errors import ConfigError

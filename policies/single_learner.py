@@ -16,7 +16,6 @@ from pydantic import Field
 
 from msrl.compiler.ir import leaves
 from msrl.config import INT32_MAX
-from msrl.errors import ConfigError
 from msrl.policy import DistributedPolicy, FragmentSpec, downstream_of
 
 
@@ -29,15 +28,7 @@ class _SingleLearner(DistributedPolicy):
     learner_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the learner role")
 
     def total_envs(self, num_envs: int) -> int:
-        if self.envs_per_actor is not None:
-            if self.actors * self.envs_per_actor > INT32_MAX:
-                raise ConfigError("policy.envs_per_actor", f"{self.actors} actors x {self.envs_per_actor} envs is more "
-                                  f"than {INT32_MAX} environments")
-            return self.actors * self.envs_per_actor
-        if num_envs % self.actors:
-            raise ConfigError("policy.actors", f"{self.actors} actors cannot share env.num_envs={num_envs} "
-                              "environments evenly; set policy.envs_per_actor")
-        return num_envs
+        return self.shard_envs(num_envs, "actors", "envs_per_actor")
 
     def _roles(self, actor_role: str, learner_role: str) -> list[FragmentSpec]:
         return self.check_roles([self.role(actor_role, self.actors, "actor_backend"),

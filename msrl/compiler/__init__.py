@@ -88,6 +88,8 @@ class Program:
     def __init__(self, algorithm: Any, policy: Policy, env: Environment, num_envs: int):
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
+        if self.components["learner"] is not None:
+            self.components["learner"].grad_transforms = tuple(policy.grad_transforms())
         self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
         with self._phase("frontend"):
             self.stmts, self.namespace = frontend.parse(algorithm)

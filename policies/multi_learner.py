@@ -1,0 +1,39 @@
+"""``multi_learner`` (DD-PPO, MSRL DP-ML): ``learners`` full replicas of the loop (env + act + learn), each
+on its own shard of the environments; every gradient step all-reduces (averages) the gradients over the
+replicas before the optimizer, so every replica holds the same parameters after every step.
+
+The algorithm does not change: the policy adds the all-reduce to the learner's optax chain. On the jax
+backend the replicas are one jitted program over the devices (``shard_map``; ``vmap`` on each device); on
+ray each replica is a JAX process and the all-reduce runs over them (``jax.distributed``, CPU collectives).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from msrl.backend import all_reduce_mean
+from msrl.compiler.ir import leaves
+from msrl.config import INT32_MAX
+from msrl.policy import DistributedPolicy, FragmentSpec
+
+
+class MultiLearner(DistributedPolicy):
+    name: Literal["multi_learner"] = "multi_learner"
+    backend: Literal["jax", "ray"] = "jax"
+    learners: int = Field(2, gt=0, le=4096, description="replicas, each acting and learning on its own envs")
+    envs_per_learner: int | None = Field(None, gt=0, le=INT32_MAX,
+                                         description="environments per learner (default: env.num_envs / learners)")
+
+    def total_envs(self, num_envs: int) -> int:
+        return self.shard_envs(num_envs, "learners", "envs_per_learner")
+
+    def fragments(self) -> list[FragmentSpec]:
+        return self.check_roles([self.role("learner", self.learners, "backend")])
+
+    def assign(self, stmts, fdg: Any) -> dict[str, str]:
+        return {s.id: "learner" for s in leaves(stmts)}
+
+    def grad_transforms(self) -> tuple[Any, ...]:
+        return (all_reduce_mean(),)
