@@ -108,8 +108,11 @@ class FragmentWorker:
         self.params_from: tuple[Any, str] | None = None
         endpoints = {cid: _Endpoint(self, c) for cid, c in self.comms.items()}
         fn = materialize(self.frag.lowered, {**self.frag.namespace, "_msrl_comm": endpoints})
-        self.fn = _across_processes(fn) if group is not None else jax.jit(fn) if self.frag.mode == "scan" else fn
+        self.group = _Group(fn, self.program.env) if group is not None else None
+        self.fn = jax.jit(fn) if self.frag.mode == "scan" else fn
         self.state = self.program.init_states(self.frag.state_keys, self.seed, self.env_ids)
+        if self.group is not None:
+            self.state = self.group.spread(self.state)
 
     def coordinator(self) -> str:
         """An address (this node, a free port) where this replica can coordinate its SPMD group."""
@@ -156,14 +159,17 @@ class FragmentWorker:
             for _ in range(iterations):
                 self.counts = {}
                 try:
-                    self.state, result = self.fn(self.state)
+                    if self.group is None:
+                        self.state, result = self.fn(self.state)
+                        stats = env.stats(self.state["env"]) if "env" in self.state else None
+                    else:
+                        self.state, (result, stats) = self.group(self.state)
                 except _Stopped:
                     raise
                 except Exception as e:  # noqa: BLE001 - reported at the user's line
                     reraise_at_user_line(e, [self.frag.lowered], "running")
                 self.flush()
-                stats = _numpy(env.stats(self.state["env"])) if "env" in self.state else None
-                out.append((self.iteration, stats, _numpy(result)))
+                out.append((self.iteration, _numpy(stats), _numpy(result)))
                 self.iteration += 1
         except _Stopped:
             pass
@@ -196,13 +202,14 @@ class FragmentWorker:
             self.cond.notify_all()
 
     def get_state(self, skip: tuple[str, ...] = ()) -> dict:
-        return _numpy({k: v for k, v in self.state.items() if k not in skip})
+        state = {k: v for k, v in self.state.items() if k not in skip}
+        return self.group.local(state) if self.group is not None else _numpy(state)
 
     def set_state(self, state: dict) -> None:
-        self.state = {**self.state, **state}
+        self.state = {**self.state, **(self.group.spread(state) if self.group is not None else state)}
 
     def params(self) -> Any:
-        return _numpy(self.program.components["learner"].policy_params(self.state["learner"]))
+        return self.program.components["learner"].policy_params(self.get_state()["learner"])
 
     # ------------------------------------------------------------------------------ the comm ops
     def _count(self, cid: str) -> int:
@@ -268,23 +275,38 @@ class FragmentWorker:
                 pass
 
 
-def _across_processes(fn: Any) -> Any:
-    """``fn`` (one replica's step) as one jitted program over the group's processes, one device each, so
-    the all-reduce inside runs across them (gloo on CPU); takes and returns this replica's own state."""
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+class _Group:
+    """A fragment's replicas as one jitted program over their processes (one device each), so the
+    all-reduce inside runs across them (gloo on CPU). Each replica keeps its state as its shard of the
+    group's arrays; ``local`` reads its own part."""
 
-    devices = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
-               for p in range(jax.process_count())]
-    mesh = Mesh(np.array(devices), ("processes",))
-    sharding, mine = NamedSharding(mesh, PartitionSpec("processes")), devices[jax.process_index()]
-    step = jax.jit(replicated(fn, mesh))
+    def __init__(self, fn: Any, env: Any):
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    def call(state: Any) -> Any:
-        spread = jax.tree.map(lambda x: jax.make_array_from_single_device_arrays(
-            (len(devices), *np.shape(x)), sharding, [jax.device_put(np.asarray(x)[None], mine)]), state)
-        return jax.tree.map(lambda x: x.addressable_data(0)[0], step(spread))
+        devices = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+                   for p in range(jax.process_count())]
+        mesh = Mesh(np.array(devices), ("processes",))
+        self.sharding, self.device = NamedSharding(mesh, PartitionSpec("processes")), devices[jax.process_index()]
 
-    return call
+        def with_stats(state: Any) -> Any:
+            state, result = fn(state)
+            return state, (result, env.stats(state["env"]) if "env" in state else None)
+
+        self.step = jax.jit(replicated(with_stats, mesh), donate_argnums=0)
+
+    def __call__(self, state: Any) -> tuple[Any, Any]:
+        """One step: the group's new state, and this replica's (loop result, env statistics)."""
+        state, out = self.step(state)
+        return state, self.local(out)
+
+    def spread(self, state: Any) -> Any:
+        """This replica's state as its shard of the group's arrays."""
+        n = self.sharding.mesh.size
+        return jax.tree.map(lambda x: jax.make_array_from_single_device_arrays(
+            (n, *np.shape(x)), self.sharding, [jax.device_put(np.asarray(x)[None], self.device)]), state)
+
+    def local(self, tree: Any) -> Any:
+        return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0], tree)
 
 
 def spmd(fragment: Any) -> bool:

@@ -156,10 +156,14 @@ def _no_state(params: Any) -> Any:
 
 
 def _mean_over_replicas(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-    import jax
+    from jax.flatten_util import ravel_pytree
+    from jax.lax import pmean
 
     axes = _REPLICA_AXES.get()
-    return (jax.lax.pmean(grads, axes) if axes else grads), state
+    if not axes:
+        return grads, state
+    flat, unravel = ravel_pytree(grads)  # one all-reduce of every gradient, not one per leaf
+    return unravel(pmean(flat, axes)), state
 
 
 def replicated(fn: Callable, mesh: Any) -> Callable:

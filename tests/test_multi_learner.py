@@ -1,0 +1,113 @@
+"""multi_learner: replicas that all-reduce their gradients, on jax (vmap, forced host devices) and on ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import msrl
+from msrl.config import load_config
+from msrl.registry import BACKENDS
+
+from test_threads import CARTPOLE, final_params, max_diff
+
+MULTI = ["policy.name=multi_learner", "env.num_envs=8"]
+
+
+def replica_params(runtime) -> list:
+    (states,) = runtime.snapshot().values()
+    return [s["learner"]["params"] for s in states]
+
+
+def test_one_learner_gives_the_parameters_of_fused_and_two_learn_differently():
+    fused, _ = final_params(["env.num_envs=8"], iterations=3)
+    one, _ = final_params([*MULTI, "policy.learners=1"], iterations=3)
+    assert max_diff(fused, one) <= 1e-5
+    two, rows = final_params([*MULTI, "policy.learners=2"], iterations=3)  # separate minibatch statistics
+    assert max_diff(fused, two) > 1e-4 and all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_replicas_hold_identical_parameters_after_every_iteration():
+    cfg = load_config(CARTPOLE, ["run.seed=0", *MULTI, "policy.learners=4"])
+    runtime = BACKENDS.get("jax")().build(msrl.build(cfg), 0, 1)
+    before = replica_params(runtime)[0]
+    for _ in range(3):
+        runtime.run(1)
+        params = replica_params(runtime)
+        assert len(params) == 4 and all(max_diff(params[0], p) == 0.0 for p in params[1:])
+        assert max_diff(before, params[0]) > 1e-4  # they did learn
+        before = params[0]
+
+
+def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path):
+    """In a subprocess with 2 (forced) CPU devices the replicas are split over the devices (shard_map): the
+    parameters equal the one-device (vmap) run's, and PPO CartPole reaches 475 within 300k steps."""
+    code = f"""
+        import json, jax, numpy as np, msrl
+        from msrl.config import load_config
+        from msrl.registry import BACKENDS
+        cfg = load_config({CARTPOLE!r}, ["run.seed=0", "run.total_env_steps=100000", *{MULTI!r},
+                                           "policy.learners=2"])
+        runtime = BACKENDS.get("jax")().build(msrl.build(cfg), 0, 3)
+        runtime.run(3)
+        np.savez({str(tmp_path / "params.npz")!r}, *jax.tree.leaves(runtime.params()))
+        summary = msrl.train({CARTPOLE!r}, ["policy.name=multi_learner", "policy.learners=2", "run.progress=false"],
+                             run_dir={str(tmp_path / "run")!r})
+        print(json.dumps({{"devices": runtime.mesh.devices.size, "summary": summary}}))
+    """
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 2
+    with np.load(tmp_path / "params.npz") as f:
+        on_devices = [f[f"arr_{i}"] for i in range(len(f.files))]
+    here, _ = final_params([*MULTI, "policy.learners=2"], iterations=3)
+    assert max_diff(here, on_devices) <= 1e-5
+    summary = result["summary"]
+    assert summary["env_steps"] <= 300_000 and summary["episode_return"] >= 475, summary
+
+
+def test_bad_multi_learner_configs_name_the_key():
+    with pytest.raises(msrl.ConfigError, match="policy.learners"):
+        msrl.build(load_config(CARTPOLE, ["policy.name=multi_learner", "policy.learners=3"]))
+    with pytest.raises(msrl.ConfigError, match="policy.backend"):
+        load_config(CARTPOLE, ["policy.name=multi_learner", "policy.backend=threads"])
+    cfg = load_config(CARTPOLE, ["policy.name=multi_learner", "policy.learners=3", "policy.envs_per_learner=2"])
+    assert msrl.build(cfg).num_envs == 6
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_ray_learners_are_processes_that_match_jax_and_stay_identical():
+    on_jax, jax_rows = final_params([*MULTI, "policy.learners=2"], iterations=3)
+    cfg = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", *MULTI, "policy.learners=2",
+                                 "policy.backend=ray"])
+    runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 1)
+    try:
+        assert len({pid for _, pid in runtime.where().values()}) == 2
+        rows = []
+        for _ in range(3):
+            rows += runtime.run(1)
+            params = replica_params(runtime)
+            assert max_diff(params[0], params[1]) == 0.0
+        assert max_diff(on_jax, runtime.params()) <= 1e-5
+        assert [r["episodes"] for r in rows] == [r["episodes"] for r in jax_rows]
+        assert abs(rows[-1]["loss"] - jax_rows[-1]["loss"]) <= 1e-4 * abs(jax_rows[-1]["loss"])
+    finally:
+        runtime.close()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_ppo_cartpole_multi_learner_on_ray_reaches_475(tmp_path):
+    summary = msrl.train(CARTPOLE, ["policy.name=multi_learner", "policy.learners=2", "policy.backend=ray",
+                                    "run.progress=false"], run_dir=tmp_path)
+    assert summary["env_steps"] <= 300_000 and summary["backend"] == "ray"
+    assert summary["episode_return"] >= 475, summary
