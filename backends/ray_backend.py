@@ -8,6 +8,10 @@ arrives together. Large arrays in a delivery travel through the object store (nu
 band: no per-array copies in Python); a broadcast is one ``ray.put`` whose reference every receiver gets.
 Messages carry (iteration, count): a receiver waits for exactly the messages its own step expects.
 
+A jitted fragment with several replicas and no comms (``multi_learner``) is one SPMD program: its replicas
+join one ``jax.distributed`` group (gloo collectives on CPU, replica 0 coordinates) and step together over a
+mesh of one device per process, so the learner's all-reduce runs across the processes.
+
 Fault tolerance: a replica that exchanges data with its peers once per iteration (all its sends before its
 receives or after them, none inside a loop) and holds no learner is restartable. When its process dies Ray
 restarts it (up to ``policy.max_actor_restarts``); it resumes at the first iteration its receivers have not
