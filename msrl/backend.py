@@ -133,7 +133,6 @@ def replica_env_ids(num_envs: int, fragment: Any) -> list[Any]:
     return list(np.arange(num_envs).reshape(n, -1))
 
 
-
 # ---------------------------------------------------------------------------------------- replicas as SPMD
 # The mesh axes the running program's replicas are mapped over, set while a backend traces it: the
 # all-reduce reads them, so outside a replicated program (the compiler's shape probe, one replica) it is the
@@ -146,13 +145,7 @@ def all_reduce_mean() -> Any:
     """An optax transformation that replaces every replica's gradients by their mean over all replicas."""
     import optax
 
-    return optax.GradientTransformation(_no_state, _mean_over_replicas)  # module functions: picklable
-
-
-def _no_state(params: Any) -> Any:
-    import optax
-
-    return optax.EmptyState()
+    return optax.GradientTransformation(optax.init_empty_state, _mean_over_replicas)  # picklable: no closure
 
 
 def _mean_over_replicas(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
