@@ -15,8 +15,8 @@ from msrl.api import (
     env_step,
 )
 from msrl.backend import Backend, Runtime
-from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, Learner, ReplayBuffer,
-                             split_keys)
+from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, Learner, MultiAgentObs,
+                             MultiAgentSpec, ReplayBuffer, split_keys)
 from msrl.errors import CompileError, ConfigError, MsrlError, TrainingError
 from msrl.policy import DistributedPolicy, FragmentSpec, Policy, downstream_of
 from msrl.registry import register_algorithm, register_backend, register_policy
@@ -42,7 +42,8 @@ def __getattr__(name):
 
 __all__ = [
     "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
-    "Discrete", "DistributedPolicy", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError", "Policy", "ReplayBuffer",
+    "Discrete", "DistributedPolicy", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError", "MultiAgentObs",
+    "MultiAgentSpec", "Policy", "ReplayBuffer",
     "Runtime", "TrainingError", "TrajectoryBuffer", "agent_act", "agent_learn", "buffer_get", "buffer_insert",
     "buffer_sample", "compile", "env_observe", "env_reset", "env_step", "register_algorithm", "register_backend",
     "register_policy", "downstream_of", "split_keys",

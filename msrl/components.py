@@ -51,6 +51,34 @@ class EnvSpec:
     def discrete(self) -> bool:
         return isinstance(self.action_space, Discrete)
 
+    def example_obs(self) -> jax.Array:
+        """One environment's observation (zeros), to initialize networks with."""
+        return jnp.zeros(self.obs_shape, self.obs_dtype)
+
+
+class MultiAgentObs(NamedTuple):
+    """The observation of a batch of multi-agent environments: agents are a batch axis after the
+    environments' (``agents [num_envs, num_agents, *obs_shape]``), and ``state [num_envs, *state_shape]`` is the
+    global state a centralized critic sees."""
+
+    agents: jax.Array
+    state: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiAgentSpec(EnvSpec):
+    """An environment of ``num_agents`` agents that share one reward. ``obs_shape``/``obs_dtype`` and
+    ``action_space`` are one agent's (every agent has the same); observations are :class:`MultiAgentObs`,
+    actions ``[num_envs, num_agents, *action_shape]``, rewards and dones ``[num_envs]``."""
+
+    num_agents: int = 1
+    state_shape: tuple[int, ...] = ()
+
+    def example_obs(self) -> MultiAgentObs:
+        """One environment's observation (zeros), to initialize networks with."""
+        return MultiAgentObs(jnp.zeros((self.num_agents, *self.obs_shape), self.obs_dtype),
+                             jnp.zeros(self.state_shape, self.obs_dtype))
+
 
 # --------------------------------------------------------------------------------------------- components
 class Environment:

@@ -14,12 +14,22 @@ def _dense(features: int, scale: float) -> nn.Dense:
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
 
 
+def action_dim(spec) -> int:
+    """The policy head's width for an env spec's action space: its actions, or its action vector's size."""
+    return spec.action_space.n if spec.discrete else spec.action_space.shape[0]
+
+
 def policy(discrete: bool, head: jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]) -> distrax.Distribution:
     """The action distribution of a network head: Categorical(logits) or diagonal Gaussian(mean, log_std)."""
     if discrete:
         return distrax.Categorical(logits=head)
     mean, log_std = head
     return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
+
+
+def flatten(x: jnp.ndarray, ndim: int) -> jnp.ndarray:
+    """A batch of ``ndim``-dimensional observations as float32 vectors."""
+    return x.astype(jnp.float32).reshape(x.shape[: x.ndim - ndim] + (-1,))
 
 
 class ActorCritic(nn.Module):
@@ -32,19 +42,21 @@ class ActorCritic(nn.Module):
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
 
+    def inputs(self, obs) -> tuple[jnp.ndarray, jnp.ndarray]:
+        """What the actor and the critic see of a batch of observations: both see all of it, flattened."""
+        x = flatten(obs, self.obs_ndim)
+        return x, x
+
     @nn.compact
     def __call__(self, obs: jnp.ndarray):
         act = {"tanh": nn.tanh, "relu": nn.relu}[self.activation]
-        x = obs.astype(jnp.float32)
-        x = x.reshape(x.shape[: x.ndim - self.obs_ndim] + (-1,))
-        a = x
+        a, c = self.inputs(obs)
         for h in self.hidden:
             a = act(_dense(h, np.sqrt(2))(a))
         head = _dense(self.action_dim, 0.01)(a)
         if not self.discrete:
             log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
             head = (head, jnp.broadcast_to(log_std, head.shape))
-        c = x
         for h in self.hidden:
             c = act(_dense(h, np.sqrt(2))(c))
         value = _dense(1, 1.0)(c).squeeze(-1)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.ppo.networks import ActorCritic, policy
+from msrl.algorithms.ppo.networks import ActorCritic, action_dim, policy
 from msrl.components import split_keys
 from msrl.config import INT32_MAX
 
@@ -65,9 +66,9 @@ class PPOActor(msrl.Actor):
 
 
 class PPOLearner(msrl.Learner):
-    def __init__(self, net: ActorCritic, cfg: PPOConfig, obs_shape, obs_dtype, num_updates: int):
+    def __init__(self, net: nn.Module, cfg: PPOConfig, example_obs, num_updates: int):
         self.net, self.cfg, self.num_updates = net, cfg, num_updates
-        self.obs = jnp.zeros(obs_shape, obs_dtype)
+        self.obs = example_obs  # one environment's observation, to initialize the network with
 
     def optimizer(self):
         cfg = self.cfg
@@ -106,6 +107,7 @@ class PPOLearner(msrl.Learner):
         log_prob = pi.log_prob(t.action)
         ratio = jnp.exp(log_prob - t.log_prob)
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        adv = adv.reshape(adv.shape + (1,) * (log_prob.ndim - adv.ndim))  # one per agent, if several act
         policy_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv).mean()
         v_clipped = t.value + jnp.clip(value - t.value, -cfg.clip_eps, cfg.clip_eps)
         value_loss = 0.5 * jnp.maximum((value - target) ** 2, (v_clipped - target) ** 2).mean()
@@ -155,14 +157,18 @@ class PPO(msrl.Algorithm):
         if batch % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
                                    f"{ctx.num_envs} envs x {cfg.rollout_len} steps = {batch}")
-        spec = ctx.env_spec
-        net = ActorCritic(
-            action_dim=spec.action_space.n if spec.discrete else spec.action_space.shape[0],
-            discrete=spec.discrete, obs_ndim=len(spec.obs_shape), hidden=tuple(cfg.hidden),
-            activation=cfg.activation)
+        net = self.network(ctx.env_spec)
         self.actor = PPOActor(net)
-        self.learner = PPOLearner(net, cfg, spec.obs_shape, spec.obs_dtype, max(1, ctx.total_env_steps // batch))
+        self.learner = PPOLearner(net, cfg, ctx.env_spec.example_obs(), max(1, ctx.total_env_steps // batch))
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
+
+    def network(self, spec: msrl.EnvSpec) -> nn.Module:
+        """The actor-critic: ``net.apply(params, obs) -> (policy head, value)`` for a batch of observations."""
+        if isinstance(spec, msrl.MultiAgentSpec):
+            raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; PPO acts for one "
+                                   "(use algorithm.name=mappo)")
+        return ActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
+                           hidden=tuple(self.cfg.hidden), activation=self.cfg.activation)
 
     def train_step(self):
         obs = msrl.env_observe()

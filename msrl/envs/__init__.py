@@ -1,4 +1,5 @@
-"""Environments by id: ``gymnax:CartPole-v1`` and so on. Other prefixes register with :func:`register_env`."""
+"""Environments by id: ``gymnax:CartPole-v1``, ``jaxmarl:MPE_simple_spread_v3`` and so on. Other prefixes
+register with :func:`register_env`."""
 
 from __future__ import annotations
 
@@ -43,3 +44,10 @@ def _gymnasium(name: str, **kwargs) -> Environment:
     from msrl.envs.gymnasium_env import GymnasiumEnv
 
     return GymnasiumEnv(name, **kwargs)
+
+
+@register_env("jaxmarl")
+def _jaxmarl(name: str, **kwargs) -> Environment:
+    from msrl.envs.jaxmarl_env import JaxMarlEnv
+
+    return JaxMarlEnv(name, **kwargs)

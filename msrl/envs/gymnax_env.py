@@ -1,4 +1,10 @@
-"""Adapter from a gymnax environment to a batched msrl :class:`~msrl.components.Environment`."""
+"""Adapter from a gymnax environment to a batched msrl :class:`~msrl.components.Environment`.
+
+:class:`FunctionalEnv` holds what every adapter of a functional (jittable, auto-resetting) environment
+library shares: per-environment key chains, the observation of every env, and the episode statistics. An
+adapter supplies only the batched ``_reset`` and ``_step`` of its library (gymnax here, JaxMARL in
+:mod:`msrl.envs.jaxmarl_env`).
+"""
 
 from __future__ import annotations
 
@@ -15,15 +21,72 @@ from msrl.errors import ConfigError
 
 @struct.dataclass
 class EnvState:
-    inner: Any  # the gymnax state of every env (batched)
-    obs: jax.Array  # [N, *obs_shape]
+    inner: Any  # the library's state of every env (batched)
+    obs: Any  # [N, *obs_shape] (a pytree of such arrays for multi-agent envs)
     keys: jax.Array  # [N, 2] per-environment key chains
     running_return: jax.Array  # [N] return of the episode in progress
     last_return: jax.Array  # [N] return of the last completed episode
     episodes: jax.Array  # [N] completed episodes
 
 
-class GymnaxEnv(Environment):
+class FunctionalEnv(Environment):
+    """A batch of functional environments with auto-reset; subclasses define ``_reset`` and ``_step``."""
+
+    def _reset(self, keys: jax.Array) -> tuple[Any, Any]:
+        """``(obs, inner)`` of freshly reset environments, one per key."""
+        raise NotImplementedError
+
+    def _step(self, keys: jax.Array, inner: Any, action: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
+        """``(obs, inner, reward [N] float32, done [N] bool)``; an env whose episode ended is reset."""
+        raise NotImplementedError
+
+    def init(self, key: jax.Array, env_ids: jax.Array) -> EnvState:
+        keys, reset_keys = split_keys(per_env_keys(key, env_ids))
+        obs, inner = self._reset(reset_keys)
+        zeros = jnp.zeros(keys.shape[0], jnp.float32)
+        return EnvState(inner, obs, keys, zeros, zeros, jnp.zeros(keys.shape[0], jnp.int32))
+
+    def observe(self, state: EnvState):
+        return state, state.obs
+
+    def reset(self, state: EnvState):
+        keys, reset_keys = split_keys(state.keys)
+        obs, inner = self._reset(reset_keys)
+        zeros = jnp.zeros_like(state.running_return)
+        return state.replace(inner=inner, obs=obs, keys=keys, running_return=zeros), obs
+
+    def step(self, state: EnvState, action: jax.Array):
+        if isinstance(self.spec.action_space, Box):
+            action = jnp.clip(action, self.spec.action_space.low, self.spec.action_space.high)
+        keys, step_keys = split_keys(state.keys)
+        obs, inner, reward, done = self._step(step_keys, state.inner, action)
+        ret = state.running_return + reward
+        state = EnvState(
+            inner,
+            obs,
+            keys,
+            jnp.where(done, 0.0, ret),
+            jnp.where(done, ret, state.last_return),
+            state.episodes + done.astype(jnp.int32),
+        )
+        return state, (obs, reward, done)
+
+    def stats(self, state: EnvState):
+        finished = state.episodes > 0
+        bad = sum(jnp.sum(~jnp.isfinite(x)) for x in jax.tree.leaves(state.obs)) + \
+            jnp.sum(~jnp.isfinite(state.running_return))
+        return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
+                "episodes": state.episodes.sum(), "nonfinite": bad}
+
+
+def box(low: Any, high: Any, shape: Any) -> Box:
+    """A Box space of float32 bounds broadcast to ``shape``."""
+    shape = tuple(shape)
+    return Box(np.broadcast_to(np.asarray(low, np.float32), shape),
+               np.broadcast_to(np.asarray(high, np.float32), shape), shape)
+
+
+class GymnaxEnv(FunctionalEnv):
     def __init__(self, name: str, **kwargs: Any):
         import gymnax
 
@@ -39,52 +102,15 @@ class GymnaxEnv(Environment):
         if hasattr(space, "n"):
             action_space = Discrete(int(space.n))
         else:
-            shape = tuple(space.shape)
-            action_space = Box(
-                np.broadcast_to(np.asarray(space.low, np.float32), shape),
-                np.broadcast_to(np.asarray(space.high, np.float32), shape),
-                shape,
-            )
+            action_space = box(space.low, space.high, tuple(space.shape))
         obs_space = self.env.observation_space(self.params)
         self.spec = EnvSpec(f"gymnax:{name}", tuple(obs_space.shape), np.dtype(obs_space.dtype), action_space)
 
-    def init(self, key: jax.Array, env_ids: jax.Array) -> EnvState:
-        keys, reset_keys = split_keys(per_env_keys(key, env_ids))
-        obs, inner = jax.vmap(self.env.reset, in_axes=(0, None))(reset_keys, self.params)
-        zeros = jnp.zeros(keys.shape[0], jnp.float32)
-        return EnvState(inner, obs, keys, zeros, zeros, jnp.zeros(keys.shape[0], jnp.int32))
+    def _reset(self, keys):
+        return jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
 
-    def observe(self, state: EnvState):
-        return state, state.obs
-
-    def reset(self, state: EnvState):
-        keys, reset_keys = split_keys(state.keys)
-        obs, inner = jax.vmap(self.env.reset, in_axes=(0, None))(reset_keys, self.params)
-        zeros = jnp.zeros_like(state.running_return)
-        return state.replace(inner=inner, obs=obs, keys=keys, running_return=zeros), obs
-
-    def step(self, state: EnvState, action: jax.Array):
-        if isinstance(self.spec.action_space, Box):
-            action = jnp.clip(action, self.spec.action_space.low, self.spec.action_space.high)
-        keys, step_keys = split_keys(state.keys)
+    def _step(self, keys, inner, action):
         obs, inner, reward, terminated, truncated, _ = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
-            step_keys, state.inner, action, self.params
+            keys, inner, action, self.params
         )
-        reward = reward.astype(jnp.float32)
-        done = jnp.logical_or(terminated, truncated)
-        ret = state.running_return + reward
-        state = EnvState(
-            inner,
-            obs,
-            keys,
-            jnp.where(done, 0.0, ret),
-            jnp.where(done, ret, state.last_return),
-            state.episodes + done.astype(jnp.int32),
-        )
-        return state, (obs, reward, done)
-
-    def stats(self, state: EnvState):
-        finished = state.episodes > 0
-        bad = jnp.sum(~jnp.isfinite(state.obs)) + jnp.sum(~jnp.isfinite(state.running_return))
-        return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
-                "episodes": state.episodes.sum(), "nonfinite": bad}
+        return obs, inner, reward.astype(jnp.float32), jnp.logical_or(terminated, truncated)

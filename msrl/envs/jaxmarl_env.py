@@ -1,0 +1,98 @@
+"""Adapter from a JaxMARL multi-agent environment (``jaxmarl:MPE_simple_spread_v3``, ...) to a batched,
+jittable msrl :class:`~msrl.components.Environment`.
+
+Agents are a batch axis, not new API calls: the observation is a :class:`~msrl.components.MultiAgentObs` with
+every agent's observation ``[num_envs, num_agents, obs_dim]`` and a global state ``[num_envs, num_agents *
+obs_dim]`` (all agents' observations, concatenated) for a centralized critic; actions are ``[num_envs,
+num_agents]``; the reward ``[num_envs]`` is the mean of the agents' rewards (shared), and an environment is done
+when all its agents are. JaxMARL's ``step`` resets an environment whose episode ended.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from msrl.components import Discrete, MultiAgentObs, MultiAgentSpec
+from msrl.envs.gymnax_env import FunctionalEnv, box
+from msrl.errors import ConfigError
+
+
+def _jaxmarl():
+    """``import jaxmarl``, which prints about optional environments on stdout and, trying one, sets
+    ``sys.stdout``/``sys.stderr`` to the process's own: silence file descriptor 1 and put both back."""
+    if "jaxmarl" in sys.modules:
+        return sys.modules["jaxmarl"]
+    streams = sys.stdout, sys.stderr
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            import jaxmarl
+            sys.__stdout__.flush()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        sys.stdout, sys.stderr = streams
+    return jaxmarl
+
+
+class JaxMarlEnv(FunctionalEnv):
+    def __init__(self, name: str, **kwargs: Any):
+        jaxmarl = _jaxmarl()
+        if name not in jaxmarl.registered_envs:
+            raise ConfigError("env.id", f"'jaxmarl:{name}' is not a JaxMARL environment; known: "
+                              f"{', '.join(jaxmarl.registered_envs)}")
+        try:
+            self.env = jaxmarl.make(name, **kwargs)
+        except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
+            raise ConfigError("env.kwargs", f"jaxmarl:{name} rejected {kwargs}: {type(e).__name__}: {e}") from None
+        unknown = [k for k in kwargs if k not in _parameters(type(self.env)) and not hasattr(self.env, k)]
+        if unknown:  # JaxMARL's constructors take **kwargs and ignore what they do not know
+            raise ConfigError(f"env.kwargs.{unknown[0]}", f"jaxmarl:{name} does not take it; it takes "
+                              f"{', '.join(sorted(_parameters(type(self.env))))}")
+        self.agents = list(self.env.agents)
+        obs_spaces = {tuple(self.env.observation_space(a).shape) for a in self.agents}
+        act_spaces = {_describe(self.env.action_space(a)) for a in self.agents}
+        if len(obs_spaces) > 1 or len(act_spaces) > 1:
+            raise ConfigError("env.id", f"jaxmarl:{name}: its agents have different observation or action spaces "
+                              f"({sorted(obs_spaces)}, {sorted(act_spaces)}); msrl needs them alike (agents are a "
+                              "batch axis)")
+        space, obs_shape, n = self.env.action_space(self.agents[0]), obs_spaces.pop(), len(self.agents)
+        action_space = Discrete(int(space.n)) if hasattr(space, "n") else box(space.low, space.high, space.shape)
+        self.spec = MultiAgentSpec(f"jaxmarl:{name}", obs_shape, np.dtype(np.float32), action_space,
+                                   num_agents=n, state_shape=(n * int(np.prod(obs_shape)),))
+
+    def _observation(self, obs: dict[str, jax.Array]) -> MultiAgentObs:
+        agents = jnp.stack([obs[a] for a in self.agents], axis=1).astype(jnp.float32)  # [num_envs, agents, ...]
+        return MultiAgentObs(agents, agents.reshape(agents.shape[0], -1))
+
+    def _reset(self, keys):
+        obs, inner = jax.vmap(self.env.reset)(keys)
+        return self._observation(obs), inner
+
+    def _step(self, keys, inner, action):
+        def one(key, state, act):  # act: [num_agents, *action_shape] of one environment
+            obs, state, reward, done, _ = self.env.step(key, state, {a: act[i] for i, a in enumerate(self.agents)})
+            return obs, state, jnp.mean(jnp.stack([reward[a] for a in self.agents])), done["__all__"]
+
+        obs, inner, reward, done = jax.vmap(one)(keys, inner, action)
+        return self._observation(obs), inner, reward.astype(jnp.float32), done
+
+
+def _parameters(cls: type) -> set[str]:
+    """The named parameters of the constructors of ``cls`` and its bases."""
+    return {name for c in cls.__mro__ if "__init__" in vars(c)
+            for name, p in inspect.signature(c.__init__).parameters.items()
+            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def _describe(space: Any) -> tuple:
+    return ("discrete", int(space.n)) if hasattr(space, "n") else ("box", tuple(space.shape))
