@@ -10,6 +10,7 @@ from msrl.api import (
     buffer_get,
     buffer_insert,
     buffer_sample,
+    buffer_update,
     env_observe,
     env_reset,
     env_step,
@@ -20,7 +21,7 @@ from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSp
 from msrl.errors import CompileError, ConfigError, MsrlError, TrainingError
 from msrl.policy import DistributedPolicy, FragmentSpec, Policy, downstream_of
 from msrl.registry import register_algorithm, register_backend, register_policy
-from msrl.replay import TrajectoryBuffer
+from msrl.replay import PrioritizedBuffer, Sample, TrajectoryBuffer, UniformBuffer
 
 __version__ = "0.1.0"
 
@@ -42,9 +43,10 @@ def __getattr__(name):
 
 __all__ = [
     "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
-    "Discrete", "DistributedPolicy", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError", "MultiAgentObs",
-    "MultiAgentSpec", "Policy", "ReplayBuffer",
-    "Runtime", "TrainingError", "TrajectoryBuffer", "agent_act", "agent_learn", "buffer_get", "buffer_insert",
-    "buffer_sample", "compile", "env_observe", "env_reset", "env_step", "register_algorithm", "register_backend",
+    "Discrete", "DistributedPolicy", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError",
+    "MultiAgentObs", "MultiAgentSpec", "Policy", "PrioritizedBuffer", "ReplayBuffer",
+    "Runtime", "Sample", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",
+    "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_step",
+    "register_algorithm", "register_backend",
     "register_policy", "downstream_of", "split_keys",
 ]

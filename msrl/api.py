@@ -88,7 +88,13 @@ def buffer_get():
 
 @_api("buffer", "sample", ("buffer",), ("buffer",), "batch")
 def buffer_sample(batch_size=None):
-    """A random batch from the buffer."""
+    """A random batch from the buffer (replay buffers: a :class:`msrl.replay.Sample` of the items, their
+    indices and importance weights)."""
+
+
+@_api("buffer", "update", ("buffer",), ("buffer",), "None")
+def buffer_update(indices, priorities):
+    """Set new priorities of sampled entries (``Sample.indices``): prioritized replay's priority update."""
 
 
 def api_spec(obj: Any) -> ApiSpec | None:

@@ -1,0 +1,138 @@
+"""Replay latency: insert throughput and prioritized-sample latency at 1M stored items.
+
+    python benchmarks/replay_latency.py [--capacity 1000000] [--insert-batch 1024] [--batch 256] [--samples 500]
+
+Item: a CartPole transition (obs 4 float32, action int32, reward float32, done bool, next_obs 4 float32).
+Each setting fills a prioritized buffer of ``capacity`` items with batched inserts (``insert-batch``
+transitions per call), then times ``samples`` prioritized samples of ``batch`` items one by one (each
+waited for) and as many priority updates. Prints JSON: one key per setting —
+``in_process`` (msrl's PrioritizedBuffer, jitted with the state donated) and ``flashbax`` (flashbax's
+prioritised flat buffer, the same sizes, jitted the same way); the replay-server settings (threads, ray)
+plug in as more functions of the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from msrl.replay import PrioritizedBuffer
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    next_obs: jax.Array
+
+
+def transitions(n: int, seed: int = 0) -> Transition:
+    k = jax.random.split(jax.random.PRNGKey(seed), 3)
+    return Transition(jax.random.normal(k[0], (n, 4)), jax.random.randint(k[1], (n,), 0, 2),
+                      jnp.ones((n,)), jnp.zeros((n,), bool), jax.random.normal(k[2], (n, 4)))
+
+
+def _ms(samples: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(float(np.percentile(samples, 50)) * 1e3, 4),
+            "p99_ms": round(float(np.percentile(samples, 99)) * 1e3, 4)}
+
+
+def measure(state: Any, insert: Callable, sample: Callable, update: Callable, items: Transition, capacity: int,
+            samples: int) -> dict[str, Any]:
+    """Fill to ``capacity`` with ``insert(state, items)``, timing it; then time ``sample(state)`` and
+    ``update(state, sampled)`` one call at a time."""
+    per_call = items.reward.shape[0]
+    state = jax.block_until_ready(insert(state, items))  # compile
+    calls = capacity // per_call
+    t = time.perf_counter()
+    for _ in range(calls):
+        state = insert(state, items)
+    jax.block_until_ready(state)
+    insert_s = time.perf_counter() - t
+    state, out = jax.block_until_ready(sample(state))  # compile
+    state = jax.block_until_ready(update(state, out))
+    sample_t, update_t = [], []
+    for _ in range(samples):
+        t = time.perf_counter()
+        state, out = jax.block_until_ready(sample(state))
+        sample_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        state = jax.block_until_ready(update(state, out))
+        update_t.append(time.perf_counter() - t)
+    return {"stored": (calls + 1) * per_call, "insert_transitions_per_s": round((calls * per_call) / insert_s),
+            "sample": _ms(sample_t), "update": _ms(update_t)}
+
+
+def in_process(capacity: int, insert_batch: int, batch: int, samples: int) -> dict[str, Any]:
+    """msrl's PrioritizedBuffer in this process, every call jitted with the state donated. Inserts are rows
+    of one transition each (width 1), so ``insert_batch`` rows per call."""
+    buf = PrioritizedBuffer(capacity, alpha=0.6, beta=0.4)
+    items = jax.tree.map(lambda x: x[:, None], transitions(insert_batch))  # [rows, width 1, ...]
+    state = buf.init(jax.random.PRNGKey(0), jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), items))
+    insert = jax.jit(buf.insert_batch, donate_argnums=0)
+    sample = jax.jit(lambda s: buf.sample(s, batch), donate_argnums=0)
+    update = jax.jit(lambda s, out: buf.update(s, out.indices, jnp.abs(out.item.reward) + out.indices % 7),
+                     donate_argnums=0)
+    return {"impl": "msrl.replay.PrioritizedBuffer", "jax": jax.__version__,
+            **measure(state, insert, sample, update, items, capacity, samples)}
+
+
+def flashbax(capacity: int, insert_batch: int, batch: int, samples: int) -> dict[str, Any]:
+    """flashbax's prioritised flat buffer, same sizes, every call jitted with the state donated."""
+    try:
+        import flashbax as fbx
+    except ImportError as e:
+        return {"error": f"flashbax not installed ({e}); pip install flashbax, or pip install -e '.[bench]'"}
+    from importlib.metadata import version
+
+    with warnings.catch_warnings():  # it says min_length is raised to the sequence length (2): as intended
+        warnings.simplefilter("ignore", UserWarning)
+        buf = fbx.make_prioritised_flat_buffer(max_length=capacity, min_length=batch, sample_batch_size=batch,
+                                               add_batch_size=insert_batch, priority_exponent=0.6)
+    items = transitions(insert_batch)
+    state = (buf.init(jax.tree.map(lambda x: x[0], items)), jax.random.PRNGKey(1))  # its sampling key beside it
+
+    def sample(s):
+        key, use = jax.random.split(s[1])
+        return (s[0], key), buf.sample(s[0], use)
+
+    def update(s, out):
+        return buf.set_priorities(s[0], out.indices, jnp.abs(out.experience.first.reward) + out.indices % 7), s[1]
+
+    insert = jax.jit(lambda s, items: (buf.add(s[0], items), s[1]), donate_argnums=0)
+    sample, update = jax.jit(sample, donate_argnums=0), jax.jit(update, donate_argnums=0)
+    return {"impl": "flashbax.make_prioritised_flat_buffer", "version": version("flashbax"),
+            **measure(state, insert, sample, update, items, capacity, samples)}
+
+
+SETTINGS = {"in_process": in_process, "flashbax": flashbax}  # replay-server settings (threads, ray) go here
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--capacity", type=int, default=1_000_000)
+    ap.add_argument("--insert-batch", type=int, default=1024, help="transitions per insert call")
+    ap.add_argument("--batch", type=int, default=256, help="prioritized sample size")
+    ap.add_argument("--samples", type=int, default=500, help="timed samples (and priority updates)")
+    ap.add_argument("--only", nargs="*", choices=sorted(SETTINGS), default=list(SETTINGS))
+    args = ap.parse_args()
+    out: dict[str, Any] = {"benchmark": "replay_latency", "capacity": args.capacity,
+                           "insert_batch": args.insert_batch, "sample_batch": args.batch,
+                           "item": "CartPole transition (obs 4 f32, action i32, reward f32, done bool, next_obs 4 f32)",
+                           "device": str(jax.devices()[0])}
+    for name in args.only:
+        out[name] = SETTINGS[name](args.capacity, args.insert_batch, args.batch, args.samples)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""DQN: learns CartPole under `fused`; its n-step double-Q target, Ape-X epsilons, the loop's priority
+update (buffer_update) compiled into the fused program, and config errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from msrl.algorithms.dqn import DQN, DQNConfig, Transition
+
+import msrl
+from msrl.config import load_config
+from msrl.envs import make_env
+from msrl.registry import BACKENDS
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dqn_cartpole.yaml"
+QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+
+
+def test_dqn_cartpole_reaches_475_within_200k_steps(tmp_path):
+    summary = msrl.train(EXAMPLE, ["run.seed=0", *QUICK], run_dir=tmp_path)
+    assert summary["env_steps"] <= 200_000
+    assert summary["episode_return"] >= 475, summary
+
+
+def _algorithm(**overrides):
+    env = make_env("gymnax:CartPole-v1")
+    ctx = msrl.Context(env.spec, num_envs=4, total_env_steps=10_000)
+    return DQN(DQNConfig(**overrides), ctx)
+
+
+def test_n_step_double_q_target():
+    dqn = _algorithm(n_step=3, gamma=0.9, double=True)
+    learner = dqn.learner
+    state = learner.init(jax.random.PRNGKey(0))
+    target = learner.init(jax.random.PRNGKey(1))["params"]
+    obs = jax.random.normal(jax.random.PRNGKey(2), (2, 4, 4))  # [batch, n + 1, obs]
+    reward = jnp.array([[1.0, 2.0, 3.0, 9.0], [1.0, 2.0, 3.0, 9.0]])
+    done = jnp.array([[False, False, False, True], [False, True, False, False]])  # 2nd: episode ends at step 1
+    t = Transition(obs, jnp.zeros((2, 4), jnp.int32), reward, done)
+    y = jax.jit(learner._target)(state["params"], target, t)
+    apply = jax.jit(learner.net.apply)
+    q_next, q_online = apply(target, obs[0, 3]), apply(state["params"], obs[0, 3])
+    best = q_next[jnp.argmax(q_online)]
+    np.testing.assert_allclose(y, [1 + 0.9 * 2 + 0.81 * 3 + 0.729 * best, 1 + 0.9 * 2], rtol=1e-6)
+
+
+def test_apex_epsilons_depend_on_global_env_index_only():
+    actor = _algorithm(exploration="apex", apex_eps=0.4, apex_alpha=7.0).actor
+    key = jax.random.PRNGKey(0)
+    whole = actor.epsilon(actor.init(key, jnp.arange(4)))
+    np.testing.assert_allclose(whole, 0.4 ** (1 + 7 * np.arange(4) / 3), rtol=1e-6)
+    half = actor.epsilon(actor.init(key, jnp.arange(2, 4)))  # a replica holding envs 2 and 3
+    np.testing.assert_array_equal(half, whole[2:])
+    obs = jnp.zeros((4, 4))
+    params = _algorithm().learner.init(key)["params"]
+    act = jax.jit(actor.act)
+    _, out = act(actor.init(key, jnp.arange(4)), params, obs)
+    _, out_half = act(actor.init(key, jnp.arange(2, 4)), params, obs[2:])
+    np.testing.assert_array_equal(out.action[2:], out_half.action)
+
+
+def test_linear_epsilon_schedule():
+    actor = _algorithm(eps_start=1.0, eps_end=0.1, eps_decay_steps=40).actor  # 4 envs: 10 calls
+    state = actor.init(jax.random.PRNGKey(0), jnp.arange(4))
+    np.testing.assert_allclose(actor.epsilon(state), 1.0)
+    np.testing.assert_allclose(actor.epsilon({**state, "calls": jnp.int32(5)}), 0.55, rtol=1e-6)
+    np.testing.assert_allclose(actor.epsilon({**state, "calls": jnp.int32(50)}), 0.1, rtol=1e-6)
+
+
+def test_prioritized_loop_with_buffer_update_compiles_and_runs_fused():
+    cfg = load_config(EXAMPLE, ["algorithm.prioritized=true", "algorithm.learning_starts=64",
+                                "algorithm.buffer_size=2000", "algorithm.hidden=[16]", "run.total_env_steps=800"])
+    program = msrl.build(cfg)
+    assert "_c_buffer.update(_s_buffer, sample.indices, priorities)" in program.code()
+    assert [f.mode for f in program.fragments.values()] == ["scan"]  # one jitted program
+    runtime = BACKENDS.get("jax")().build(program, seed=0, iterations_per_dispatch=25)
+    rows = runtime.run(100)  # 800 env steps, 200 updates
+    assert np.isfinite(rows[-1]["loss"])
+    buffer = program.components["buffer"]
+    state = runtime.state()["buffer"]
+    prio = np.asarray(buffer.priorities(state, jnp.arange(800)))
+    assert int(state.count) == 100 and (prio[:776] > 0).all() and (prio[776:] == 0).all()  # last 3 rows: no window
+    assert len(np.unique(prio[:776])) > 50  # updated from TD errors, not all the initial priority
+    assert int(state.samples) == 200
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algorithm.buffer_size=16", "algorithm.buffer_size"),
+    ("algorithm.learning_starts=300000", "algorithm.learning_starts"),
+    ("algorithm.tau=0", "algorithm.tau"),
+    ("algorithm.exploration=boltzmann", "algorithm.exploration"),
+    ("env.id=gymnax:Pendulum-v1", "algorithm.name"),
+])
+def test_bad_config_names_the_key(override, key):
+    with pytest.raises(msrl.ConfigError) as err:
+        msrl.build(load_config(EXAMPLE, [override]))
+    assert err.value.key == key
