@@ -21,16 +21,22 @@ from test_threads import CARTPOLE, final_params, max_diff
 MULTI = ["policy.name=multi_learner", "env.num_envs=8"]
 
 
+@pytest.fixture(scope="module")
+def two_learners():
+    """Parameters and rows of multi_learner(learners=2) on one jax device after 3 iterations."""
+    return final_params([*MULTI, "policy.learners=2"], iterations=3)
+
+
 def replica_params(runtime) -> list:
     (states,) = runtime.snapshot().values()
     return [s["learner"]["params"] for s in states]
 
 
-def test_one_learner_gives_the_parameters_of_fused_and_two_learn_differently():
+def test_one_learner_gives_the_parameters_of_fused_and_two_learn_differently(two_learners):
     fused, _ = final_params(["env.num_envs=8"], iterations=3)
     one, _ = final_params([*MULTI, "policy.learners=1"], iterations=3)
     assert max_diff(fused, one) <= 1e-5
-    two, rows = final_params([*MULTI, "policy.learners=2"], iterations=3)  # separate minibatch statistics
+    two, rows = two_learners  # separate minibatch statistics
     assert max_diff(fused, two) > 1e-4 and all(np.isfinite(r["loss"]) for r in rows)
 
 
@@ -46,7 +52,7 @@ def test_replicas_hold_identical_parameters_after_every_iteration():
         before = params[0]
 
 
-def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path):
+def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path, two_learners):
     """In a subprocess with 2 (forced) CPU devices the replicas are split over the devices (shard_map): the
     parameters equal the one-device (vmap) run's, and PPO CartPole reaches 475 within 300k steps."""
     code = f"""
@@ -70,8 +76,7 @@ def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path):
     assert result["devices"] == 2
     with np.load(tmp_path / "params.npz") as f:
         on_devices = [f[f"arr_{i}"] for i in range(len(f.files))]
-    here, _ = final_params([*MULTI, "policy.learners=2"], iterations=3)
-    assert max_diff(here, on_devices) <= 1e-5
+    assert max_diff(two_learners[0], on_devices) <= 1e-5
     summary = result["summary"]
     assert summary["env_steps"] <= 300_000 and summary["episode_return"] >= 475, summary
 
@@ -86,8 +91,8 @@ def test_bad_multi_learner_configs_name_the_key():
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_ray_learners_are_processes_that_match_jax_and_stay_identical():
-    on_jax, jax_rows = final_params([*MULTI, "policy.learners=2"], iterations=3)
+def test_ray_learners_are_processes_that_match_jax_and_stay_identical(two_learners):
+    on_jax, jax_rows = two_learners
     cfg = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", *MULTI, "policy.learners=2",
                                  "policy.backend=ray"])
     runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 1)
