@@ -108,11 +108,3 @@ def test_ray_learners_are_processes_that_match_jax_and_stay_identical(two_learne
         assert abs(rows[-1]["loss"] - jax_rows[-1]["loss"]) <= 1e-4 * abs(jax_rows[-1]["loss"])
     finally:
         runtime.close()
-
-
-@pytest.mark.usefixtures("ray_cluster")
-def test_ppo_cartpole_multi_learner_on_ray_reaches_475(tmp_path):
-    summary = msrl.train(CARTPOLE, ["policy.name=multi_learner", "policy.learners=2", "policy.backend=ray",
-                                    "run.progress=false"], run_dir=tmp_path)
-    assert summary["env_steps"] <= 300_000 and summary["backend"] == "ray"
-    assert summary["episode_return"] >= 475, summary
