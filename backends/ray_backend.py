@@ -205,15 +205,18 @@ class FragmentWorker:
             self.stopped = True
             self.cond.notify_all()
 
+    def _host(self, tree: Any) -> Any:
+        """Part of this replica's state as numpy arrays (its own shard, in an SPMD group)."""
+        return self.group.local(tree) if self.group is not None else _numpy(tree)
+
     def get_state(self, skip: tuple[str, ...] = ()) -> dict:
-        state = {k: v for k, v in self.state.items() if k not in skip}
-        return self.group.local(state) if self.group is not None else _numpy(state)
+        return self._host({k: v for k, v in self.state.items() if k not in skip})
 
     def set_state(self, state: dict) -> None:
         self.state = {**self.state, **(self.group.spread(state) if self.group is not None else state)}
 
     def params(self) -> Any:
-        return self.program.components["learner"].policy_params(self.get_state()["learner"])
+        return self.program.components["learner"].policy_params(self._host(self.state["learner"]))
 
     # ------------------------------------------------------------------------------ the comm ops
     def _count(self, cid: str) -> int:
