@@ -32,8 +32,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from msrl.backend import (Backend, Runtime, check_comms, concat_along, replica_env_ids, replicated,
-                          result_metrics, split_along)
+from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_receiver, gather_senders,
+                          replica_env_ids, replicated, result_metrics, split_along)
 from msrl.compiler.ir import walk
 from msrl.compiler.lower import materialize, reraise_at_user_line
 from msrl.components import episode_metrics
@@ -109,6 +109,7 @@ class FragmentWorker:
         self.stopped = False
         self.start = self.iteration = 0
         self.counts: dict[str, int] = {}
+        self.last: dict[str, Any] = {}  # comm id -> the last value received (comms that skip iterations)
         self.params_from: tuple[Any, str] | None = None
         endpoints = {cid: _Endpoint(self, c) for cid, c in self.comms.items()}
         fn = materialize(self.frag.lowered, {**self.frag.namespace, "_msrl_comm": endpoints})
@@ -154,8 +155,10 @@ class FragmentWorker:
 
         if self.params_from is not None and self.iteration > 0:
             sender, cid = self.params_from
-            (params,) = ray.get(sender.sent_value.remote(cid, self.iteration - 1))
-            self.state["params"] = ray.get(params) if isinstance(params, ray.ObjectRef) else params
+            every = self.comms[cid].every  # the last iteration before this one that sent parameters
+            (params,) = ray.get(sender.sent_value.remote(cid, (self.iteration - 1) // every * every))
+            params = ray.get(params) if isinstance(params, ray.ObjectRef) else params
+            self.state["params"] = self.last[cid] = params
         self.params_from = None
         env = self.program.env
         out = []
@@ -223,9 +226,16 @@ class FragmentWorker:
         self.counts[cid] = self.counts.get(cid, -1) + 1
         return self.counts[cid]
 
+    def _due(self, comm: Any) -> bool:
+        """Whether ``comm`` transfers this iteration (every ``comm.every``-th; else the receiver keeps the
+        last value it got)."""
+        return self.iteration % comm.every == 0
+
     def send(self, comm: Any, value: Any) -> None:
         import ray
 
+        if not self._due(comm):
+            return
         count, value = self._count(comm.id), _numpy(value)
         dst, n = comm.dst_fragment, self.replicas[comm.dst_fragment]
         if comm.op == "broadcast":
@@ -233,23 +243,26 @@ class FragmentWorker:
             ref = ray.put(value) if _nbytes(value) > _INLINE_BYTES else value
             with self.cond:
                 self.sent[(comm.id, self.iteration)] = ref
-                self.sent.pop((comm.id, self.iteration - 2), None)
+                self.sent.pop((comm.id, self.iteration - 2 * comm.every), None)
                 self.cond.notify_all()
             parts = {r: ref for r in range(n)}
         elif comm.op == "scatter":
-            parts = dict(enumerate(split_along(value, n, self._axes(comm))))
-        else:  # gather to replica 0; send pairs replica i with replica i
-            parts = {0 if comm.op == "gather" else self.replica: value}
+            parts = dict(enumerate(split_along(value, n, self.program.comm_axes(comm))))
+        else:  # gather to the replica whose group this one is in; send pairs replica i with replica i
+            parts = {gather_receiver(self.replica, self.replicas[comm.src_fragment], n)
+                     if comm.op == "gather" else self.replica: value}
         for r, part in parts.items():
             self.pending.setdefault((dst, r), []).append((comm.id, count, part))
 
     def recv(self, comm: Any) -> Any:
         import ray
 
+        if not self._due(comm):
+            return self.last[comm.id]
         self.flush()
         count = self._count(comm.id)
-        senders = range(self.replicas[comm.src_fragment]) if comm.op == "gather" else \
-            [self.replica] if comm.op == "send" else [0]
+        senders = gather_senders(self.replica, self.replicas[comm.src_fragment], self.replicas[self.key[0]]) \
+            if comm.op == "gather" else [self.replica] if comm.op == "send" else [0]
         keys = [(comm.id, s, self.iteration, count) for s in senders]
         with self.cond:
             while not all(k in self.box for k in keys):
@@ -258,11 +271,11 @@ class FragmentWorker:
                 self.cond.wait(_POLL_S)
             values = [self.box.pop(k) for k in keys]
         if isinstance(values[0], ray.ObjectRef):
-            return ray.get(values[0])
-        return concat_along(values, self._axes(comm)) if comm.op == "gather" else values[0]
-
-    def _axes(self, comm: Any) -> list[int | None]:
-        return self.program.env_axes.get((comm.src, comm.var), [])
+            value = ray.get(values[0])
+        else:
+            value = concat_along(values, self.program.comm_axes(comm)) if comm.op == "gather" else values[0]
+        self.last[comm.id] = value
+        return value
 
     def flush(self) -> None:
         """Deliver everything queued, one call per receiving replica; reap finished deliveries (a failed
@@ -448,7 +461,10 @@ class RayRuntime(Runtime):
 
         name, replica = key
         comms = self.program.partition.comms
-        receivers = {(c.dst_fragment, 0 if c.op == "gather" else replica) for c in comms if c.src_fragment == name}
+        frags = self.program.fragments
+        receivers = {(c.dst_fragment, gather_receiver(replica, frags[name].spec.replicas,
+                                                      frags[c.dst_fragment].spec.replicas)
+                      if c.op == "gather" else replica) for c in comms if c.src_fragment == name}
         resume_at = min(ray.get([self.workers[r].received_through.remote(key) for r in receivers])) + 1
         params = next(((self.workers[(c.src_fragment, 0)], c.id) for c in comms
                        if c.dst_fragment == name and c.var == "@params"), None)

@@ -4,9 +4,11 @@ Jitted code releases the GIL, so replicas overlap. A fragment's source is materi
 its replicas (its jitted segments compile once); which replica is running is a thread-local, so the
 ``_msrl_comm`` table the generated code calls resolves to that replica's end of each channel.
 
-Comm ops: ``gather`` concatenates the senders' values along each leaf's environment axis, in replica order
-(= global environment order); ``scatter`` splits along it; ``broadcast`` hands every receiver the same
-object (zero copy, in process); ``send`` pairs replica i with replica i. A receive waits on its queue but
+Comm ops: ``gather`` concatenates the senders' values along each leaf's environment axis (or the batch
+axis, for a sample), in replica order (= global environment order), each receiver taking an equal
+contiguous group of senders (all of them, for one receiver); ``scatter`` splits along it; ``broadcast``
+hands every receiver the same object (zero copy, in process); ``send`` pairs replica i with replica i. A
+comm with ``every > 1`` transfers on every ``every``-th iteration only. A receive waits on its queue but
 wakes up to notice a stop, so a failing replica ends the run instead of hanging it; its traceback comes
 back to the caller in a :class:`TrainingError`.
 """
@@ -20,8 +22,8 @@ from typing import Any
 
 import jax
 
-from msrl.backend import (Backend, Runtime, check_comms, concat_along, replica_env_ids, result_metrics,
-                          split_along)
+from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_senders, replica_env_ids,
+                          result_metrics, split_along)
 from msrl.compiler.lower import materialize
 from msrl.components import episode_metrics
 from msrl.errors import TrainingError
@@ -34,8 +36,10 @@ class _Stopped(Exception):
 
 
 class Channel:
-    def __init__(self, op: str, axes: list[int | None], senders: int, receivers: int, stop: threading.Event):
-        self.op, self.axes, self.stop = op, axes, stop
+    def __init__(self, op: str, axes: list[int | None], senders: int, receivers: int, every: int,
+                 stop: threading.Event):
+        self.op, self.axes, self.every, self.stop = op, axes, every, stop
+        self.senders, self.receivers = senders, receivers
         self.queues = [queue.Queue() for _ in range(max(senders, receivers))]
 
     def _get(self, q: queue.Queue) -> Any:
@@ -59,18 +63,30 @@ class Channel:
     def recv(self, replica: int) -> Any:
         if self.op != "gather":
             return self._get(self.queues[replica])
-        return concat_along([self._get(q) for q in self.queues], self.axes)
+        group = gather_senders(replica, self.senders, self.receivers)
+        return concat_along([self._get(self.queues[s]) for s in group], self.axes)
 
 
 class _Endpoint:
+    """One replica's end of a channel. With ``every > 1`` only every ``every``-th transfer happens: the
+    sender skips the others and the receiver gets the last value again."""
+
     def __init__(self, channel: Channel, replica: int):
         self.channel, self.replica = channel, replica
+        self.calls, self.last = 0, None
+
+    def _due(self) -> bool:
+        self.calls += 1
+        return (self.calls - 1) % self.channel.every == 0
 
     def send(self, value: Any) -> None:
-        self.channel.send(self.replica, value)
+        if self._due():
+            self.channel.send(self.replica, value)
 
     def recv(self) -> Any:
-        return self.channel.recv(self.replica)
+        if self._due():
+            self.last = self.channel.recv(self.replica)
+        return self.last
 
 
 class _CommTable:
@@ -104,9 +120,8 @@ class ThreadsRuntime(Runtime):
         frags = program.fragments
         channels = {}
         for c in program.partition.comms:
-            channels[c.id] = Channel(c.op, program.env_axes.get((c.src, c.var), []),
-                                     frags[c.src_fragment].spec.replicas, frags[c.dst_fragment].spec.replicas,
-                                     self.stop)
+            channels[c.id] = Channel(c.op, program.comm_axes(c), frags[c.src_fragment].spec.replicas,
+                                     frags[c.dst_fragment].spec.replicas, c.every, self.stop)
         self.replicas: list[_Replica] = []
         self.threads: list[threading.Thread] = []
         for frag in frags.values():

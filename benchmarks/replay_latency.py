@@ -6,9 +6,12 @@ Item: a CartPole transition (obs 4 float32, action int32, reward float32, done b
 Each setting fills a prioritized buffer of ``capacity`` items with batched inserts (``insert-batch``
 transitions per call), then times ``samples`` prioritized samples of ``batch`` items one by one (each
 waited for) and as many priority updates. Prints JSON: one key per setting —
-``in_process`` (msrl's PrioritizedBuffer, jitted with the state donated) and ``flashbax`` (flashbax's
-prioritised flat buffer, the same sizes, jitted the same way); the replay-server settings (threads, ray)
-plug in as more functions of the same shape.
+``in_process`` (msrl's PrioritizedBuffer, jitted with the state donated), ``flashbax`` (flashbax's
+prioritised flat buffer, the same sizes, jitted the same way), and the buffer as a replay server:
+``threads_server`` (in another thread, as the threads backend places a replay_server shard) and
+``ray_server`` (in a Ray actor, as the ray backend does). For the servers a sample is timed as the client
+sees it (request, sample, answer back); ``in_server_sample_plus_update_ms`` is the part spent inside the
+buffer, so the rest is the transport.
 """
 
 from __future__ import annotations
@@ -114,7 +117,126 @@ def flashbax(capacity: int, insert_batch: int, batch: int, samples: int) -> dict
             **measure(state, insert, sample, update, items, capacity, samples)}
 
 
-SETTINGS = {"in_process": in_process, "flashbax": flashbax}  # replay-server settings (threads, ray) go here
+class _Server:
+    """A replay shard: msrl's PrioritizedBuffer and its jitted calls, as the replay_server policy holds one
+    (state donated, results numpy for the wire). ``handle`` serves one request."""
+
+    def __init__(self, capacity: int, insert_batch: int, batch: int):
+        self.buf = PrioritizedBuffer(capacity, alpha=0.6, beta=0.4)
+        items = jax.tree.map(lambda x: x[:, None], transitions(insert_batch))
+        spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), items)
+        self.state = self.buf.init(jax.random.PRNGKey(0), spec)
+        self._insert = jax.jit(self.buf.insert_batch, donate_argnums=0)
+        self._sample = jax.jit(lambda s: self.buf.sample(s, batch), donate_argnums=0)
+        self._update = jax.jit(self.buf.update, donate_argnums=0)
+        self.busy = 0.0  # seconds spent inside the buffer's calls
+
+    def handle(self, op: str, *args: Any) -> Any:
+        t = time.perf_counter()
+        if op == "insert":
+            self.state = self._insert(self.state, jax.tree.map(lambda x: x[:, None], Transition(*args[0])))
+            out = None
+        elif op == "sample":
+            self.state, sample = self._sample(self.state)
+            out = jax.tree.map(np.asarray, sample)
+        elif op == "update":
+            self.state = self._update(self.state, *args)
+            out = None
+        else:  # "sync": wait for everything queued
+            out = int(jax.block_until_ready(self.state).count)
+        self.busy += time.perf_counter() - t
+        return out
+
+    def busy_s(self) -> float:
+        return self.busy
+
+
+def remote(call: Callable, post: Callable, capacity: int, insert_batch: int, batch: int, samples: int) -> dict:
+    """Time a server through ``call(op, *args)`` (a round trip: the answer) and ``post(op, *args)`` (one way,
+    not waited for): inserts posted back to back until ``capacity`` is stored, then ``samples`` sample
+    round trips, each followed by a posted priority update."""
+    items = tuple(np.asarray(x) for x in transitions(insert_batch))
+    call("insert", items)
+    call("sync")  # compiled
+    calls = capacity // insert_batch
+    t = time.perf_counter()
+    for _ in range(calls):
+        post("insert", items)
+    stored = call("sync")
+    insert_s = time.perf_counter() - t
+    out = call("sample")
+    call("update", out.indices, np.abs(out.item.reward) + out.indices % 7)
+    busy0 = call("busy")
+    sample_t = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        out = call("sample")
+        sample_t.append(time.perf_counter() - t)
+        post("update", out.indices, np.abs(out.item.reward) + out.indices % 7)
+    call("sync")
+    in_server = (call("busy") - busy0) / samples  # sample + update, inside the buffer
+    return {"stored": stored, "insert_transitions_per_s": round(calls * insert_batch / insert_s),
+            "sample": _ms(sample_t), "in_server_sample_plus_update_ms": round(in_server * 1e3, 4)}
+
+
+def threads_server(capacity: int, insert_batch: int, batch: int, samples: int) -> dict[str, Any]:
+    """The shard in its own thread (the threads backend's placement), requests and answers over
+    ``queue.Queue``: the answer's arrays are handed over, not copied."""
+    import queue
+    import threading
+
+    server, requests, answers = _Server(capacity, insert_batch, batch), queue.Queue(), queue.Queue()
+
+    def serve() -> None:
+        while (req := requests.get()) is not None:
+            out = server.busy_s() if req[0] == "busy" else server.handle(*req[1:])
+            if req[0]:
+                answers.put(out)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def call(op: str, *args: Any) -> Any:
+        requests.put((op, op, *args))
+        return answers.get()
+
+    try:
+        return {"impl": "PrioritizedBuffer in a server thread, queue.Queue",
+                **remote(call, lambda op, *args: requests.put((None, op, *args)), capacity, insert_batch, batch,
+                         samples)}
+    finally:
+        requests.put(None)
+        thread.join()
+
+
+def ray_server(capacity: int, insert_batch: int, batch: int, samples: int) -> dict[str, Any]:
+    """The shard in a Ray actor (the ray backend's placement; a local cluster here), the client in the
+    driver: a sample is a Ray call whose numpy answer comes back inline (256 transitions: ~20 KB)."""
+    import logging
+    import os
+
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    with warnings.catch_warnings():  # Ray fork+execs its processes: JAX's fork warning does not apply
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
+                 log_to_driver=False)
+    try:
+        actor = ray.remote(_Server).options(num_cpus=1).remote(capacity, insert_batch, batch)
+
+        def call(op: str, *args: Any) -> Any:
+            return ray.get(actor.busy_s.remote() if op == "busy" else actor.handle.remote(op, *args))
+
+        return {"impl": "PrioritizedBuffer in a Ray actor, Ray calls", "ray": ray.__version__,
+                **remote(call, lambda op, *args: actor.handle.remote(op, *args), capacity, insert_batch, batch,
+                         samples)}
+    finally:
+        ray.shutdown()
+
+
+SETTINGS = {"in_process": in_process, "flashbax": flashbax, "threads_server": threads_server,
+            "ray_server": ray_server}
 
 
 def main() -> None:

@@ -87,7 +87,7 @@ def check_comms(program: Any) -> None:
     frags = program.fragments
     for c in program.partition.comms:
         senders, receivers = frags[c.src_fragment].spec.replicas, frags[c.dst_fragment].spec.replicas
-        fits = {"gather": receivers == 1, "scatter": senders == 1, "broadcast": senders == 1,
+        fits = {"gather": senders % receivers == 0, "scatter": senders == 1, "broadcast": senders == 1,
                 "send": senders == receivers}
         if c.op not in fits:
             raise ConfigError("policy", f"policy {program.policy.name!r} puts op {c.op!r} on `{c.var}` "
@@ -95,6 +95,18 @@ def check_comms(program: Any) -> None:
         if not fits[c.op]:
             raise ConfigError("policy", f"a {c.op} cannot connect {senders} {c.src_fragment!r} replicas to "
                               f"{receivers} {c.dst_fragment!r} replicas")
+
+
+def gather_senders(receiver: int, senders: int, receivers: int) -> range:
+    """The sender replicas a gather's ``receiver`` joins: an equal, contiguous group of them (all of them
+    for a single receiver), so the joined value keeps global environment order."""
+    group = senders // receivers
+    return range(receiver * group, (receiver + 1) * group)
+
+
+def gather_receiver(sender: int, senders: int, receivers: int) -> int:
+    """The receiver replica of a gather that ``sender`` belongs to (see :func:`gather_senders`)."""
+    return sender // (senders // receivers)
 
 
 def concat_along(values: list[Any], axes: list[int | None]) -> Any:

@@ -52,6 +52,21 @@ class Policy(BaseModel):
         (``multi_learner``: the all-reduce)."""
         return ()
 
+    def buffer_shards(self) -> int:
+        """Replicas the replay buffer is split over (``replay_server``): each holds ``capacity / shards``
+        entries and draws ``batch_size / shards`` of a sample."""
+        return 1
+
+    def comm_axis(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
+        """What a gather joins and a scatter splits along: ``env`` (each leaf's environment axis) or
+        ``batch`` (the leading axis of every leaf that has one: a sampled batch, its priorities)."""
+        return "env"
+
+    def comm_every(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> int:
+        """Iterations between two transfers of ``var`` (the actors' ``@params``, say): in between, the
+        sender sends nothing and the receiver keeps the last value it got."""
+        return 1
+
     def comm_op(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
         """The communication op for a value crossing from fragment ``src`` to ``dst``."""
         if var == "@params":

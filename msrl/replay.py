@@ -80,7 +80,7 @@ class Sample(NamedTuple):
 
     item: Any  # the sampled entries: leaves [batch, ...], or [batch, sequence_length, ...]
     indices: jax.Array  # [batch] int32 entry numbers, to hand back to buffer_update with new priorities
-    weights: jax.Array  # [batch] importance weights (ones when uniform; zeros while nothing can be sampled)
+    weights: jax.Array  # [batch] importance weights, unnormalized (uniform: ones; zeros while nothing can be sampled)
     size: jax.Array  # how many entries could be sampled (int32)
 
 
@@ -97,7 +97,13 @@ class UniformBuffer(ReplayBuffer):
     ``capacity`` counts entries (transitions): it holds ``capacity // width`` rows of ``width``
     environments' items, the oldest overwritten first. ``update`` is a no-op, so a loop written for
     prioritized replay runs unchanged with uniform replay.
+
+    ``shards`` (set by the distribution policy: ``replay_server``) is how many replicas hold the buffer,
+    each fed by its own environments: each holds ``capacity / shards`` entries and draws ``batch_size /
+    shards`` of a sample; ``size`` counts the entries of all of them.
     """
+
+    shards = 1
 
     def __init__(self, capacity: int, sequence_length: int | None = None, item_spec: Any = None):
         if capacity < 1:
@@ -115,7 +121,7 @@ class UniformBuffer(ReplayBuffer):
             raise ValueError(f"replay items must be batched over environments (one leading axis of the same size "
                              f"on every leaf); got leading sizes {sorted(widths, key=str)}")
         (width,) = widths
-        rows = self.capacity // width
+        rows = self.capacity // self.shards // width
         if rows < self.window + 1:
             raise ValueError(f"{type(self).__name__} capacity {self.capacity} holds {rows} rows of {width} "
                              f"environments; it needs at least {self.window + 1} (sequence_length + 1)")
@@ -125,7 +131,11 @@ class UniformBuffer(ReplayBuffer):
         return jax.tree.leaves(state.data)[0].shape[:2]
 
     def size(self, state: ReplayState) -> jax.Array:
-        """How many entries can be sampled: every stored row whose window is complete, times the width."""
+        """How many entries can be sampled (in all shards: every shard holds as many)."""
+        return self._local_size(state) * self.shards
+
+    def _local_size(self, state: ReplayState) -> jax.Array:
+        """Every stored row whose window is complete, times the width."""
         rows, width = self._shape(state)
         return jnp.maximum(jnp.minimum(state.count, rows) - (self.window - 1), 0) * width
 
@@ -149,12 +159,12 @@ class UniformBuffer(ReplayBuffer):
     def sample(self, state: ReplayState, batch_size: int | None = None) -> tuple[ReplayState, Sample]:
         rows, width = self._shape(state)
         key, use = jax.random.split(state.key)
-        size = self.size(state)
+        local = self._local_size(state)
         oldest = jnp.where(state.count > rows, state.count % rows, 0)
-        entry = jax.random.randint(use, (self._batch(batch_size),), 0, jnp.maximum(size, 1))
+        entry = jax.random.randint(use, (self._batch(batch_size),), 0, jnp.maximum(local, 1))
         indices = ((oldest + entry // width) % rows) * width + entry % width
-        weights = jnp.where(size > 0, jnp.ones(indices.shape), 0.0)
-        return state.replace(key=key), Sample(self.gather(state, indices), indices, weights, size)
+        weights = jnp.where(local > 0, jnp.ones(indices.shape), 0.0)
+        return state.replace(key=key), Sample(self.gather(state, indices), indices, weights, self.size(state))
 
     def update(self, state: ReplayState, indices: jax.Array, priorities: jax.Array) -> ReplayState:
         return state
@@ -176,9 +186,13 @@ class UniformBuffer(ReplayBuffer):
         return jax.tree.map(lambda d: d[window, env[:, None]], state.data)
 
     def _batch(self, batch_size: int | None) -> int:
+        """This shard's part of a sample of ``batch_size``."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"{type(self).__name__}.sample needs a positive int batch_size, got {batch_size!r}")
-        return batch_size
+        if batch_size % self.shards:
+            raise ValueError(f"a sample of {batch_size} cannot be drawn evenly from {self.shards} replay shards; "
+                             f"make the batch size a multiple of {self.shards}")
+        return batch_size // self.shards
 
 
 # ------------------------------------------------------------------------------------------ sum tree
@@ -247,7 +261,8 @@ class PrioritizedBuffer(UniformBuffer):
 
     An entry is drawn with probability ``P(i) = p_i**alpha / sum_k p_k**alpha`` (stratified: one draw per
     equal slice of the total), ``p_i = priority + eps``; new entries get the largest priority seen so far.
-    Importance weights are ``(size * P(i))**-beta``, divided by the batch's largest; ``beta`` goes linearly
+    Importance weights are ``(size * P(i))**-beta`` (divide them by the largest of the batch the learner
+    sees: with a sharded buffer that is several shards' samples together); ``beta`` goes linearly
     from ``beta`` to ``beta_final`` over ``beta_steps`` sample calls (0: constant). ``update(state,
     indices, priorities)`` sets the priorities of sampled entries (ignored for entries that can no longer
     be sampled; an entry overwritten since it was sampled takes the update as its own).
@@ -303,12 +318,13 @@ class PrioritizedBuffer(UniformBuffer):
         total = self.total(state)
         values = (jnp.arange(batch) + jax.random.uniform(use, (batch,))) * (total / batch)  # stratified
         indices = _tree_find(state.tree, values)
-        size = self.size(state)
+        # the chance of drawing an entry, relative to uniform over all shards' entries: with every shard
+        # as full as the others and batch / shards drawn from each, that is local size * P(i) in its shard
         probs = self.priorities(state, indices) / jnp.where(total > 0, total, 1.0)
-        weights = (jnp.maximum(size, 1) * jnp.where(total > 0, probs, 1.0)) ** -self.beta_at(state.samples)
-        weights = jnp.where(total > 0, weights / weights.max(), 0.0)
+        relative = jnp.maximum(self._local_size(state), 1) * jnp.where(total > 0, probs, 1.0)
+        weights = jnp.where(total > 0, relative ** -self.beta_at(state.samples), 0.0)
         state = state.replace(key=key, samples=state.samples + 1)
-        return state, Sample(self.gather(state, indices), indices, weights, size)
+        return state, Sample(self.gather(state, indices), indices, weights, self.size(state))
 
     def update(self, state: PrioritizedState, indices: jax.Array, priorities: jax.Array) -> PrioritizedState:
         live = self.sampleable(state, indices)  # (not read from the leaves: that would copy them, not update)

@@ -149,7 +149,8 @@ class DQNLearner(msrl.Learner):
         y = jax.lax.stop_gradient(self._target(params, target, t))
         q = self.net.apply(params, t.obs[:, 0])
         q_taken = jnp.take_along_axis(q, t.action[:, 0, None], axis=-1)[:, 0]
-        loss = jnp.mean(sample.weights * optax.huber_loss(q_taken, y, delta=self.cfg.huber_delta))
+        weights = sample.weights / jnp.maximum(sample.weights.max(), 1e-12)  # (all zero before any entry)
+        loss = jnp.mean(weights * optax.huber_loss(q_taken, y, delta=self.cfg.huber_delta))
         return loss, (jnp.abs(q_taken - y), {"loss": loss, "q": q_taken.mean()})
 
     def learn(self, state, sample: Sample):

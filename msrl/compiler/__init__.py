@@ -19,7 +19,7 @@ from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import Partition, partition
 from msrl.components import Environment
-from msrl.errors import CompileError
+from msrl.errors import CompileError, ConfigError
 from msrl.policy import FragmentSpec, Policy
 
 COMPONENTS = ("env", "actor", "learner", "buffer")
@@ -90,6 +90,12 @@ class Program:
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
         if self.components["learner"] is not None:
             self.components["learner"].grad_transforms = tuple(policy.grad_transforms())
+        buffer, shards = self.components["buffer"], policy.buffer_shards()
+        if hasattr(buffer, "shards"):
+            buffer.shards = shards
+        elif buffer is not None and shards > 1:
+            raise ConfigError("policy.shards", f"{type(buffer).__name__} cannot be split over {shards} replay shards "
+                              "(it has no `shards`); use msrl.UniformBuffer or msrl.PrioritizedBuffer")
         self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
         with self._phase("frontend"):
             self.stmts, self.namespace = frontend.parse(algorithm)
@@ -189,6 +195,12 @@ class Program:
 
         self.item_axes = axes(self.item_spec, doubled_item) if self.item_spec is not None else None
         return {key: axes(value, doubled.get(key)) for key, value in self.shapes.items()}
+
+    def comm_axes(self, comm: Any) -> list[int | None]:
+        """The axis of each leaf of ``comm``'s value that its gather joins and its scatter splits."""
+        if comm.along == "batch":
+            return [0 if len(s.shape) else None for s in jax.tree.leaves(self.shapes[(comm.src, comm.var)])]
+        return self.env_axes.get((comm.src, comm.var), [])
 
     # ------------------------------------------------------------------------------------ fragments
     def _project(self, stmts: list[Stmt], frag: str) -> list[Stmt]:

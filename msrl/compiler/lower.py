@@ -125,7 +125,13 @@ class _Emitter:
         seg.emit(0, f"def {name}({', '.join(ins)}):", run[0])
         seg.block(run, 1, set(ins))
         seg.emit(1, f"return {_pack(outs)}")
-        seg.emit(0, f"{name} = _msrl_jit({name})")
+        # the buffer's old state is dead once the segment returns its new one: update it in place, not by
+        # a copy. Not when the segment also returns the state's own arrays (buffer_get's batch, which may
+        # still be on its way to another replica), nor for other states (a learner's broadcast parameters
+        # are its state's arrays)
+        gets = any(b.kind == "api" and b.api.name == "buffer_get" for b in walk(run))
+        donate = ', donate_argnames="_s_buffer"' if "_s_buffer" in ins and "_s_buffer" in outs and not gets else ""
+        seg.emit(0, f"{name} = _msrl_jit({name}{donate})")
         self.emit(indent, f"{_pack(outs)} = {name}({', '.join(ins)})", run[0])
         defined |= set(outs)
 
@@ -182,8 +188,8 @@ class _Emitter:
             self.emit(indent, f"for {var} in {bounds}:", s)
             self.block(s.body, indent + 1, defined)
             if self.stacking is not None:
-                self.emit(indent, f"_s_buffer = _c_buffer.insert_batch(_s_buffer, _msrl_stack(_items_{s.id}))",
-                          self.stacking)
+                self.segments.emit(0, f"_insert_{s.id} = _msrl_jit(_c_buffer.insert_batch, donate_argnums=0)")
+                self.emit(indent, f"_s_buffer = _insert_{s.id}(_s_buffer, _msrl_stack(_items_{s.id}))", self.stacking)
             self.stacking = outer
             defined |= {py(d) for d in loop_defs(s)}
             return

@@ -24,6 +24,8 @@ class Comm:
     src_fragment: str
     dst_fragment: str
     point: str  # the statement (or loop) after which it happens: src, hoisted out of loops the use is not in
+    along: str = "env"  # gather/scatter along each leaf's env axis, or along the leading (batch) axis
+    every: int = 1  # it crosses every `every`-th iteration only (the receiver keeps the last value in between)
 
 
 @dataclasses.dataclass
@@ -65,11 +67,12 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> Partit
         point = _exit_point(fdg, u, v)
         key = (point, var, fv)
         if key not in comms:
-            op = policy.comm_op(var, fragments[fu], fragments[fv])
-            comms[key] = Comm(f"c{len(comms) + 1}", op, var, u, fu, fv, point)
+            src, dst = fragments[fu], fragments[fv]
+            comms[key] = Comm(f"c{len(comms) + 1}", policy.comm_op(var, src, dst), var, u, fu, fv, point,
+                              policy.comm_axis(var, src, dst), policy.comm_every(var, src, dst))
             c = comms[key]
-            fdg.add_node(c.id, kind="comm", op=op, fragment=f"{fu}->{fv}", parent=fdg.nodes[point]["parent"],
-                         text=f"{op} {var}", file=None, line=None)
+            fdg.add_node(c.id, kind="comm", op=c.op, fragment=f"{fu}->{fv}", parent=fdg.nodes[point]["parent"],
+                         text=f"{c.op} {var}", file=None, line=None)
             fdg.add_edge(u, c.id, key=var, **{**data, "carry": False})
         fdg.add_edge(comms[key].id, v, key=var, **data)
         fdg.remove_edge(u, v, key=var)

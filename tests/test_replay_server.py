@@ -1,0 +1,113 @@
+"""``replay_server`` (Ape-X): actors feed sharded replay buffers, one learner samples across them.
+
+No transition is lost, duplicated or misrouted (the shards' contents, joined, are the fused buffer's); one
+shard is the fused program exactly; actors pull parameters every ``param_sync_every`` iterations; ray
+runs the same numbers as threads; errors name the key.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_threads import max_diff
+
+import msrl
+from msrl.config import load_config
+from msrl.errors import CompileError, ConfigError
+from msrl.registry import BACKENDS
+
+DQN = Path(__file__).resolve().parent.parent / "examples" / "dqn_cartpole.yaml"
+SMALL = ["run.seed=0", "algorithm.buffer_size=4096", "algorithm.batch_size=32", "algorithm.hidden=[32]",
+         "algorithm.rollout_len=2", "algorithm.updates=2", "algorithm.prioritized=true", "algorithm.eps_start=0.2",
+         "algorithm.learning_starts=32", "algorithm.target_update_every=4"]
+
+
+def server(actors: int, shards: int, *more: str) -> tuple[str, ...]:
+    return ("policy.name=replay_server", f"policy.actors={actors}", f"policy.shards={shards}",
+            f"policy.envs_per_actor={8 // actors}", *more)
+
+
+@functools.lru_cache(maxsize=None)
+def run(overrides: tuple[str, ...], iterations: int, steps: tuple[int, ...] = ()):
+    """Learner parameters and component snapshots after ``iterations`` (and after each of ``steps``) of a
+    short run, and its metrics rows. Cached: tests share runs."""
+    cfg = load_config(DQN, [*SMALL, *overrides])
+    runtime = BACKENDS.get(cfg.policy.backend)().build(msrl.build(cfg), 0, 1)
+    try:
+        rows, params, snaps, done = [], {}, {}, 0
+        for n in (*steps, iterations):
+            rows += runtime.run(n - done)
+            params[n], snaps[n], done = runtime.params(), runtime.snapshot(), n
+        return params, snaps, rows
+    finally:
+        runtime.close()
+
+
+def test_one_shard_is_the_fused_program():
+    fused, _, fused_rows = run((), 12)
+    one, _, one_rows = run(server(2, 1), 12)
+    assert max_diff(fused[12], one[12]) <= 1e-6
+    assert [r["loss"] for r in fused_rows] == pytest.approx([r["loss"] for r in one_rows], rel=1e-5)
+
+
+def test_no_transition_lost_duplicated_or_misrouted():
+    """Learning held off: every run steps the same episodes, so the shards' buffers, joined along the env
+    axis in shard order, must be exactly the fused program's buffer, and each shard must have counted
+    exactly the rows its 2 actors sent."""
+    iterations, hold = 9, ("algorithm.learning_starts=4096",)
+    whole = run(hold, iterations)[1][iterations]["main"][0]["buffer"]
+    assert np.abs(np.asarray(whole.data.obs[: iterations * 2])).sum() > 0  # real transitions were stored
+    shards = [s["buffer"] for s in run((*server(4, 2), *hold), iterations)[1][iterations]["replay"]]
+    for shard in shards:  # 2 steps per iteration, from every env of the shard's actors
+        assert int(shard.count) == iterations * 2
+        assert np.asarray(shard.data.obs).shape[1] == 4  # 8 envs over 2 shards
+    for field in ("obs", "action", "reward", "done"):
+        joined = np.concatenate([np.asarray(getattr(s.data, field)) for s in shards], axis=1)
+        np.testing.assert_array_equal(joined, np.asarray(getattr(whole.data, field)))
+
+
+SYNC4 = (server(2, 2, "policy.param_sync_every=4"), 12, (1, 4, 5))  # 2 shards, actors pull every 4 iterations
+
+
+def test_two_shards_are_sampled_and_get_their_priorities_back():
+    one, _, _ = run(server(2, 1), 12)
+    two, snaps, rows = run(*SYNC4)
+    assert max_diff(one[12], two[12]) > 1e-4 and np.isfinite(rows[-1]["loss"])  # a sharded sample differs
+    for shard in snaps[12]["replay"]:  # both shards were sampled and had priorities set
+        leaves = np.asarray(shard["buffer"].tree[0])
+        assert len(np.unique(leaves[leaves > 0])) > 2
+
+
+def test_actors_pull_parameters_every_param_sync_every_iterations():
+    """Pulls after iterations 1, 5, 9 (every 4th): after 4 iterations the actors still act with the
+    learner's parameters of iteration 1; after 5 with the newest."""
+    params, snaps, _ = run(*SYNC4)
+    assert max_diff(params[4], params[1]) > 0  # the learner moved on meanwhile
+    for actor in snaps[4]["actor"]:
+        assert max_diff(actor["params"], params[1]) == 0.0
+    for actor in snaps[5]["actor"]:
+        assert max_diff(actor["params"], params[5]) == 0.0
+
+
+def test_ray_runs_the_same_numbers_as_threads(ray_cluster):
+    threads, _, threads_rows = run(*SYNC4)
+    overrides, iterations, _ = SYNC4
+    ray, snaps, ray_rows = run((*overrides, "policy.backend=ray", "policy.resources.replay.num_cpus=0.5"), iterations)
+    assert max_diff(threads[12], ray[12]) <= 1e-6
+    assert [r["episodes"] for r in threads_rows] == [r["episodes"] for r in ray_rows]
+    assert [int(s["buffer"].count) for s in snaps[12]["replay"]] == [24, 24]
+
+
+def test_errors_name_the_key():
+    ppo = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml"
+    with pytest.raises(ConfigError, match="policy.shards"):
+        msrl.build(load_config(DQN, [*server(4, 3), "algorithm.batch_size=48"]))
+    with pytest.raises(CompileError, match="multiple of 2"):  # at the loop's buffer_sample line
+        msrl.build(load_config(DQN, [*server(2, 2), "algorithm.batch_size=33"]))
+    with pytest.raises(ConfigError, match="buffer_sample"):
+        msrl.build(load_config(ppo, ["policy.name=replay_server", "policy.shards=1"]))
+    with pytest.raises(ConfigError, match="TrajectoryBuffer cannot be split over 2"):
+        msrl.build(load_config(ppo, ["policy.name=replay_server"]))
