@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_receiver, gather_senders,
-                          replica_env_ids, replicated, result_metrics, split_along)
+                          policy_lag, replica_env_ids, replicated, result_metrics, split_along)
 from msrl.compiler.ir import walk
 from msrl.compiler.lower import materialize, reraise_at_user_line
 from msrl.components import episode_metrics
@@ -155,10 +155,12 @@ class FragmentWorker:
 
         if self.params_from is not None and self.iteration > 0:
             sender, cid = self.params_from
-            every = self.comms[cid].every  # the last iteration before this one that sent parameters
-            (params,) = ray.get(sender.sent_value.remote(cid, (self.iteration - 1) // every * every))
-            params = ray.get(params) if isinstance(params, ray.ObjectRef) else params
-            self.state["params"] = self.last[cid] = params
+            comm = self.comms[cid]  # the last iteration before this one that sent its parameters
+            sent = (self.iteration - 1 - comm.lag) // comm.every * comm.every
+            if sent >= 0:
+                (params,) = ray.get(sender.sent_value.remote(cid, sent))
+                params = ray.get(params) if isinstance(params, ray.ObjectRef) else params
+                self.state["params"] = self.last[cid] = params
         self.params_from = None
         env = self.program.env
         out = []
@@ -243,7 +245,7 @@ class FragmentWorker:
             ref = ray.put(value) if _nbytes(value) > _INLINE_BYTES else value
             with self.cond:
                 self.sent[(comm.id, self.iteration)] = ref
-                self.sent.pop((comm.id, self.iteration - 2 * comm.every), None)
+                self.sent.pop((comm.id, self.iteration - 2 * comm.every - comm.lag), None)
                 self.cond.notify_all()
             parts = {r: ref for r in range(n)}
         elif comm.op == "scatter":
@@ -259,11 +261,13 @@ class FragmentWorker:
 
         if not self._due(comm):
             return self.last[comm.id]
+        if self.iteration < comm.lag:  # nothing sent that early: the value this replica holds
+            return self.state[comm.var.lstrip("@")]
         self.flush()
         count = self._count(comm.id)
         senders = gather_senders(self.replica, self.replicas[comm.src_fragment], self.replicas[self.key[0]]) \
             if comm.op == "gather" else [self.replica] if comm.op == "send" else [0]
-        keys = [(comm.id, s, self.iteration, count) for s in senders]
+        keys = [(comm.id, s, self.iteration - comm.lag, count) for s in senders]
         with self.cond:
             while not all(k in self.box for k in keys):
                 if self.stopped:
@@ -428,7 +432,7 @@ class RayRuntime(Runtime):
         except BaseException:
             self.close()
             raise
-        rows = [{**episode_metrics(stats.get(it, [])), **_mean(results.get(it, []))}
+        rows = [{**episode_metrics(stats.get(it, [])), **_mean(results.get(it, [])), **policy_lag(self.program, it)}
                 for it in range(self.iteration, target)]
         self.iteration = target
         return rows

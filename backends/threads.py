@@ -22,8 +22,8 @@ from typing import Any
 
 import jax
 
-from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_senders, replica_env_ids,
-                          result_metrics, split_along)
+from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_senders, policy_lag,
+                          replica_env_ids, result_metrics, split_along)
 from msrl.compiler.lower import materialize
 from msrl.components import episode_metrics
 from msrl.errors import TrainingError
@@ -131,6 +131,7 @@ class ThreadsRuntime(Runtime):
                 fn = jax.jit(fn)
             for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):
                 self.replicas.append(_Replica(frag, r, fn, program.init_states(frag.state_keys, seed, env_ids)))
+        self.channels, self.iteration = channels, 0
 
     def _work(self, rep: _Replica, iterations: int) -> None:
         self.local.replica = rep.index
@@ -148,6 +149,11 @@ class ThreadsRuntime(Runtime):
             self.stop.set()
 
     def run(self, iterations: int) -> list[dict[str, float]]:
+        if self.iteration == 0:  # a late comm's first receives get the receiver's own (maybe restored) value
+            for c in self.program.partition.comms:
+                for rep in (r for r in self.replicas if r.fragment.name == c.dst_fragment):
+                    for _ in range(c.lag):
+                        self.channels[c.id].queues[rep.index].put(rep.state[c.var.lstrip("@")])
         for rep in self.replicas:
             rep.results, rep.stats = [], []
         self.threads = [threading.Thread(target=self._work, args=(rep, iterations), daemon=True,
@@ -167,8 +173,11 @@ class ThreadsRuntime(Runtime):
             raise TrainingError(f"fragment {rep.fragment.name!r} replica {rep.index} failed:\n{rep.error}")
         returner = next((rep for rep in self.replicas if any(s.kind == "return" for s in rep.fragment.stmts)), None)
         with_env = [rep for rep in self.replicas if rep.stats]
-        return [{**episode_metrics([rep.stats[i] for rep in with_env]),
-                 **result_metrics(returner.results[i] if returner else None)} for i in range(iterations)]
+        rows = [{**episode_metrics([rep.stats[i] for rep in with_env]),
+                 **result_metrics(returner.results[i] if returner else None),
+                 **policy_lag(self.program, self.iteration + i)} for i in range(iterations)]
+        self.iteration += iterations
+        return rows
 
     def state(self) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}

@@ -97,6 +97,17 @@ def check_comms(program: Any) -> None:
                               f"{receivers} {c.dst_fragment!r} replicas")
 
 
+def policy_lag(program: Any, iteration: int) -> dict[str, int]:
+    """``{"policy_lag": n}``: how many learner updates behind the parameters the actors acted with in
+    ``iteration`` are (the learner's ``@params`` broadcast, its ``every`` and ``lag``); ``{}`` when no
+    parameters are communicated."""
+    comm = next((c for c in program.partition.comms if c.var == "@params"), None)
+    if comm is None:
+        return {}
+    received = (iteration - 1 - comm.lag) // comm.every * comm.every  # the sender's iteration they came from
+    return {"policy_lag": iteration - 1 - received if received >= 0 else iteration}
+
+
 def gather_senders(receiver: int, senders: int, receivers: int) -> range:
     """The sender replicas a gather's ``receiver`` joins: an equal, contiguous group of them (all of them
     for a single receiver), so the joined value keeps global environment order."""

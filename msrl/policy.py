@@ -67,6 +67,13 @@ class Policy(BaseModel):
         sender sends nothing and the receiver keeps the last value it got."""
         return 1
 
+    def comm_lag(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> int:
+        """Iterations late that a value carried across iterations (``@params``) may arrive: the receiver's
+        iteration i takes what the sender sent at iteration ``i - lag`` (its own initial value before
+        that), so it need not wait for the sender's newest (``single_learner_coarse`` with ``sync:
+        false``: actors collect the next batch while the learner trains on the last)."""
+        return 0
+
     def comm_op(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
         """The communication op for a value crossing from fragment ``src`` to ``dst``."""
         if var == "@params":

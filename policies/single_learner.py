@@ -3,6 +3,9 @@
 - ``single_learner_coarse`` (Acme, synchronous IMPALA, MSRL DP-SLC): cut at ``agent_learn``. ``actors``
   replicas each run env + act + insert on ``envs_per_actor`` environments; their trajectories are gathered
   (concatenated in global environment order) to one learner, whose new parameters are broadcast back.
+  With ``sync: false`` the actors do not wait for them: they collect the next batch with the parameters
+  of one update before while the learner trains on the last (IMPALA's asynchronous actors, pipelined
+  deterministically: every batch is exactly one update behind).
 - ``single_learner_fine`` (SEED RL): cut at ``env_step``. ``actors`` env-only workers step their
   environments; inference and learning run centrally, batched over every worker's observations; actions
   are scattered and observations/rewards/dones gathered every step.
@@ -37,6 +40,11 @@ class _SingleLearner(DistributedPolicy):
 
 class SingleLearnerCoarse(_SingleLearner):
     name: Literal["single_learner_coarse"] = "single_learner_coarse"
+    sync: bool = Field(True, description="false: actors collect the next batch with the parameters of one "
+                       "update before while the learner trains (policy lag 1, recorded as policy_lag)")
+
+    def comm_lag(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> int:
+        return 0 if self.sync or var != "@params" else 1
 
     def fragments(self) -> list[FragmentSpec]:
         return self._roles("actor", "learner")

@@ -26,6 +26,7 @@ class Comm:
     point: str  # the statement (or loop) after which it happens: src, hoisted out of loops the use is not in
     along: str = "env"  # gather/scatter along each leaf's env axis, or along the leading (batch) axis
     every: int = 1  # it crosses every `every`-th iteration only (the receiver keeps the last value in between)
+    lag: int = 0  # the receiver's iteration i takes the sender's value of iteration i - lag
 
 
 @dataclasses.dataclass
@@ -69,7 +70,8 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> Partit
         if key not in comms:
             src, dst = fragments[fu], fragments[fv]
             comms[key] = Comm(f"c{len(comms) + 1}", policy.comm_op(var, src, dst), var, u, fu, fv, point,
-                              policy.comm_axis(var, src, dst), policy.comm_every(var, src, dst))
+                              policy.comm_axis(var, src, dst), policy.comm_every(var, src, dst),
+                              policy.comm_lag(var, src, dst))
             c = comms[key]
             fdg.add_node(c.id, kind="comm", op=c.op, fragment=f"{fu}->{fv}", parent=fdg.nodes[point]["parent"],
                          text=f"{c.op} {var}", file=None, line=None)
