@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import jax
 import numpy as np
 import pytest
 

@@ -22,8 +22,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CARTPOLE = str(EXAMPLES / "ppo_cartpole.yaml")
 
 
-def final_params(overrides: list[str], iterations: int = 5):
-    cfg = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", *overrides])
+def final_params(overrides: list[str], iterations: int = 5, config: str | Path = CARTPOLE):
+    cfg = load_config(config, ["run.seed=0", "run.total_env_steps=100000", *overrides])
     program = msrl.build(cfg)
     runtime = BACKENDS.get(cfg.policy.backend)().build(program, 0, iterations)
     try:

@@ -49,6 +49,23 @@ class ActOutput(NamedTuple):
     value: jax.Array
 
 
+def gae(reward, done, value, last_value, gamma: float, lam: float):
+    """Generalized advantage estimation over a time-major rollout (``[time, env]``): returns the advantages
+    and the value targets (advantages + values). An episode end (``done``) cuts the bootstrap; the episode
+    still running at the end is bootstrapped from ``last_value``. ``lam = 1``: n-step returns minus values."""
+
+    def back(carry, t):
+        adv, next_value = carry
+        r, d, v = t
+        not_done = 1.0 - d.astype(jnp.float32)
+        delta = r + gamma * next_value * not_done - v
+        adv = delta + gamma * lam * not_done * adv
+        return (adv, v), adv
+
+    _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), (reward, done, value), reverse=True)
+    return adv, adv + value
+
+
 class PPOActor(msrl.Actor):
     def __init__(self, net: ActorCritic):
         self.net = net
@@ -87,17 +104,7 @@ class PPOLearner(msrl.Learner):
         return state["params"]
 
     def _gae(self, batch: Transition, last_value):
-        cfg = self.cfg
-
-        def back(carry, t):
-            gae, next_value = carry
-            not_done = 1.0 - t.done.astype(jnp.float32)
-            delta = t.reward + cfg.gamma * next_value * not_done - t.value
-            gae = delta + cfg.gamma * cfg.gae_lambda * not_done * gae
-            return (gae, t.value), gae
-
-        _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), batch, reverse=True)
-        return adv, adv + batch.value
+        return gae(batch.reward, batch.done, batch.value, last_value, self.cfg.gamma, self.cfg.gae_lambda)
 
     def _loss(self, params, mb):
         cfg = self.cfg
