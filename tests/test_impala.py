@@ -4,7 +4,6 @@ and config errors naming the key."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import jax
@@ -18,10 +17,10 @@ from msrl.algorithms.ppo.ppo import gae
 
 import msrl
 from msrl.config import load_config
+from test_a2c import last_quarter_after_60k
 from test_threads import final_params, max_diff
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "impala_cartpole.yaml"
-QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
 
 
 def _random_trajectory(seed, steps=7, envs=3, spread=0.7):
@@ -126,13 +125,7 @@ def test_fused_and_coarse_on_threads_give_the_same_parameters_with_minibatches()
 
 
 def test_impala_cartpole_learns_well_beyond_random(tmp_path):
-    # a random policy scores ~22; the example's full 500k-step run ends at 500 (README). 60k steps are too
-    # few to settle, so judge the mean of the last quarter of the run (seeds 0-2: 450, 483, 200)
-    summary = msrl.train(EXAMPLE, ["run.seed=0", "run.total_env_steps=60000", *QUICK], run_dir=tmp_path)
-    with open(tmp_path / "metrics.csv", newline="") as f:
-        returns = [float(r["episode_return"]) for r in csv.DictReader(f)]
-    assert len(returns) == summary["iterations"]
-    last = returns[-len(returns) // 4:]
+    last = last_quarter_after_60k(EXAMPLE, tmp_path)  # seeds 0-2: 450, 483, 200
     assert sum(last) / len(last) > 150, last
 
 
