@@ -15,13 +15,12 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 from pydantic import Field
 
 import msrl
 from msrl.algorithms.a2c.a2c import A2CConfig, actor_critic, make_optimizer
 from msrl.algorithms.ppo.networks import ActorCritic, policy
-from msrl.algorithms.ppo.ppo import PPOActor
+from msrl.algorithms.ppo.ppo import PPOActor, minibatch_epochs
 from msrl.config import INT32_MAX
 
 
@@ -109,31 +108,14 @@ class IMPALALearner(msrl.Learner):
 
     def learn(self, state, batch: Transition, last_obs):
         cfg = self.cfg
-        num_envs = batch.reward.shape[1]
 
-        def epoch(carry, _):
-            params, opt_state, key = carry
-            key, perm_key = jax.random.split(key)
-            data = (jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch), last_obs)  # env-major: split over envs
-            if cfg.minibatches > 1:
-                perm = jax.random.permutation(perm_key, num_envs)
-                data = jax.tree.map(lambda x: x[perm], data)
-            mbs = jax.tree.map(lambda x: x.reshape((cfg.minibatches, -1, *x.shape[1:])), data)
+        def loss(params, mb):  # a minibatch of whole trajectories, env-major: back to time-major
+            t, last = mb
+            return self._loss(params, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), t), last)
 
-            def step(carry, mb):
-                params, opt_state = carry
-                t, last = mb
-                t = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), t)  # back to time-major
-                grads, metrics = jax.grad(self._loss, has_aux=True)(params, t, last)
-                updates, opt_state = self.tx.update(grads, opt_state, params)  # incl. grad_transforms
-                return (optax.apply_updates(params, updates), opt_state), metrics
-
-            (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), mbs)
-            return (params, opt_state, key), metrics
-
-        (params, opt_state, key), metrics = jax.lax.scan(
-            epoch, (state["params"], state["opt_state"], state["key"]), None, length=cfg.epochs)
-        return {"params": params, "opt_state": opt_state, "key": key}, jax.tree.map(jnp.mean, metrics)
+        data = (jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch), last_obs)  # env-major: split over envs
+        return minibatch_epochs(self.tx, loss, state, data, cfg.epochs, cfg.minibatches,
+                                shuffle=cfg.minibatches > 1)
 
 
 class IMPALA(msrl.Algorithm):

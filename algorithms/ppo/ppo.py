@@ -66,6 +66,33 @@ def gae(reward, done, value, last_value, gamma: float, lam: float):
     return adv, adv + value
 
 
+def minibatch_epochs(tx, loss, state, data, epochs: int, minibatches: int, shuffle: bool = True):
+    """``epochs`` passes over ``data`` (leaves batched on their leading axis), each shuffling it (with
+    ``shuffle``) and taking one ``tx`` step per equal slice of ``minibatches``; ``loss(params, minibatch) ->
+    (loss, metrics)``. ``state`` holds ``params``, ``opt_state`` and ``key``; returns it updated and the
+    metrics averaged over every step."""
+    size = jax.tree.leaves(data)[0].shape[0]
+
+    def epoch(carry, _):
+        params, opt_state, key = carry
+        key, perm_key = jax.random.split(key)
+        shuffled = jax.tree.map(lambda x: x[jax.random.permutation(perm_key, size)], data) if shuffle else data
+        mbs = jax.tree.map(lambda x: x.reshape((minibatches, -1, *x.shape[1:])), shuffled)
+
+        def step(carry, mb):
+            params, opt_state = carry
+            grads, metrics = jax.grad(loss, has_aux=True)(params, mb)
+            updates, opt_state = tx.update(grads, opt_state, params)  # incl. a policy's grad_transforms
+            return (optax.apply_updates(params, updates), opt_state), metrics
+
+        (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), mbs)
+        return (params, opt_state, key), metrics
+
+    (params, opt_state, key), metrics = jax.lax.scan(
+        epoch, (state["params"], state["opt_state"], state["key"]), None, length=epochs)
+    return {"params": params, "opt_state": opt_state, "key": key}, jax.tree.map(jnp.mean, metrics)
+
+
 class PPOActor(msrl.Actor):
     def __init__(self, net: ActorCritic):
         self.net = net
@@ -127,26 +154,7 @@ class PPOLearner(msrl.Learner):
         _, last_value = self.net.apply(state["params"], last_obs)
         adv, targets = self._gae(batch, last_value)
         data = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), (batch, adv, targets))
-        size = adv.size
-
-        def epoch(carry, _):
-            params, opt_state, key = carry
-            key, perm_key = jax.random.split(key)
-            perm = jax.random.permutation(perm_key, size)
-            mbs = jax.tree.map(lambda x: x[perm].reshape((cfg.minibatches, -1, *x.shape[1:])), data)
-
-            def step(carry, mb):
-                params, opt_state = carry
-                grads, metrics = jax.grad(self._loss, has_aux=True)(params, mb)
-                updates, opt_state = self.tx.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), metrics
-
-            (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), mbs)
-            return (params, opt_state, key), metrics
-
-        (params, opt_state, key), metrics = jax.lax.scan(
-            epoch, (state["params"], state["opt_state"], state["key"]), None, length=cfg.epochs)
-        return {"params": params, "opt_state": opt_state, "key": key}, jax.tree.map(jnp.mean, metrics)
+        return minibatch_epochs(self.tx, self._loss, state, data, cfg.epochs, cfg.minibatches)
 
 
 class PPO(msrl.Algorithm):
