@@ -32,12 +32,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from msrl import services
 from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_receiver, gather_senders,
-                          policy_lag, replica_env_ids, replicated, result_metrics, split_along)
+                          mean_metrics, policy_lag, replica_env_ids, replicated, result_metrics, split_along)
 from msrl.compiler.ir import walk
 from msrl.compiler.lower import materialize, reraise_at_user_line
 from msrl.components import episode_metrics
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import CompileError, ConfigError, TrainingError
 
 _POLL_S = 0.05
 _INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
@@ -136,8 +137,10 @@ class FragmentWorker:
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
-    def connect(self, peers: dict[tuple[str, int], Any]) -> None:
+    def connect(self, peers: dict[tuple[str, int], Any], hosts: dict[str, Any]) -> None:
         self.peers = peers
+        for name, host in hosts.items():  # the policy's services, each a Ray actor
+            self.program.services[name].target = host
 
     def resume(self, peers: dict, iteration: int, params_from: tuple[Any, str] | None, iterations: int) -> list:
         """After a restart: continue at ``iteration`` with fresh environments and keys and the parameters
@@ -372,6 +375,7 @@ class RayRuntime(Runtime):
         self.restarts: dict[tuple[str, int], int] = {}
         self.unrestartable = {name: restartable(f) for name, f in program.fragments.items()}
         self.workers: dict[tuple[str, int], Any] = {}
+        self.hosts: dict[str, Any] = {}  # the policy's services, by name
         splits = {name: replica_env_ids(program.num_envs, frag) for name, frag in program.fragments.items()}
         recipe = cloudpickle.dumps((program.algorithm, self.policy, program.env, program.num_envs))  # ~2 KB
         driver = {"sys_path": [p for p in sys.path if p], "compile_cache": jax.config.jax_compilation_cache_dir,
@@ -392,7 +396,10 @@ class RayRuntime(Runtime):
                     group = {"coordinator": ray.get(self.workers[(name, 0)].coordinator.remote()),
                              "size": spec.replicas}
                     ray.get([self.workers[(name, r)].setup.remote(group) for r in range(spec.replicas)])
-            ray.get([w.connect.remote(self.workers) for w in self.workers.values()])
+            host = ray.remote(services.ServiceHost).options(num_cpus=0, enable_task_events=False)
+            for name, service in program.services.items():
+                service.target = self.hosts[name] = host.remote(cloudpickle.dumps(service.make), seed)
+            ray.get([w.connect.remote(self.workers, self.hosts) for w in self.workers.values()])
             self.where_ = dict(zip(self.workers, ray.get([w.where.remote() for w in self.workers.values()]),
                                    strict=True))
         except BaseException as e:
@@ -423,6 +430,8 @@ class RayRuntime(Runtime):
                     running[self._recover(key, target, e)] = key
                     continue
                 except ray.exceptions.RayTaskError as e:
+                    if isinstance(e.cause, (ConfigError, CompileError)):  # bad input, found while running
+                        raise e.cause from None
                     raise TrainingError(f"fragment {key[0]!r} replica {key[1]} failed:\n{e}") from None
                 for it, st, result in out:
                     if st is not None:
@@ -432,8 +441,9 @@ class RayRuntime(Runtime):
         except BaseException:
             self.close()
             raise
-        rows = [{**episode_metrics(stats.get(it, [])), **_mean(results.get(it, [])), **policy_lag(self.program, it)}
-                for it in range(self.iteration, target)]
+        counters = services.metrics(self.program.services)  # as of the end of these iterations
+        rows = [{**episode_metrics(stats.get(it, [])), **mean_metrics(results.get(it, [])),
+                 **policy_lag(self.program, it), **counters} for it in range(self.iteration, target)]
         self.iteration = target
         return rows
 
@@ -483,16 +493,20 @@ class RayRuntime(Runtime):
         out: dict[str, list[Any]] = {}
         for (name, _), w in self.workers.items():
             out.setdefault(name, []).append(w.get_state.remote(skip))
-        return {name: ray.get(refs) for name, refs in out.items()}
+        return {**{name: ray.get(refs) for name, refs in out.items()}, **services.snapshot(self.program.services)}
 
     def restore(self, snapshot: dict[str, list[dict]]) -> None:
         import ray
 
         ray.get([w.set_state.remote(snapshot[name][r]) for (name, r), w in self.workers.items()])
+        services.restore(self.program.services, snapshot)
 
     def params(self) -> Any:
         import ray
 
+        if services.PARAMETERS in self.program.services:
+            learner_state = self.program.services[services.PARAMETERS].call("learner_state")
+            return self.program.components["learner"].policy_params(_numpy(learner_state))
         key = next(k for k, f in ((k, self.program.fragments[k[0]]) for k in self.workers)
                    if "learner" in f.state_keys)
         return ray.get(self.workers[key].params.remote())
@@ -503,16 +517,14 @@ class RayRuntime(Runtime):
 
         if not ray.is_initialized():
             return
-        for w in self.workers.values():
-            ray.kill(w, no_restart=True)
-        self.workers = {}
+        for actor in [*self.workers.values(), *self.hosts.values()]:
+            ray.kill(actor, no_restart=True)
+        self.workers, self.hosts = {}, {}
+        for service in self.program.services.values():
+            service.target = None
         if self.owns_connection:
             ray.shutdown()
             self.owns_connection = False
-
-
-def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]} if rows else {}
 
 
 def _connect(policy: Any, program: Any) -> bool:

@@ -22,11 +22,12 @@ from typing import Any
 
 import jax
 
-from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_senders, policy_lag,
+from msrl import services
+from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_senders, mean_metrics, policy_lag,
                           replica_env_ids, result_metrics, split_along)
 from msrl.compiler.lower import materialize
 from msrl.components import episode_metrics
-from msrl.errors import TrainingError
+from msrl.errors import CompileError, ConfigError, TrainingError
 
 _POLL_S = 0.05
 
@@ -109,6 +110,7 @@ class _Replica:
         self.results: list[Any] = []
         self.stats: list[dict[str, Any]] = []
         self.error: str | None = None
+        self.exc: BaseException | None = None
 
 
 class ThreadsRuntime(Runtime):
@@ -132,6 +134,8 @@ class ThreadsRuntime(Runtime):
             for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):
                 self.replicas.append(_Replica(frag, r, fn, program.init_states(frag.state_keys, seed, env_ids)))
         self.channels, self.iteration = channels, 0
+        for name, service in program.services.items():  # one object, shared by every replica thread
+            service.target = service.make(seed)
 
     def _work(self, rep: _Replica, iterations: int) -> None:
         self.local.replica = rep.index
@@ -144,8 +148,8 @@ class ThreadsRuntime(Runtime):
                     rep.stats.append(env.stats(rep.state["env"]))
         except _Stopped:
             pass
-        except BaseException:  # noqa: BLE001 - reported in the caller's thread
-            rep.error = traceback.format_exc()
+        except BaseException as e:  # noqa: BLE001 - reported in the caller's thread
+            rep.error, rep.exc = traceback.format_exc(), e
             self.stop.set()
 
     def run(self, iterations: int) -> list[dict[str, float]]:
@@ -170,12 +174,15 @@ class ThreadsRuntime(Runtime):
         failed = [rep for rep in self.replicas if rep.error]
         if failed:
             rep = failed[0]
+            if isinstance(rep.exc, (ConfigError, CompileError)):  # bad input, found while running: as itself
+                raise rep.exc
             raise TrainingError(f"fragment {rep.fragment.name!r} replica {rep.index} failed:\n{rep.error}")
-        returner = next((rep for rep in self.replicas if any(s.kind == "return" for s in rep.fragment.stmts)), None)
+        returners = [rep for rep in self.replicas if any(s.kind == "return" for s in rep.fragment.stmts)]
         with_env = [rep for rep in self.replicas if rep.stats]
+        counters = services.metrics(self.program.services)  # as of the end of these iterations
         rows = [{**episode_metrics([rep.stats[i] for rep in with_env]),
-                 **result_metrics(returner.results[i] if returner else None),
-                 **policy_lag(self.program, self.iteration + i)} for i in range(iterations)]
+                 **mean_metrics([result_metrics(rep.results[i]) for rep in returners]),
+                 **policy_lag(self.program, self.iteration + i), **counters} for i in range(iterations)]
         self.iteration += iterations
         return rows
 
@@ -190,14 +197,17 @@ class ThreadsRuntime(Runtime):
         for rep in self.replicas:
             out.setdefault(rep.fragment.name, []).append(
                 jax.device_get({k: v for k, v in rep.state.items() if k not in skip}))
-        return out
+        return {**out, **services.snapshot(self.program.services)}
 
     def restore(self, snapshot: dict[str, list[dict]]) -> None:
         for rep in self.replicas:
             rep.state = {**rep.state, **snapshot[rep.fragment.name][rep.index]}
+        services.restore(self.program.services, snapshot)
 
     def params(self) -> Any:
         learner = self.program.components["learner"]
+        if services.PARAMETERS in self.program.services:
+            return learner.policy_params(self.program.services[services.PARAMETERS].call("learner_state"))
         rep = next(r for r in self.replicas if "learner" in r.state)
         return learner.policy_params(rep.state["learner"])
 
@@ -210,6 +220,8 @@ class ThreadsRuntime(Runtime):
             if "env" in rep.state:
                 self.program.env.close(rep.state["env"])
         self.replicas = []
+        for service in self.program.services.values():
+            service.target = None
 
 
 class ThreadsBackend(Backend):

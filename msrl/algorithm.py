@@ -25,6 +25,7 @@ class Context:
     env_spec: EnvSpec
     num_envs: int  # total environments over all replicas
     total_env_steps: int
+    updates_per_iteration: int = 1  # learner updates per iteration over all replicas (async: one per worker)
 
 
 class Algorithm:

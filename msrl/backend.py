@@ -66,6 +66,13 @@ def result_metrics(result: Any) -> dict[str, float]:
     return out
 
 
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of every metric over several replicas' rows (each returning replica's loop metrics)."""
+    import numpy as np
+
+    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]} if rows else {}
+
+
 def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float]]:
     """Per-iteration rows from stacked (leading axis = iteration) loop results and env statistics."""
     import jax

@@ -11,8 +11,11 @@ class ConfigError(MsrlError, ValueError):
     """A bad configuration value. ``key`` is the dotted path of the offending key (``policy.actors``)."""
 
     def __init__(self, key: str, message: str):
-        self.key = key
+        self.key, self.message = key, message
         super().__init__(f"{key}: {message}" if key else message)
+
+    def __reduce__(self):  # picklable, so one raised in a Ray actor reaches the driver as itself
+        return ConfigError, (self.key, self.message)
 
 
 class CompileError(MsrlError):
@@ -25,6 +28,9 @@ class CompileError(MsrlError):
         if hint:
             text += f"\n  hint: {hint}"
         super().__init__(text)
+
+    def __reduce__(self):
+        return CompileError, (self.reason, self.file, self.line, self.hint)
 
 
 class TrainingError(MsrlError):

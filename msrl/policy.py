@@ -52,6 +52,21 @@ class Policy(BaseModel):
         (``multi_learner``: the all-reduce)."""
         return ()
 
+    def services(self, learner: Any) -> dict[str, Any]:
+        """Shared objects the backend hosts beside the fragments for the run (``async``: the parameter
+        holder), by name: :class:`msrl.services.Service` handles."""
+        return {}
+
+    def wrap_learner(self, learner: Any, services: dict[str, Any]) -> Any:
+        """The learner component the fragments call, given the algorithm's (``async``: one whose update is
+        applied by a service)."""
+        return learner
+
+    def updates_per_iteration(self) -> int:
+        """Learner updates per iteration of the loop over all replicas (``async``: one per worker). The
+        algorithm is told (``Context.updates_per_iteration``), to size its schedules by."""
+        return 1
+
     def buffer_shards(self) -> int:
         """Replicas the replay buffer is split over (``replay_server``): each holds ``capacity / shards``
         entries and draws ``batch_size / shards`` of a sample."""

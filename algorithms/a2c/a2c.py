@@ -117,7 +117,8 @@ class A2C(msrl.Algorithm):
         net = actor_critic(ctx.env_spec, cfg, "A2C")
         self.actor = PPOActor(net)  # samples from the policy; its value output goes unused
         self.learner = A2CLearner(net, cfg, ctx.env_spec.example_obs(),
-                                  max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len)))
+                                  max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len)
+                                      * ctx.updates_per_iteration))
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 
     def train_step(self):

@@ -88,8 +88,12 @@ class Program:
     def __init__(self, algorithm: Any, policy: Policy, env: Environment, num_envs: int):
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
-        if self.components["learner"] is not None:
-            self.components["learner"].grad_transforms = tuple(policy.grad_transforms())
+        learner = self.components["learner"]
+        self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
+        if learner is not None:
+            learner.grad_transforms = tuple(policy.grad_transforms())
+            self.services = policy.services(learner)
+            self.components["learner"] = policy.wrap_learner(learner, self.services)
         buffer, shards = self.components["buffer"], policy.buffer_shards()
         if hasattr(buffer, "shards"):
             buffer.shards = shards
@@ -164,7 +168,8 @@ class Program:
             for var, value in values.items():
                 shapes[(sid, var)] = jax.tree.map(_sds, value)
 
-        components = {**self.components, "env": self.env.shape_stand_in()}  # host envs cannot be traced
+        # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's
+        components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.algorithm.learner}
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record,
               **{f"_c_{c}": components[c] for c in used if c != "params"}}
         if probe_buffer is not None:

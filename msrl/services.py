@@ -1,0 +1,79 @@
+"""Services: objects a distribution policy needs beside its fragments, shared by all of them (``async``'s
+parameter holder).
+
+A policy makes them (:meth:`msrl.policy.Policy.services`: name -> :class:`Service`) and its components call
+them through :meth:`Service.call`. The backend hosts each one for the run and points every process's copy
+of the :class:`Service` at it: ``threads`` makes the object once in its process, so every replica thread
+calls the same object; ``ray`` makes it a Ray actor (:class:`ServiceHost`) and hands its handle to every
+replica process. Calls are made from Python, never from inside a running jitted computation.
+
+A service may define ``metrics()`` (counters merged into every metrics row), ``get_state()`` /
+``set_state(state)`` (saved in checkpoints) and, under the name :data:`PARAMETERS`, ``learner_state()``:
+the run's authoritative learner state, which the backends report as the run's parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+PARAMETERS = "parameters"
+SNAPSHOT_KEY = "_services"  # the pseudo-fragment under which a snapshot holds the services' states
+
+
+class Service:
+    """A handle on a shared object: ``make(seed)`` builds it; the backend sets ``target`` (the object, or
+    a Ray actor hosting it) before the run and clears it after."""
+
+    def __init__(self, make: Callable[[int], Any]):
+        self.make, self.target = make, None
+
+    def call(self, method: str, *args: Any) -> Any:
+        target = self.target
+        if target is None:
+            from msrl.errors import TrainingError
+
+            raise TrainingError("a policy service was called while no backend hosts it (is the runtime closed?)")
+        if type(target).__name__ == "ActorHandle":
+            import ray
+
+            return ray.get(target.call.remote(method, *args))
+        return getattr(target, method)(*args)
+
+    def has(self, method: str) -> bool:
+        return callable(getattr(self.target, method, None)) if type(self.target).__name__ != "ActorHandle" \
+            else self.call("has", method)
+
+
+class ServiceHost:
+    """The body of the Ray actor that hosts a service on ``ray``: builds the object from its pickled
+    ``make`` and runs the calls it gets."""
+
+    def __init__(self, make: bytes, seed: int):
+        import cloudpickle
+
+        self.obj = cloudpickle.loads(make)(seed)
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method == "has":
+            return callable(getattr(self.obj, args[0], None))
+        return getattr(self.obj, method)(*args)
+
+
+def metrics(services: dict[str, Service]) -> dict[str, float]:
+    """Every service's counters (``metrics()``), merged, for the metrics rows."""
+    out: dict[str, float] = {}
+    for name in sorted(services):
+        if services[name].has("metrics"):
+            out.update(services[name].call("metrics"))
+    return out
+
+
+def snapshot(services: dict[str, Service]) -> dict[str, list[dict]]:
+    """The services' states as a snapshot entry (``{SNAPSHOT_KEY: [{name: state}]}``; empty if none)."""
+    states = {name: s.call("get_state") for name, s in sorted(services.items()) if s.has("get_state")}
+    return {SNAPSHOT_KEY: [states]} if states else {}
+
+
+def restore(services: dict[str, Service], snapshot: dict[str, list[dict]]) -> None:
+    for name, state in (snapshot.get(SNAPSHOT_KEY) or [{}])[0].items():
+        services[name].call("set_state", state)

@@ -1,0 +1,184 @@
+"""``async`` (A3C: gradient parallelism). ``workers`` actor-learners each run the whole loop on their own
+environments and compute gradients on their own rollouts; one parameter holder owns the parameters and the
+optimizer, applies every gradient as it arrives and hands back its newest parameters, which the worker
+acts and computes its next gradient with. A gradient computed on parameters more than ``max_staleness``
+updates older than the holder's is dropped and counted.
+
+The algorithm does not change. The policy puts a transformation in front of the learner's optimizer that
+captures the gradient, and wraps the learner (:class:`RemoteLearner`): its ``learn`` runs the algorithm's
+``learn`` jitted up to that gradient, then sends it to the holder. The holder is a :mod:`msrl.services`
+service: one object on ``threads`` (the parameters live once in memory; every worker thread reads the
+holder's arrays, Hogwild-style, and updates go one at a time under a lock), a Ray actor on ``ray``. With
+one worker the run is serial, hence reproducible.
+
+It needs a learner that makes one optimizer step per ``learn`` (A2C), whose state is a dict holding what it
+differentiates under ``"params"``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from pydantic import Field
+
+from msrl.compiler.ir import leaves
+from msrl.config import INT32_MAX
+from msrl.errors import ConfigError
+from msrl.policy import DistributedPolicy, FragmentSpec
+from msrl.services import PARAMETERS, Service
+
+_CAPTURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("msrl_async_grads", default=None)
+
+
+def capture_gradients() -> optax.GradientTransformation:
+    """An optax transformation that records the gradients it is given (while :class:`RemoteLearner`
+    traces the algorithm's ``learn``) and passes them on unchanged."""
+    return optax.GradientTransformation(optax.init_empty_state, _capture)  # picklable: no closure
+
+
+def _capture(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    slot = _CAPTURED.get()
+    if slot is not None:
+        slot.append(grads)
+    return grads, state
+
+
+class ParameterHolder:
+    """The one copy of the parameters and of the optimizer's state. ``push`` applies a gradient (or drops
+    it, if computed on parameters more than ``max_staleness`` updates old) and returns the newest
+    parameters, their version (updates applied so far) and the gradient's staleness."""
+
+    def __init__(self, tx: optax.GradientTransformation, params: Any, max_staleness: int):
+        def apply(grads, opt_state, params):
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self.apply, self.max_staleness, self.lock = jax.jit(apply), max_staleness, threading.Lock()
+        self.params, self.opt_state = params, jax.jit(tx.init)(params)
+        self.version = self.dropped = 0
+
+    def push(self, grads: Any, version: int) -> tuple[Any, int, int]:
+        with self.lock:
+            staleness = self.version - int(version)
+            if staleness > self.max_staleness:
+                self.dropped += 1
+            else:
+                self.params, self.opt_state = self.apply(grads, self.opt_state, self.params)
+                self.version += 1
+            return self.params, self.version, staleness
+
+    def learner_state(self) -> dict[str, Any]:
+        with self.lock:
+            return {"params": self.params}
+
+    def metrics(self) -> dict[str, float]:
+        with self.lock:
+            return {"grads_applied": float(self.version), "stale_grads_dropped": float(self.dropped)}
+
+    def get_state(self) -> dict[str, Any]:
+        with self.lock:
+            return jax.device_get({"params": self.params, "opt_state": self.opt_state,
+                                   "version": np.int64(self.version), "dropped": np.int64(self.dropped)})
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        with self.lock:
+            self.params, self.opt_state = state["params"], state["opt_state"]
+            self.version, self.dropped = int(state["version"]), int(state["dropped"])
+
+
+def checked_init(learner: Any, key: jax.Array) -> dict[str, Any]:
+    """The learner's initial state, which must be a dict holding the parameters under "params"."""
+    state = learner.init(key)
+    if not isinstance(state, dict) or "params" not in state:
+        raise ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
+                          f"{type(learner).__name__}.init() returns no dict with 'params'")
+    return state
+
+
+class RemoteLearner:
+    """The learner component under ``async``: the algorithm's learner, with ``learn`` split into computing
+    the gradient (jitted, on the worker) and applying it (at the holder). It runs on the host, between the
+    loop's jitted segments, so the holder is never called from inside a running computation."""
+
+    jittable = False
+
+    def __init__(self, learner: Any, holder: Service):
+        self.learner, self.holder = learner, holder
+        self.grads = jax.jit(self._grads)
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        return {**checked_init(self.learner, key), "param_version": jnp.zeros((), jnp.int32)}
+
+    def policy_params(self, state: Any) -> Any:
+        return self.learner.policy_params(state)
+
+    def _grads(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        slot: list = []
+        token = _CAPTURED.set(slot)
+        try:
+            _, metrics = self.learner.learn(state, *args, **kwargs)  # its new state is never computed (unused)
+        finally:
+            _CAPTURED.reset(token)
+        if len(slot) != 1:
+            raise ConfigError("policy.name", f"async needs a learner that makes one optimizer step per learn(); "
+                              f"{type(self.learner).__name__}.learn() made {len(slot)}")
+        return slot[0], metrics
+
+    def learn(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        try:
+            grads, metrics = self.grads(state, *args, **kwargs)
+        except jax.errors.UnexpectedTracerError:  # the step ran inside a loop of learn(): several steps
+            raise ConfigError("policy.name", "async needs a learner that makes one optimizer step per learn(); "
+                              f"{type(self.learner).__name__}.learn() steps inside a loop (minibatches, epochs)"
+                              "; use single_learner_coarse or multi_learner") from None
+        params, version, staleness = self.holder.call("push", grads, state["param_version"])
+        state = {**state, "params": params, "param_version": jnp.asarray(version, jnp.int32)}
+        return state, {**metrics, "policy_lag": staleness}
+
+
+class Async(DistributedPolicy):
+    name: Literal["async"] = "async"
+    backend: Literal["threads", "ray"] = "threads"
+    workers: int = Field(4, gt=0, le=4096, description="actor-learners, each on its own environments")
+    envs_per_worker: int | None = Field(None, gt=0, le=INT32_MAX,
+                                        description="environments per worker (default: env.num_envs / workers)")
+    max_staleness: int = Field(16, ge=0, le=INT32_MAX, description="drop a gradient computed on parameters more "
+                               "than this many updates older than the holder's (counted as stale_grads_dropped)")
+
+    def total_envs(self, num_envs: int) -> int:
+        return self.shard_envs(num_envs, "workers", "envs_per_worker")
+
+    def updates_per_iteration(self) -> int:
+        return self.workers
+
+    def fragments(self) -> list[FragmentSpec]:
+        return self.check_roles([self.role("worker", self.workers, "backend")])
+
+    def assign(self, stmts, fdg: Any) -> dict[str, str]:
+        return {s.id: "worker" for s in leaves(stmts)}
+
+    def grad_transforms(self) -> tuple[Any, ...]:
+        return (capture_gradients(),)
+
+    def services(self, learner: Any) -> dict[str, Service]:
+        if not hasattr(learner, "optimizer"):
+            raise ConfigError("policy.name", f"async applies the learner's optimizer() at a parameter holder; "
+                              f"{type(learner).__name__} defines none")
+        max_staleness = self.max_staleness
+
+        def make(seed: int) -> ParameterHolder:
+            from msrl.compiler import component_keys
+
+            params = jax.device_get(checked_init(learner, component_keys(seed)["learner"])["params"])
+            return ParameterHolder(learner.optimizer(), params, max_staleness)
+
+        return {PARAMETERS: Service(make)}
+
+    def wrap_learner(self, learner: Any, services: dict[str, Service]) -> RemoteLearner:
+        return RemoteLearner(learner, services[PARAMETERS])

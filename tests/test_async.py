@@ -1,0 +1,89 @@
+"""The ``async`` policy (A3C): actor-learners send gradients to one parameter holder. One worker gives
+exactly A2C's parameters (so a run is reproducible) on threads and on ray; several run concurrently
+without losing a gradient; stale gradients are dropped and counted; checkpoints include the holder."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+from test_checkpoint import final_leaves
+from test_threads import final_params, max_diff
+
+from msrl import ConfigError
+from msrl.policies.async_policy import ParameterHolder
+from msrl.runner import train
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+A2C = EXAMPLES / "a2c_cartpole.yaml"
+ONE = ("policy.name=async", "policy.workers=1")
+
+
+@functools.lru_cache(maxsize=None)
+def run(*overrides: str, iterations: int = 6):
+    return final_params([*overrides], iterations, A2C)
+
+
+def test_one_worker_is_a2c_and_reproducible():
+    fused, fused_rows = run()
+    params, rows = run(*ONE)
+    again, _ = final_params(list(ONE), 6, A2C)
+    assert max_diff(params, again) == 0.0  # two runs, same seed: identical
+    assert max_diff(fused, params) <= 1e-6  # the holder applies exactly A2C's updates
+    assert max_diff(fused, jax.tree.map(np.zeros_like, fused)) > 1e-3
+    assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in fused_rows], rel=1e-5)
+    assert [r["policy_lag"] for r in rows] == [0] * 6
+    assert rows[-1]["grads_applied"] == 6 and rows[-1]["stale_grads_dropped"] == 0
+
+
+def test_four_workers_apply_every_gradient_once():
+    params, rows = run("policy.name=async", "policy.workers=4", iterations=8)
+    last = rows[-1]
+    assert last["grads_applied"] + last["stale_grads_dropped"] == 4 * 8  # none lost, none applied twice
+    assert last["stale_grads_dropped"] == 0  # none is 16 updates old with 4 workers
+    assert all(0 <= r["policy_lag"] <= 3 * 4 for r in rows)  # behind by at most the others' updates in flight
+    assert np.isfinite(np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])).all()
+
+
+def test_holder_drops_gradients_older_than_max_staleness():
+    params = {"w": np.ones(3, np.float32)}
+    holder = ParameterHolder(optax.sgd(1.0), params, max_staleness=1)
+    grads = {"w": np.full(3, 0.5, np.float32)}
+    assert holder.push(grads, 0)[1:] == (1, 0)  # fresh: applied, version 1
+    assert holder.push(grads, 0)[1:] == (2, 1)  # one update old: still applied
+    fresh, version, staleness = holder.push(grads, 0)  # two updates old: dropped
+    assert (version, staleness) == (2, 2)
+    np.testing.assert_allclose(fresh["w"], 0.0)  # 1 - 0.5 - 0.5: the dropped one left no trace
+    assert holder.metrics() == {"grads_applied": 2.0, "stale_grads_dropped": 1.0}
+
+
+def test_resume_restores_the_holder_exactly(tmp_path):
+    overrides = [*ONE, "run.progress=false", "run.tensorboard=false", "run.total_env_steps=2400",
+                 "run.checkpoint_every=20", "run.iterations_per_dispatch=5", "run.keep_checkpoints=5"]
+    train(A2C, overrides, run_dir=tmp_path / "straight")
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    for later in sorted((tmp_path / "resumed" / "checkpoints").glob("ckpt_*"))[1:]:
+        later.unlink()  # as if it had died after its first checkpoint (iteration 20 of 60)
+    train(tmp_path / "resumed" / "config.yaml", [], run_dir=tmp_path / "resumed", resume=True)
+    (a, meta_a), (b, meta_b) = final_leaves(tmp_path / "straight"), final_leaves(tmp_path / "resumed")
+    assert meta_a["iteration"] == meta_b["iteration"] == 60
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
+    assert any(x is not None and x.shape == () and x == 60 for x in b)  # the holder's version came back
+
+
+def test_a_learner_stepping_inside_a_loop_is_refused():
+    with pytest.raises(ConfigError, match="policy.name.*one optimizer step"):
+        final_params(["policy.name=async", "policy.workers=2", "env.num_envs=4"], 1)  # PPO: minibatch epochs
+
+
+def test_ray_one_worker_matches_threads(ray_cluster):
+    params, rows = run(*ONE)
+    remote, remote_rows = final_params([*ONE, "policy.backend=ray"], 6, A2C)
+    assert max_diff(params, remote) <= 1e-6
+    assert [r["episodes"] for r in rows] == [r["episodes"] for r in remote_rows]
+    assert remote_rows[-1]["grads_applied"] == 6
