@@ -34,7 +34,8 @@ import numpy as np
 
 from msrl import services
 from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_receiver, gather_senders,
-                          mean_metrics, policy_lag, replica_env_ids, replicated, result_metrics, split_along)
+                          mean_metrics, policy_lag, replica_env_ids, replicated, result_metrics, split_along,
+                          stats_fn)
 from msrl.compiler.ir import walk
 from msrl.compiler.lower import materialize, reraise_at_user_line
 from msrl.components import episode_metrics
@@ -116,6 +117,7 @@ class FragmentWorker:
         fn = materialize(self.frag.lowered, {**self.frag.namespace, "_msrl_comm": endpoints})
         self.group = _Group(fn, self.program.env) if group is not None else None
         self.fn = jax.jit(fn) if self.frag.mode == "scan" else fn
+        self.env_stats = stats_fn(self.program.env)
         self.state = self.program.init_states(self.frag.state_keys, self.seed, self.env_ids)
         if self.group is not None:
             self.state = self.group.spread(self.state)
@@ -165,7 +167,6 @@ class FragmentWorker:
                 params = ray.get(params) if isinstance(params, ray.ObjectRef) else params
                 self.state["params"] = self.last[cid] = params
         self.params_from = None
-        env = self.program.env
         out = []
         try:
             for _ in range(iterations):
@@ -173,7 +174,7 @@ class FragmentWorker:
                 try:
                     if self.group is None:
                         self.state, result = self.fn(self.state)
-                        stats = env.stats(self.state["env"]) if "env" in self.state else None
+                        stats = self.env_stats(self.state["env"]) if "env" in self.state else None
                     else:
                         self.state, (result, stats) = self.group(self.state)
                 except _Stopped:

@@ -24,7 +24,7 @@ import jax
 
 from msrl import services
 from msrl.backend import (Backend, Runtime, check_comms, concat_along, gather_senders, mean_metrics, policy_lag,
-                          replica_env_ids, result_metrics, split_along)
+                          replica_env_ids, result_metrics, split_along, stats_fn)
 from msrl.compiler.lower import materialize
 from msrl.components import episode_metrics
 from msrl.errors import CompileError, ConfigError, TrainingError
@@ -133,19 +133,18 @@ class ThreadsRuntime(Runtime):
                 fn = jax.jit(fn)
             for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):
                 self.replicas.append(_Replica(frag, r, fn, program.init_states(frag.state_keys, seed, env_ids)))
-        self.channels, self.iteration = channels, 0
+        self.channels, self.iteration, self.env_stats = channels, 0, stats_fn(program.env)
         for name, service in program.services.items():  # one object, shared by every replica thread
             service.target = service.make(seed)
 
     def _work(self, rep: _Replica, iterations: int) -> None:
         self.local.replica = rep.index
-        env = self.program.env
         try:
             for _ in range(iterations):
                 rep.state, result = rep.fn(rep.state)
                 rep.results.append(result)
                 if "env" in rep.state:
-                    rep.stats.append(env.stats(rep.state["env"]))
+                    rep.stats.append(self.env_stats(rep.state["env"]))
         except _Stopped:
             pass
         except BaseException as e:  # noqa: BLE001 - reported in the caller's thread

@@ -73,6 +73,14 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]} if rows else {}
 
 
+def stats_fn(env: Any) -> Callable[[Any], dict[str, Any]]:
+    """``env.stats``, jitted for a functional env: a host loop calls it every iteration, where its
+    eager reductions would cost more than a small iteration itself."""
+    import jax
+
+    return jax.jit(env.stats) if env.jittable else env.stats
+
+
 def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float]]:
     """Per-iteration rows from stacked (leading axis = iteration) loop results and env statistics."""
     import jax

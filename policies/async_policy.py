@@ -22,7 +22,6 @@ import threading
 from typing import Any, Literal
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from pydantic import Field
@@ -113,7 +112,7 @@ class RemoteLearner:
         self.grads = jax.jit(self._grads)
 
     def init(self, key: jax.Array) -> dict[str, Any]:
-        return {**checked_init(self.learner, key), "param_version": jnp.zeros((), jnp.int32)}
+        return {**checked_init(self.learner, key), "param_version": np.int32(0)}
 
     def policy_params(self, state: Any) -> Any:
         return self.learner.policy_params(state)
@@ -138,7 +137,7 @@ class RemoteLearner:
                               f"{type(self.learner).__name__}.learn() steps inside a loop (minibatches, epochs)"
                               "; use single_learner_coarse or multi_learner") from None
         params, version, staleness = self.holder.call("push", grads, state["param_version"])
-        state = {**state, "params": params, "param_version": jnp.asarray(version, jnp.int32)}
+        state = {**state, "params": params, "param_version": np.int32(version)}
         return state, {**metrics, "policy_lag": staleness}
 
 
