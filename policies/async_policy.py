@@ -27,6 +27,7 @@ import optax
 from pydantic import Field
 
 from msrl.compiler.ir import leaves
+from msrl.components import Learner
 from msrl.config import INT32_MAX
 from msrl.errors import ConfigError
 from msrl.policy import DistributedPolicy, FragmentSpec
@@ -166,7 +167,7 @@ class Async(DistributedPolicy):
         return (capture_gradients(),)
 
     def services(self, learner: Any) -> dict[str, Service]:
-        if not hasattr(learner, "optimizer"):
+        if getattr(type(learner), "optimizer", Learner.optimizer) is Learner.optimizer:
             raise ConfigError("policy.name", f"async applies the learner's optimizer() at a parameter holder; "
                               f"{type(learner).__name__} defines none")
         max_staleness = self.max_staleness
