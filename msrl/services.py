@@ -34,9 +34,10 @@ class Service:
 
             raise TrainingError("a policy service was called while no backend hosts it (is the runtime closed?)")
         if type(target).__name__ == "ActorHandle":
+            import jax
             import ray
 
-            return ray.get(target.call.remote(method, *args))
+            return ray.get(target.call.remote(method, *jax.device_get(args)))  # numpy: Ray ships it out of band
         return getattr(target, method)(*args)
 
     def has(self, method: str) -> bool:
@@ -56,7 +57,9 @@ class ServiceHost:
     def call(self, method: str, *args: Any) -> Any:
         if method == "has":
             return callable(getattr(self.obj, args[0], None))
-        return getattr(self.obj, method)(*args)
+        import jax
+
+        return jax.device_get(getattr(self.obj, method)(*args))
 
 
 def metrics(services: dict[str, Service]) -> dict[str, float]:
