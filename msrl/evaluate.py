@@ -13,6 +13,7 @@ from msrl.algorithm import Context
 from msrl.config import load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError
+from msrl.policy import prepare_learner
 from msrl.registry import ALGORITHMS
 
 MAX_STEPS = 100_000
@@ -37,7 +38,7 @@ def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:
         raise ConfigError("RUN_DIR", f"{path} holds no learner state")
-    learner = algorithm.learner
+    learner, _ = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
     state = checkpoint.restore_state(learner.init(jax.random.PRNGKey(0)), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
 

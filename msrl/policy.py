@@ -153,6 +153,14 @@ class DistributedPolicy(Policy):
         return roles
 
 
+def prepare_learner(policy: Policy, learner: Any) -> tuple[Any, dict[str, Any]]:
+    """The learner the fragments call under ``policy`` (its gradient transforms set, maybe wrapped) and the
+    policy's services: what the compiler builds, and what ``msrl eval`` restores a checkpoint into."""
+    learner.grad_transforms = tuple(policy.grad_transforms())
+    services = policy.services(learner)
+    return policy.wrap_learner(learner, services), services
+
+
 def downstream_of(fdg: Any, roots: set[str]) -> set[str]:
     """``roots`` and every statement that depends on them within one iteration (data edges, not carried)."""
     import networkx as nx

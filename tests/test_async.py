@@ -17,6 +17,7 @@ from test_threads import final_params, max_diff
 
 from msrl import ConfigError
 from msrl.policies.async_policy import ParameterHolder
+from msrl.evaluate import evaluate
 from msrl.runner import train
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -73,6 +74,7 @@ def test_resume_restores_the_holder_exactly(tmp_path):
     assert meta_a["iteration"] == meta_b["iteration"] == 60
     assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
     assert any(x is not None and x.shape == () and x == 60 for x in b)  # the holder's version came back
+    assert evaluate(tmp_path / "resumed", episodes=2)["episodes"] == 2  # msrl eval reads the async checkpoint
 
 
 def test_a_learner_stepping_inside_a_loop_is_refused():

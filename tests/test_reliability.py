@@ -83,18 +83,23 @@ def test_chaos_random_actor_kills_every_few_seconds():
     runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 4)
     rng, kills, stop = random.Random(0), [], threading.Event()
 
-    def chaos():
+    def back(victim):  # restarted as often as it was killed
+        return runtime.restarts.get(victim, 0) == kills.count(victim)
+
+    def chaos():  # a kill every 1-3 s, of an actor that is back from its last one (restarts overlap)
         while not stop.is_set() and len(kills) < 5:
             time.sleep(rng.uniform(1.0, 3.0))
-            victim = ("actor", rng.randrange(3))
-            before = runtime.restarts.get(victim, 0)
+            up = [("actor", i) for i in range(3) if back(("actor", i))]
+            if not up:
+                continue
+            victim = rng.choice(up)
             try:
                 os.kill(runtime.where()[victim][1], signal.SIGKILL)
             except ProcessLookupError:
                 continue
             kills.append(victim)
-            while runtime.restarts.get(victim, 0) == before and not stop.is_set():
-                time.sleep(0.05)
+        while not stop.is_set() and not all(back(("actor", i)) for i in range(3)):
+            time.sleep(0.05)
 
     killer = threading.Thread(target=chaos, daemon=True)
     killer.start()

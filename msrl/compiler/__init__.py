@@ -20,7 +20,7 @@ from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_
 from msrl.compiler.partition import Partition, partition
 from msrl.components import Environment
 from msrl.errors import CompileError, ConfigError
-from msrl.policy import FragmentSpec, Policy
+from msrl.policy import FragmentSpec, Policy, prepare_learner
 
 COMPONENTS = ("env", "actor", "learner", "buffer")
 _SEEDS = {name: i for i, name in enumerate(COMPONENTS)}
@@ -88,12 +88,9 @@ class Program:
     def __init__(self, algorithm: Any, policy: Policy, env: Environment, num_envs: int):
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
-        learner = self.components["learner"]
         self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
-        if learner is not None:
-            learner.grad_transforms = tuple(policy.grad_transforms())
-            self.services = policy.services(learner)
-            self.components["learner"] = policy.wrap_learner(learner, self.services)
+        if self.components["learner"] is not None:
+            self.components["learner"], self.services = prepare_learner(policy, self.components["learner"])
         buffer, shards = self.components["buffer"], policy.buffer_shards()
         if hasattr(buffer, "shards"):
             buffer.shards = shards
