@@ -505,9 +505,9 @@ class RayRuntime(Runtime):
     def params(self) -> Any:
         import ray
 
-        if services.PARAMETERS in self.program.services:
-            learner_state = self.program.services[services.PARAMETERS].call("learner_state")
-            return self.program.components["learner"].policy_params(_numpy(learner_state))
+        held = services.held_params(self.program)
+        if held is not None:
+            return held
         key = next(k for k, f in ((k, self.program.fragments[k[0]]) for k in self.workers)
                    if "learner" in f.state_keys)
         return ray.get(self.workers[key].params.remote())

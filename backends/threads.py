@@ -204,11 +204,11 @@ class ThreadsRuntime(Runtime):
         services.restore(self.program.services, snapshot)
 
     def params(self) -> Any:
-        learner = self.program.components["learner"]
-        if services.PARAMETERS in self.program.services:
-            return learner.policy_params(self.program.services[services.PARAMETERS].call("learner_state"))
+        held = services.held_params(self.program)
+        if held is not None:
+            return held
         rep = next(r for r in self.replicas if "learner" in r.state)
-        return learner.policy_params(rep.state["learner"])
+        return self.program.components["learner"].policy_params(rep.state["learner"])
 
     def close(self) -> None:
         """Stop every replica (blocked ones wake up within a poll interval) and release host envs."""

@@ -7,9 +7,9 @@ of the :class:`Service` at it: ``threads`` makes the object once in its process,
 calls the same object; ``ray`` makes it a Ray actor (:class:`ServiceHost`) and hands its handle to every
 replica process. Calls are made from Python, never from inside a running jitted computation.
 
-A service may define ``metrics()`` (counters merged into every metrics row), ``get_state()`` /
-``set_state(state)`` (saved in checkpoints) and, under the name :data:`PARAMETERS`, ``learner_state()``:
-the run's authoritative learner state, which the backends report as the run's parameters.
+A service defines ``metrics()`` (counters merged into every metrics row; may be empty) and ``get_state()`` /
+``set_state(state)`` (saved in checkpoints); under the name :data:`PARAMETERS` also ``learner_state()``: the
+run's authoritative learner state, which the backends report as the run's parameters.
 """
 
 from __future__ import annotations
@@ -40,10 +40,6 @@ class Service:
             return ray.get(target.call.remote(method, *jax.device_get(args)))  # numpy: Ray ships it out of band
         return getattr(target, method)(*args)
 
-    def has(self, method: str) -> bool:
-        return callable(getattr(self.target, method, None)) if type(self.target).__name__ != "ActorHandle" \
-            else self.call("has", method)
-
 
 class ServiceHost:
     """The body of the Ray actor that hosts a service on ``ray``: builds the object from its pickled
@@ -55,8 +51,6 @@ class ServiceHost:
         self.obj = cloudpickle.loads(make)(seed)
 
     def call(self, method: str, *args: Any) -> Any:
-        if method == "has":
-            return callable(getattr(self.obj, args[0], None))
         import jax
 
         return jax.device_get(getattr(self.obj, method)(*args))
@@ -66,15 +60,25 @@ def metrics(services: dict[str, Service]) -> dict[str, float]:
     """Every service's counters (``metrics()``), merged, for the metrics rows."""
     out: dict[str, float] = {}
     for name in sorted(services):
-        if services[name].has("metrics"):
-            out.update(services[name].call("metrics"))
+        out.update(services[name].call("metrics"))
     return out
 
 
 def snapshot(services: dict[str, Service]) -> dict[str, list[dict]]:
     """The services' states as a snapshot entry (``{SNAPSHOT_KEY: [{name: state}]}``; empty if none)."""
-    states = {name: s.call("get_state") for name, s in sorted(services.items()) if s.has("get_state")}
+    states = {name: s.call("get_state") for name, s in sorted(services.items())}
     return {SNAPSHOT_KEY: [states]} if states else {}
+
+
+def held_params(program: Any) -> Any | None:
+    """The run's policy parameters when a :data:`PARAMETERS` service holds them (None: a replica's learner
+    state does)."""
+    import jax
+
+    if PARAMETERS not in program.services:
+        return None
+    state = jax.device_get(program.services[PARAMETERS].call("learner_state"))
+    return program.components["learner"].policy_params(state)
 
 
 def restore(services: dict[str, Service], snapshot: dict[str, list[dict]]) -> None:
