@@ -38,6 +38,10 @@ def __getattr__(name):
         from msrl import runner
 
         return getattr(runner, name)
+    if name in ("Session", "session"):
+        from msrl.runtime import session
+
+        return getattr(session, name)
     raise AttributeError(f"module 'msrl' has no attribute {name!r}")
 
 
@@ -45,8 +49,8 @@ __all__ = [
     "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
     "Discrete", "DistributedPolicy", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError",
     "MultiAgentObs", "MultiAgentSpec", "Policy", "PrioritizedBuffer", "ReplayBuffer",
-    "Runtime", "Sample", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",
+    "Runtime", "Sample", "Session", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",
     "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_step",
     "register_algorithm", "register_backend",
-    "register_policy", "downstream_of", "split_keys",
+    "register_policy", "downstream_of", "session", "split_keys",
 ]

@@ -15,7 +15,7 @@ from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, TrainingError
-from msrl.registry import ALGORITHMS, BACKENDS
+from msrl.registry import ALGORITHMS
 
 TARGET_STEPS_PER_DISPATCH = 16_384
 
@@ -115,6 +115,8 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     if cfg.run.compile_cache:
         enable_compile_cache(os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache"))
 
+    from msrl.runtime.session import Session
+
     program = build(cfg)
     steps_per_iter = program.env_steps_per_iteration
     iterations = cfg.run.total_env_steps // steps_per_iter
@@ -124,44 +126,44 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     # several iterations per dispatch, but at least ~10 progress updates in a run
     auto = max(1, min(TARGET_STEPS_PER_DISPATCH // steps_per_iter, iterations // 10))
     per_dispatch = min(cfg.run.iterations_per_dispatch or auto, iterations)
-    backend = BACKENDS.get(cfg.policy.backend)()
-    runtime = backend.build(program, cfg.run.seed, per_dispatch)
+    session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
-    done, elapsed0, last_return, row = 0, 0.0, float("nan"), {}
+    elapsed0, last_return, row = 0.0, float("nan"), {}
     try:
         if resume:
-            runtime.restore(checkpoint.restore(runtime.snapshot(skip), states, path))
-            done, elapsed0, last_return = meta["iteration"], meta["wall_time"], meta["episode_return"]
+            session.restore(checkpoint.restore(session.snapshot(skip), states, path), iteration=meta["iteration"])
+            elapsed0, last_return = meta["wall_time"], meta["episode_return"]
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
-        logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=done if resume else None)
+        logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=session.iteration if resume else None)
     except BaseException:
-        runtime.close()
+        session.close()
         raise
     every = cfg.run.checkpoint_every
     start = time.perf_counter() - elapsed0
     try:
-        while done < iterations:
+        while session.iteration < iterations:
+            done = session.iteration
             segment = iterations - done if not every else min(iterations - done, every - done % every)
-            for rows in runtime.stream(segment, per_dispatch):
+            for rows in session.stream(segment, per_dispatch):
                 elapsed = time.perf_counter() - start
                 for r in rows:
-                    done += 1
-                    _check_finite(r, done, cfg.env.id, steps_per_iter, run_dir)
+                    _check_finite(r, r["iteration"], cfg.env.id, steps_per_iter, run_dir)
                     if math.isfinite(r["episode_return"]):
                         last_return = r["episode_return"]
-                    row = {"iteration": done, "env_steps": done * steps_per_iter,
-                           "sps": done * steps_per_iter / elapsed, "wall_time": elapsed, **r}
+                    row = {"iteration": r["iteration"], "env_steps": r["env_steps"],
+                           "sps": r["env_steps"] / elapsed, "wall_time": elapsed, **r}
                     logger.log(row)
                 logger.update(row)
             if every:
-                _save_checkpoint(runtime, run_dir, cfg, skip, {
+                done = session.iteration
+                _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
                     "episode_return": last_return, "config": cfg.dump()})
     finally:
         logger.close()
-        runtime.close()
+        session.close()
     elapsed = time.perf_counter() - start
     summary = {
         "env_steps": iterations * steps_per_iter,
@@ -169,7 +171,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         "episode_return": last_return,
         "sps": iterations * steps_per_iter / elapsed,
         "wall_time": elapsed,
-        "compile_time": runtime.compile_seconds,
+        "compile_time": session.compile_seconds,
         "graph_time": program.compile_seconds,
         "policy": cfg.policy.name,
         "backend": cfg.policy.backend,
@@ -190,12 +192,12 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
                             f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")
 
 
-def _save_checkpoint(runtime, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict) -> None:
+def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict) -> None:
     """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest)."""
     import jax
     import numpy as np
 
-    snap = runtime.snapshot(skip)
+    snap = session.snapshot(skip)
     for frag, replicas in snap.items():
         for state in replicas:
             for path, x in jax.tree_util.tree_leaves_with_path({k: state[k] for k in ("learner", "params") if k in state}):

@@ -3,7 +3,6 @@ its one gradient step goes through the learner's optax chain (grad_transforms); 
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import jax
@@ -15,20 +14,9 @@ from msrl.algorithms.a2c import A2C, A2CConfig, Transition
 
 import msrl
 from msrl.config import load_config
-from test_threads import final_params, max_diff
+from helpers import QUICK, final_params, last_quarter_after_60k, max_diff
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "a2c_cartpole.yaml"
-QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
-
-
-def last_quarter_after_60k(example: Path, run_dir: Path) -> list[float]:
-    """The returns of the last quarter of a 60k-step run of ``example`` (seed 0). A random policy scores
-    ~22; the examples' full 500k-step runs end at 500 (README), but 60k steps are too few to settle."""
-    summary = msrl.train(example, ["run.seed=0", "run.total_env_steps=60000", *QUICK], run_dir=run_dir)
-    with open(run_dir / "metrics.csv", newline="") as f:
-        returns = [float(r["episode_return"]) for r in csv.DictReader(f)]
-    assert len(returns) == summary["iterations"]
-    return returns[-len(returns) // 4:]
 
 
 def test_a2c_cartpole_learns_well_beyond_random(tmp_path):

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import optax
 import pytest
-from test_checkpoint import final_leaves
-from test_threads import final_params, max_diff
+from helpers import final_leaves
+from helpers import final_params, max_diff
 
 from msrl import ConfigError
 from msrl.policies.async_policy import ParameterHolder

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from test_threads import final_params, max_diff
+from helpers import final_params, max_diff
 
 COARSE = ("policy.name=single_learner_coarse", "policy.actors=2", "policy.envs_per_actor=2")
 

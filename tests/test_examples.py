@@ -17,7 +17,7 @@ import msrl
 from msrl.config import ExperimentConfig, apply_overrides, validate_config
 from msrl.registry import ALGORITHMS, BACKENDS, POLICIES
 
-from test_threads import max_diff
+from helpers import max_diff
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # The examples import as modules by name (which registers them). On ray every process unpickles the

@@ -17,8 +17,7 @@ from msrl.algorithms.ppo.ppo import gae
 
 import msrl
 from msrl.config import load_config
-from test_a2c import last_quarter_after_60k
-from test_threads import final_params, max_diff
+from helpers import final_params, last_quarter_after_60k, max_diff
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "impala_cartpole.yaml"
 

@@ -16,7 +16,7 @@ from msrl.config import load_config
 from msrl.envs import make_env
 from msrl.registry import BACKENDS
 
-from test_threads import max_diff
+from helpers import max_diff
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SPREAD = EXAMPLES / "mappo_spread.yaml"

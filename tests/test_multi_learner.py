@@ -15,7 +15,7 @@ import msrl
 from msrl.config import load_config
 from msrl.registry import BACKENDS
 
-from test_threads import CARTPOLE, final_params, max_diff
+from helpers import CARTPOLE, assert_reaches, final_params, max_diff
 
 MULTI = ["policy.name=multi_learner", "env.num_envs=8"]
 
@@ -77,7 +77,8 @@ def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path, two_
         on_devices = [f[f"arr_{i}"] for i in range(len(f.files))]
     assert max_diff(two_learners[0], on_devices) <= 1e-5
     summary = result["summary"]
-    assert summary["env_steps"] <= 300_000 and summary["episode_return"] >= 475, summary
+    assert summary["env_steps"] <= 300_000
+    assert_reaches(tmp_path / "run", 475, within=300_000)
 
 
 def test_bad_multi_learner_configs_name_the_key():

@@ -20,7 +20,7 @@ import msrl
 from msrl.config import load_config
 from msrl.registry import BACKENDS
 
-from test_threads import CARTPOLE, final_params, max_diff
+from helpers import CARTPOLE, assert_reaches, final_params, max_diff
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_ppo_cartpole_on_ray_reaches_475(tmp_path):
     summary = msrl.train(CARTPOLE, ["policy.name=single_learner_coarse", "policy.actors=2", "policy.backend=ray",
                                     "run.progress=false"], run_dir=tmp_path)
     assert summary["env_steps"] <= 300_000 and summary["backend"] == "ray"
-    assert summary["episode_return"] >= 475, summary
+    assert_reaches(tmp_path, 475, within=300_000)
 
 
 def test_resources_per_role_and_unknown_roles():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_threads import max_diff
+from helpers import max_diff
 
 import msrl
 from msrl.config import load_config

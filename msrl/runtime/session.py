@@ -1,0 +1,94 @@
+"""The public session API: build a compiled program on its policy's backend, run it, read it, close it.
+
+The CLI's ``train``, the tests and the benchmarks all run programs through it::
+
+    with msrl.Session("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse"]) as s:
+        rows = s.run(10)          # one metrics dict per iteration ("iteration", "env_steps", ...)
+        params = s.params()       # the policy's parameters, as host arrays
+        snap = s.snapshot()       # every replica's component states, by fragment
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+
+class Session:
+    """A program running on its backend. Give a config (an :class:`msrl.config.ExperimentConfig`, or a
+    YAML path with ``overrides``), or a compiled ``program`` (``msrl.compile``) with a ``seed``.
+    ``iterations_per_dispatch``: iterations a jitted program runs per call (default: one)."""
+
+    def __init__(self, config: Any = None, overrides: list[str] | tuple = (), *, program: Any = None,
+                 seed: int | None = None, iterations_per_dispatch: int = 1):
+        from msrl.config import ExperimentConfig, load_config
+        from msrl.registry import BACKENDS
+
+        if (config is None) == (program is None):
+            raise TypeError("Session takes a config or a compiled program, not both")
+        self.config = None
+        if program is None:
+            from msrl.runner import build
+
+            self.config = config if isinstance(config, ExperimentConfig) else load_config(config, list(overrides))
+            program = build(self.config)
+            seed = self.config.run.seed if seed is None else seed
+        self.program, self.seed, self.iteration = program, int(seed or 0), 0
+        self.runtime = BACKENDS.get(program.policy.backend)().build(program, self.seed,
+                                                                    max(1, int(iterations_per_dispatch)))
+
+    @property
+    def env_steps_per_iteration(self) -> int:
+        return self.program.env_steps_per_iteration
+
+    @property
+    def compile_seconds(self) -> float | None:
+        """XLA compile time spent before the first iteration (None: compiled lazily while running)."""
+        return self.runtime.compile_seconds
+
+    def _number(self, rows: list[dict[str, float]]) -> list[dict[str, float]]:
+        out = []
+        for r in rows:
+            self.iteration += 1
+            out.append({"iteration": self.iteration, "env_steps": self.iteration * self.env_steps_per_iteration,
+                        **r})
+        return out
+
+    def run(self, iterations: int) -> list[dict[str, float]]:
+        """Run ``iterations`` training iterations; one metrics row per iteration."""
+        return [row for rows in self.stream(iterations, iterations) for row in rows]
+
+    def stream(self, iterations: int, chunk: int) -> Iterator[list[dict[str, float]]]:
+        """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish."""
+        for rows in self.runtime.stream(iterations, chunk):
+            yield self._number(rows)
+
+    def params(self) -> Any:
+        """The policy's parameters (the learner's ``policy_params``), as host arrays."""
+        import jax
+
+        return jax.device_get(self.runtime.params())
+
+    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
+        """Every replica's component states as host arrays, by fragment (components in ``skip`` left out)."""
+        return self.runtime.snapshot(skip)
+
+    def restore(self, snapshot: dict[str, list[dict[str, Any]]], iteration: int | None = None) -> None:
+        """Set the states in ``snapshot``; ``iteration``: the iteration it was taken after."""
+        self.runtime.restore(snapshot)
+        if iteration is not None:
+            self.iteration = int(iteration)
+
+    def close(self) -> None:
+        self.runtime.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), **kwargs: Any) -> Session:
+    """``msrl.session(...)``: a :class:`Session` (see there)."""
+    return Session(config, overrides, **kwargs)

@@ -1,0 +1,73 @@
+"""What several test modules share (no test module imports another): example paths, short runs, parameter
+comparisons, and learning checks that hold on any machine."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import msrl
+from msrl import checkpoint
+from msrl.config import load_config
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CARTPOLE = str(EXAMPLES / "ppo_cartpole.yaml")
+QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+
+
+def final_params(overrides: list[str], iterations: int = 5, config: str | Path = CARTPOLE):
+    """Parameters and metric rows of ``config`` (seed 0) after ``iterations`` iterations."""
+    cfg = load_config(config, ["run.seed=0", "run.total_env_steps=100000", *overrides])
+    with msrl.Session(cfg, iterations_per_dispatch=iterations) as session:
+        rows = session.run(iterations)
+        return session.params(), rows
+
+
+def max_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def returns(run_dir: Path) -> list[tuple[int, float]]:
+    """(env steps, episode return) of every iteration in ``run_dir/metrics.csv``."""
+    with open(Path(run_dir) / "metrics.csv", newline="") as f:
+        return [(int(r["env_steps"]), float(r["episode_return"])) for r in csv.DictReader(f)]
+
+
+def first_reached(run_dir: Path, threshold: float, window: int = 5) -> int | None:
+    """The env steps at which the mean episode return over ``window`` consecutive iterations first reached
+    ``threshold`` (None: never). A window, not the last row: the last row at an exact step budget rises or
+    falls with the machine's float rounding."""
+    rows = returns(run_dir)
+    for i in range(window, len(rows) + 1):
+        last = [r for _, r in rows[i - window:i]]
+        if np.all(np.isfinite(last)) and np.mean(last) >= threshold:
+            return rows[i - 1][0]
+    return None
+
+
+def assert_reaches(run_dir: Path, threshold: float, within: int, window: int = 5) -> int:
+    """The run in ``run_dir`` reached a mean return of ``threshold`` over ``window`` iterations within
+    ``within`` env steps; returns when."""
+    at = first_reached(run_dir, threshold, window)
+    curve = [round(r) for _, r in returns(run_dir)]
+    assert at is not None and at <= within, f"never reached {threshold} over {window} iterations: {curve}"
+    return at
+
+
+def last_quarter_after_60k(example: Path, run_dir: Path) -> list[float]:
+    """The returns of the last quarter of a 60k-step run of ``example`` (seed 0). A random policy scores
+    ~22; the examples' full 500k-step runs end at 500 (README), but 60k steps are too few to settle."""
+    summary = msrl.train(example, ["run.seed=0", "run.total_env_steps=60000", *QUICK], run_dir=run_dir)
+    rows = [r for _, r in returns(run_dir)]
+    assert len(rows) == summary["iterations"]
+    return rows[-len(rows) // 4:]
+
+
+def final_leaves(run_dir: Path) -> tuple[list, dict]:
+    """The leaves of the run's latest checkpoint and its metadata."""
+    states, meta = checkpoint.load(checkpoint.latest(run_dir))
+    return [x for key in sorted(states) for x in states[key]], meta
