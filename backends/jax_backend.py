@@ -7,6 +7,10 @@ log. One compiled executable serves every dispatch size (the count is a runtime 
 A fragment with several replicas (``multi_learner``) is still one program: the replicas' states are stacked
 on a leading axis split over the devices (``shard_map``), ``vmap``ped on each device; the learner's
 all-reduce averages over all of them.
+
+A program of several fragments (``single_learner_coarse`` with ``backend: jax``: actors on some JAX devices,
+the learner on others, Sebulba-style) runs each replica in a thread pinned to its device, with
+``device_put`` as the transport (:class:`DevicesRuntime`).
 """
 
 from __future__ import annotations
@@ -22,18 +26,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from msrl.backend import Backend, Runtime, metric_rows, replica_env_ids, replicated
 from msrl.compiler.lower import reraise_at_user_line
 from msrl.errors import ConfigError
+from msrl.backends.threads import ThreadsRuntime
 
 
 class JaxRuntime(Runtime):
     def __init__(self, program: Any, seed: int, iterations_per_dispatch: int):
-        frags = list(program.fragments.values())
-        if len(frags) != 1 or frags[0].mode != "scan":
-            raise ConfigError(
-                "policy.backend",
-                f"the jax backend runs programs of one jitted fragment; policy {program.policy.name!r} makes "
-                f"{[f.name + 'x' + str(f.spec.replicas) for f in frags]} (use backend threads or ray)",
-            )
-        self.program, self.fragment = program, frags[0]
+        self.program, self.fragment = program, next(iter(program.fragments.values()))
         self.replicas = self.fragment.spec.replicas
         self.k = max(1, int(iterations_per_dispatch))
         env = program.env
@@ -105,9 +103,6 @@ class JaxRuntime(Runtime):
                 yield metric_rows(out["train"], out["env"], n)
             pending = dispatched
 
-    def state(self) -> Any:
-        return self._state
-
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
         return {self.fragment.name: self._replica_states({k: v for k, v in self._state.items() if k not in skip})}
 
@@ -126,7 +121,26 @@ def replica_mesh(replicas: int) -> Mesh:
     return Mesh(np.array(devices[:n]), ("devices",))
 
 
+class DevicesRuntime(ThreadsRuntime):
+    """Fragments pinned to JAX devices in one process: each replica of a role with ``devices`` computes on
+    the device its index picks from them (round robin); what crosses a cut is ``device_put`` there."""
+
+    def __init__(self, program: Any, seed: int):
+        devices = jax.devices()
+        pinned = {}
+        for name, frag in program.fragments.items():
+            ids = frag.spec.devices or range(len(devices))
+            if max(ids) >= len(devices):
+                raise ConfigError(f"policy.{name}_devices", f"device {max(ids)} does not exist: this process has "
+                                  f"{len(devices)} JAX devices ({devices[0].platform})")
+            pinned.update({(name, r): devices[ids[r % len(ids)]] for r in range(frag.spec.replicas)})
+        super().__init__(program, seed, pinned)
+
+
 class JaxBackend(Backend):
     def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> Runtime:
-        return JaxRuntime(program, seed, iterations_per_dispatch)
+        frags = list(program.fragments.values())
+        if len(frags) == 1 and frags[0].mode == "scan":
+            return JaxRuntime(program, seed, iterations_per_dispatch)
+        return DevicesRuntime(program, seed)
 

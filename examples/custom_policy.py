@@ -6,8 +6,10 @@ scattered to the workers and observations gathered; per iteration, the rollout g
 parameters are broadcast back to inference. (The built-ins put acting with the envs, or with the learner.)
 
 A policy is a pydantic model (its `policy:` config keys) with `fragments()`: the roles, their replica
-counts and placement, and `assign()`: the role of every statement of the loop. The base class's
-`comm_op()` picks gather / scatter / send / broadcast for each cut edge from the replica counts. Select it
+counts and placement, and `assign(loop)`: the role of every statement of the loop. The base class's
+`link()` says what crosses each cut edge: parameters are broadcast; anything else is per-environment, and
+its op (gather / scatter / send) follows from the replica counts. The compiler checks every cut value keeps
+its meaning. Select it
 in any config; this file is the `msrl` command with the policy registered:
 
     python examples/custom_policy.py train examples/ppo_cartpole.yaml policy.name=inference_server
@@ -20,7 +22,6 @@ from typing import Literal
 from pydantic import Field
 
 import msrl
-from msrl.compiler.ir import leaves
 
 
 @msrl.register_policy("inference_server")  # `policy.name: inference_server` in a config selects it
@@ -33,16 +34,10 @@ class InferenceServer(msrl.DistributedPolicy):  # DistributedPolicy: per-role re
         return self.check_roles([self.role("env", self.env_workers, "backend"),
                                  self.role("inference", 1, "backend"), self.role("learner", 1, "backend")])
 
-    def assign(self, stmts, fdg) -> dict[str, str]:
-        learn = {s.id for s in leaves(stmts) if s.kind == "api" and s.api.name == "agent_learn"}
-        learner = msrl.downstream_of(fdg, learn)  # agent_learn and everything computed from its result
-
-        def role(s) -> str:
-            if s.id in learner:
-                return "learner"
-            return "env" if s.kind == "api" and s.api.component == "env" else "inference"
-
-        return {s.id: role(s) for s in leaves(stmts)}
+    def assign(self, loop: msrl.Loop) -> dict[str, str]:
+        learner = loop.downstream_of(loop.calls("agent_learn"))  # agent_learn and what is computed from it
+        envs = loop.component_calls("env")
+        return loop.roles(lambda s: "learner" if s.id in learner else "env" if s.id in envs else "inference")
 
 
 if __name__ == "__main__":

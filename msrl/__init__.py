@@ -19,7 +19,8 @@ from msrl.backend import Backend, Runtime
 from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, Learner, MultiAgentObs,
                              MultiAgentSpec, ReplayBuffer, split_keys)
 from msrl.errors import CompileError, ConfigError, MsrlError, TrainingError
-from msrl.policy import DistributedPolicy, FragmentSpec, Policy, downstream_of
+from msrl.plan import CommSpec, FragmentSpec, LearnerPlan, Link, Loop, Plan
+from msrl.policy import DistributedPolicy, Policy
 from msrl.registry import register_algorithm, register_backend, register_policy
 from msrl.replay import PrioritizedBuffer, Sample, TrajectoryBuffer, UniformBuffer
 
@@ -38,6 +39,14 @@ def __getattr__(name):
         from msrl import runner
 
         return getattr(runner, name)
+    if name == "component_keys":
+        from msrl.compiler import component_keys
+
+        return component_keys
+    if name == "all_reduce_mean":
+        from msrl.backend import all_reduce_mean
+
+        return all_reduce_mean
     if name in ("Session", "session"):
         from msrl.runtime import session
 
@@ -47,10 +56,10 @@ def __getattr__(name):
 
 __all__ = [
     "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
-    "Discrete", "DistributedPolicy", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError",
+    "CommSpec", "Discrete", "DistributedPolicy", "LearnerPlan", "Link", "Loop", "Plan", "all_reduce_mean", "component_keys", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError",
     "MultiAgentObs", "MultiAgentSpec", "Policy", "PrioritizedBuffer", "ReplayBuffer",
     "Runtime", "Sample", "Session", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",
     "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_step",
     "register_algorithm", "register_backend",
-    "register_policy", "downstream_of", "session", "split_keys",
+    "register_policy", "session", "split_keys",
 ]

@@ -23,7 +23,8 @@ class Runtime:
             yield self.run(n)
             iterations -= n
 
-    def state(self) -> Any:
+    def params(self) -> Any:
+        """The policy's parameters (the learner's ``policy_params``; a service's, where one holds them)."""
         raise NotImplementedError
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
@@ -92,31 +93,11 @@ def metric_rows(train: Any, env: dict[str, Any], n: int) -> list[dict[str, float
 
 
 # ---------------------------------------------------------------------------------------- communication
-COMM_OPS = ("gather", "scatter", "broadcast", "send")
-
-
-def check_comms(program: Any) -> None:
-    """Every cut edge has an op a backend implements, and its fan-in/fan-out fits the replica counts."""
-    from msrl.errors import ConfigError
-
-    frags = program.fragments
-    for c in program.partition.comms:
-        senders, receivers = frags[c.src_fragment].spec.replicas, frags[c.dst_fragment].spec.replicas
-        fits = {"gather": senders % receivers == 0, "scatter": senders == 1, "broadcast": senders == 1,
-                "send": senders == receivers}
-        if c.op not in fits:
-            raise ConfigError("policy", f"policy {program.policy.name!r} puts op {c.op!r} on `{c.var}` "
-                              f"({c.src_fragment} -> {c.dst_fragment}); backends implement {', '.join(COMM_OPS)}")
-        if not fits[c.op]:
-            raise ConfigError("policy", f"a {c.op} cannot connect {senders} {c.src_fragment!r} replicas to "
-                              f"{receivers} {c.dst_fragment!r} replicas")
-
-
 def policy_lag(program: Any, iteration: int) -> dict[str, int]:
     """``{"policy_lag": n}``: how many learner updates behind the parameters the actors acted with in
     ``iteration`` are (the learner's ``@params`` broadcast, its ``every`` and ``lag``); ``{}`` when no
     parameters are communicated."""
-    comm = next((c for c in program.partition.comms if c.var == "@params"), None)
+    comm = program.plan.comm("@params")
     if comm is None:
         return {}
     received = (iteration - 1 - comm.lag) // comm.every * comm.every  # the sender's iteration they came from
@@ -135,15 +116,24 @@ def gather_receiver(sender: int, senders: int, receivers: int) -> int:
     return sender // (senders // receivers)
 
 
-def concat_along(values: list[Any], axes: list[int | None]) -> Any:
-    """Join same-structured pytrees leaf by leaf along each leaf's environment axis (a leaf whose axis is
-    None is not per-environment: the first value's is kept)."""
+def concat_along(values: list[Any], axes: list[int | None], what: str = "a gathered value") -> Any:
+    """Join same-structured pytrees leaf by leaf along each leaf's axis. A leaf with no axis (a scalar) must
+    be the same in every value (it is then kept once): one that differs is an error, never dropped."""
     import jax
     import numpy as np
 
+    from msrl.errors import TrainingError
+
     flat = [jax.tree.leaves(v) for v in values]
-    out = [np.concatenate([np.asarray(f[i]) for f in flat], axis=axes[i])
-           if i < len(axes) and axes[i] is not None else flat[0][i] for i in range(len(flat[0]))]
+    out = []
+    for i in range(len(flat[0])):
+        if i < len(axes) and axes[i] is not None:
+            out.append(np.concatenate([np.asarray(f[i]) for f in flat], axis=axes[i]))
+            continue
+        if any(not np.array_equal(np.asarray(f[i]), np.asarray(flat[0][i])) for f in flat[1:]):
+            raise TrainingError(f"{what}: its leaf {i} has no axis to join along and differs between the replicas "
+                                f"({[np.asarray(f[i]).tolist() for f in flat][:4]}); keeping one would drop the others")
+        out.append(flat[0][i])
     return jax.tree.unflatten(jax.tree.structure(values[0]), out)
 
 

@@ -1,35 +1,28 @@
-"""Distribution policies: data (a pydantic model) plus a small function over the FDG.
+"""Distribution policies: data (a pydantic model) plus a small function over the loop.
 
 A policy says which fragment every statement of the loop belongs to (``assign``), what fragments exist
-with their replica counts and placement (``fragments``) and which communication op goes on each cut edge
-(``comm_op``). The compiler does the rest: it splits the FDG, inserts the communication nodes and lowers
-each fragment. A user's policy subclasses :class:`Policy` and registers with ``@msrl.register_policy``.
+with their replica counts and placement (``fragments``), what crosses each cut edge (``link``) and how the
+learner runs (``learner_plan``). The compiler does the rest: it splits the FDG, checks that every cut value
+keeps its meaning, inserts the communication nodes, freezes it all into a :class:`msrl.plan.Plan` and
+lowers each fragment. A user's policy subclasses :class:`Policy` and registers with ``@msrl.register_policy``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    from msrl.compiler.ir import Stmt
-
-
-class FragmentSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    replicas: int = 1
-    backend: str = "jax"
-    device: str | None = None
-    jit: bool = True  # lower `for range` loops to lax.scan and jit the fragment
-    num_cpus: float = 1.0  # per replica, where the backend schedules processes (ray)
-    num_gpus: float = 0.0
+from msrl.plan import FragmentSpec, LearnerPlan, Link, Loop
 
 
 class Policy(BaseModel):
-    """Base of every policy's config. ``name`` picks the policy; ``backend`` the default placement."""
+    """Base of every policy's config. ``name`` picks the policy; ``backend`` the default placement.
+
+    A policy answers four questions, each with data the compiler checks and freezes into the plan:
+    ``fragments()`` (its roles), ``assign(loop)`` (the role of every statement), ``link(var, src, dst)``
+    (what a value crossing between two roles means and how it travels) and ``learner_plan()`` (gradient
+    transformations, services, a wrapped learner, updates per iteration)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -43,61 +36,18 @@ class Policy(BaseModel):
         """How many environments run in total, given ``env.num_envs`` (a policy may set it itself)."""
         return num_envs
 
-    def assign(self, stmts: "list[Stmt]", fdg: Any) -> dict[str, str]:
-        """The fragment of every leaf statement (API call, compute, return), by statement id."""
+    def assign(self, loop: Loop) -> dict[str, str]:
+        """The fragment of every statement of ``loop`` (API call, compute, return), by statement id."""
         raise NotImplementedError
 
-    def grad_transforms(self) -> tuple[Any, ...]:
-        """Optax transformations the learner applies to its gradients before the algorithm's optimizer
-        (``multi_learner``: the all-reduce)."""
-        return ()
+    def link(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> Link:
+        """How ``var`` crosses from role ``src`` to role ``dst``: the learner's parameters are broadcast
+        (replicated); anything else is per-environment, its op picked from the replica counts."""
+        return Link(axis="replicated") if var == "@params" else Link()
 
-    def services(self, learner: Any) -> dict[str, Any]:
-        """Shared objects the backend hosts beside the fragments for the run (``async``: the parameter
-        holder), by name: :class:`msrl.services.Service` handles."""
-        return {}
-
-    def wrap_learner(self, learner: Any, services: dict[str, Any]) -> Any:
-        """The learner component the fragments call, given the algorithm's (``async``: one whose update is
-        applied by a service)."""
-        return learner
-
-    def updates_per_iteration(self) -> int:
-        """Learner updates per iteration of the loop over all replicas (``async``: one per worker). The
-        algorithm is told (``Context.updates_per_iteration``), to size its schedules by."""
-        return 1
-
-    def buffer_shards(self) -> int:
-        """Replicas the replay buffer is split over (``replay_server``): each holds ``capacity / shards``
-        entries and draws ``batch_size / shards`` of a sample."""
-        return 1
-
-    def comm_axis(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
-        """What a gather joins and a scatter splits along: ``env`` (each leaf's environment axis) or
-        ``batch`` (the leading axis of every leaf that has one: a sampled batch, its priorities)."""
-        return "env"
-
-    def comm_every(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> int:
-        """Iterations between two transfers of ``var`` (the actors' ``@params``, say): in between, the
-        sender sends nothing and the receiver keeps the last value it got."""
-        return 1
-
-    def comm_lag(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> int:
-        """Iterations late that a value carried across iterations (``@params``) may arrive: the receiver's
-        iteration i takes what the sender sent at iteration ``i - lag`` (its own initial value before
-        that), so it need not wait for the sender's newest (``single_learner_coarse`` with ``sync:
-        false``: actors collect the next batch while the learner trains on the last)."""
-        return 0
-
-    def comm_op(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
-        """The communication op for a value crossing from fragment ``src`` to ``dst``."""
-        if var == "@params":
-            return "broadcast"
-        if src.replicas > 1 and dst.replicas == 1:
-            return "gather"
-        if src.replicas == 1 and dst.replicas > 1:
-            return "scatter"
-        return "send"
+    def learner_plan(self) -> LearnerPlan:
+        """How the learner runs under this policy (default: as the algorithm wrote it)."""
+        return LearnerPlan()
 
 
 class Resources(BaseModel):
@@ -115,8 +65,9 @@ class DistributedPolicy(Policy):
     ray_address: str | None = Field(None, description="an existing Ray cluster to join (default: start a private one)")
     ray_dashboard: bool = Field(False, description="start the Ray dashboard with the private cluster")
 
-    def role(self, name: str, replicas: int, backend_key: str) -> FragmentSpec:
-        """Fragment ``name`` placed by the field ``backend_key`` (default: ``backend``), with its resources."""
+    def role(self, name: str, replicas: int, backend_key: str, devices: list[int] | None = None) -> FragmentSpec:
+        """Fragment ``name`` placed by the field ``backend_key`` (default: ``backend``), with its resources
+        (and, on the jax backend, the JAX devices its replicas take in turn)."""
         from msrl.errors import ConfigError
 
         backend = getattr(self, backend_key)
@@ -124,7 +75,8 @@ class DistributedPolicy(Policy):
             raise ConfigError(f"policy.{backend_key}", f"{backend!r} cannot run inside policy.backend="
                               f"{self.backend!r}; use {self.backend!r} or 'jax' (one jitted program per step)")
         res = self.resources.get(name, Resources())
-        return FragmentSpec(name=name, replicas=replicas, backend=backend or self.backend, **res.model_dump())
+        return FragmentSpec(name=name, replicas=replicas, backend=backend or self.backend,
+                            devices=tuple(devices) if devices is not None else None, **res.model_dump())
 
     def shard_envs(self, num_envs: int, replicas_key: str, per_replica_key: str) -> int:
         """Total environments when the fields ``replicas_key`` replicas hold ``per_replica_key`` envs each
@@ -156,18 +108,7 @@ class DistributedPolicy(Policy):
 def prepare_learner(policy: Policy, learner: Any) -> tuple[Any, dict[str, Any]]:
     """The learner the fragments call under ``policy`` (its gradient transforms set, maybe wrapped) and the
     policy's services: what the compiler builds, and what ``msrl eval`` restores a checkpoint into."""
-    learner.grad_transforms = tuple(policy.grad_transforms())
-    services = policy.services(learner)
-    return policy.wrap_learner(learner, services), services
-
-
-def downstream_of(fdg: Any, roots: set[str]) -> set[str]:
-    """``roots`` and every statement that depends on them within one iteration (data edges, not carried)."""
-    import networkx as nx
-
-    within = nx.DiGraph((u, v) for u, v, d in fdg.edges(data=True) if d["kind"] == "data" and not d["carry"])
-    out = set(roots)
-    for r in roots:
-        if r in within:
-            out |= nx.descendants(within, r)
-    return out
+    plan = policy.learner_plan()
+    learner.grad_transforms = tuple(plan.grad_transforms)
+    services = plan.services(learner) if plan.services is not None else {}
+    return (plan.wrap(learner, services) if plan.wrap is not None else learner), services

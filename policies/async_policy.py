@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from functools import partial
 from typing import Any, Literal
 
 import jax
@@ -26,11 +27,10 @@ import numpy as np
 import optax
 from pydantic import Field
 
-from msrl.compiler.ir import leaves
+import msrl
 from msrl.components import Learner
 from msrl.config import INT32_MAX
 from msrl.errors import ConfigError
-from msrl.policy import DistributedPolicy, FragmentSpec
 from msrl.services import PARAMETERS, Service
 
 _CAPTURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("msrl_async_grads", default=None)
@@ -74,8 +74,9 @@ class ParameterHolder:
             return self.params, self.version, staleness
 
     def learner_state(self) -> dict[str, Any]:
+        """The run's learner state: all of it (:data:`HELD`)."""
         with self.lock:
-            return {"params": self.params}
+            return {"params": self.params, "opt_state": self.opt_state}
 
     def metrics(self) -> dict[str, float]:
         with self.lock:
@@ -92,12 +93,23 @@ class ParameterHolder:
             self.version, self.dropped = int(state["version"]), int(state["dropped"])
 
 
-def checked_init(learner: Any, key: jax.Array) -> dict[str, Any]:
-    """The learner's initial state, which must be a dict holding the parameters under "params"."""
-    state = learner.init(key)
+HELD = ("params", "opt_state")  # the learner state the holder carries: all of it, or the policy refuses
+
+
+def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, Any]:
+    """The learner's initial state (``init``: how to compute it), which must be a dict of the parameters
+    ("params") and the optimizer's state ("opt_state") alone: the holder carries exactly these, so nothing
+    else of it could be kept."""
+    state = (init or learner.init)(key)
     if not isinstance(state, dict) or "params" not in state:
         raise ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
                           f"{type(learner).__name__}.init() returns no dict with 'params'")
+    extra = sorted(set(state) - set(HELD))
+    if extra:
+        raise ConfigError("policy.name", f"async's parameter holder carries a learner's params and optimizer "
+                          f"state only, but {type(learner).__name__}'s state also holds {', '.join(map(repr, extra))}, "
+                          "which every worker would compute and throw away (target networks, keys and counters "
+                          "would never advance); use policy.name=single_learner_coarse or multi_learner")
     return state
 
 
@@ -142,7 +154,7 @@ class RemoteLearner:
         return state, {**metrics, "policy_lag": staleness}
 
 
-class Async(DistributedPolicy):
+class Async(msrl.DistributedPolicy):
     name: Literal["async"] = "async"
     backend: Literal["threads", "ray"] = "threads"
     workers: int = Field(4, gt=0, le=4096, description="actor-learners, each on its own environments")
@@ -154,31 +166,28 @@ class Async(DistributedPolicy):
     def total_envs(self, num_envs: int) -> int:
         return self.shard_envs(num_envs, "workers", "envs_per_worker")
 
-    def updates_per_iteration(self) -> int:
-        return self.workers
-
-    def fragments(self) -> list[FragmentSpec]:
+    def fragments(self) -> list[msrl.FragmentSpec]:
         return self.check_roles([self.role("worker", self.workers, "backend")])
 
-    def assign(self, stmts, fdg: Any) -> dict[str, str]:
-        return {s.id: "worker" for s in leaves(stmts)}
+    def assign(self, loop: msrl.Loop) -> dict[str, str]:
+        return loop.roles(lambda s: "worker")
 
-    def grad_transforms(self) -> tuple[Any, ...]:
-        return (capture_gradients(),)
+    def learner_plan(self) -> msrl.LearnerPlan:
+        """Gradients captured in front of the optimizer, the optimizer applied at a parameter holder (a
+        service), one update per worker per iteration."""
+        return msrl.LearnerPlan(grad_transforms=(capture_gradients(),), services=self._services,
+                                wrap=lambda learner, services: RemoteLearner(learner, services[PARAMETERS]),
+                                updates_per_iteration=self.workers)
 
-    def services(self, learner: Any) -> dict[str, Service]:
+    def _services(self, learner: Any) -> dict[str, Service]:
         if getattr(type(learner), "optimizer", Learner.optimizer) is Learner.optimizer:
             raise ConfigError("policy.name", f"async applies the learner's optimizer() at a parameter holder; "
                               f"{type(learner).__name__} defines none")
         max_staleness = self.max_staleness
+        checked_init(learner, jax.random.PRNGKey(0), partial(jax.eval_shape, learner.init))  # refuse it now
 
         def make(seed: int) -> ParameterHolder:
-            from msrl.compiler import component_keys
-
-            params = jax.device_get(checked_init(learner, component_keys(seed)["learner"])["params"])
+            params = jax.device_get(checked_init(learner, msrl.component_keys(seed)["learner"])["params"])
             return ParameterHolder(learner.optimizer(), params, max_staleness)
 
         return {PARAMETERS: Service(make)}
-
-    def wrap_learner(self, learner: Any, services: dict[str, Service]) -> RemoteLearner:
-        return RemoteLearner(learner, services[PARAMETERS])

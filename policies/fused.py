@@ -7,16 +7,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from msrl.compiler.ir import leaves
-from msrl.policy import FragmentSpec, Policy
+import msrl
 
 
-class Fused(Policy):
+class Fused(msrl.Policy):
     name: Literal["fused"] = "fused"
     backend: Literal["jax"] = "jax"
 
-    def fragments(self) -> list[FragmentSpec]:
-        return [FragmentSpec(name="main", replicas=1, backend=self.backend, jit=True)]
+    def fragments(self) -> list[msrl.FragmentSpec]:
+        return [msrl.FragmentSpec(name="main", replicas=1, backend=self.backend, jit=True)]
 
-    def assign(self, stmts, fdg) -> dict[str, str]:
-        return {s.id: "main" for s in leaves(stmts)}
+    def assign(self, loop: msrl.Loop) -> dict[str, str]:
+        return loop.roles(lambda s: "main")

@@ -9,17 +9,15 @@ ray each replica is a JAX process and the all-reduce runs over them (``jax.distr
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from msrl.backend import all_reduce_mean
-from msrl.compiler.ir import leaves
+import msrl
 from msrl.config import INT32_MAX
-from msrl.policy import DistributedPolicy, FragmentSpec
 
 
-class MultiLearner(DistributedPolicy):
+class MultiLearner(msrl.DistributedPolicy):
     name: Literal["multi_learner"] = "multi_learner"
     backend: Literal["jax", "ray"] = "jax"
     learners: int = Field(2, gt=0, le=4096, description="replicas, each acting and learning on its own envs")
@@ -29,11 +27,11 @@ class MultiLearner(DistributedPolicy):
     def total_envs(self, num_envs: int) -> int:
         return self.shard_envs(num_envs, "learners", "envs_per_learner")
 
-    def fragments(self) -> list[FragmentSpec]:
+    def fragments(self) -> list[msrl.FragmentSpec]:
         return self.check_roles([self.role("learner", self.learners, "backend")])
 
-    def assign(self, stmts, fdg: Any) -> dict[str, str]:
-        return {s.id: "learner" for s in leaves(stmts)}
+    def assign(self, loop: msrl.Loop) -> dict[str, str]:
+        return loop.roles(lambda s: "learner")
 
-    def grad_transforms(self) -> tuple[Any, ...]:
-        return (all_reduce_mean(),)
+    def learner_plan(self) -> msrl.LearnerPlan:
+        return msrl.LearnerPlan(grad_transforms=(msrl.all_reduce_mean(),))

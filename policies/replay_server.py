@@ -13,17 +13,15 @@ learner: a fast actor cannot drown it, and a run is reproducible for a seed.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from msrl.compiler.ir import leaves
+import msrl
 from msrl.config import INT32_MAX
-from msrl.errors import ConfigError
-from msrl.policy import DistributedPolicy, FragmentSpec, downstream_of
 
 
-class ReplayServer(DistributedPolicy):
+class ReplayServer(msrl.DistributedPolicy):
     name: Literal["replay_server"] = "replay_server"
     backend: Literal["threads", "ray"] = "threads"
     actors: int = Field(2, gt=0, le=4096, description="actor replicas (env + act)")
@@ -36,37 +34,29 @@ class ReplayServer(DistributedPolicy):
     def total_envs(self, num_envs: int) -> int:
         return self.shard_envs(num_envs, "actors", "envs_per_actor")
 
-    def fragments(self) -> list[FragmentSpec]:
+    def fragments(self) -> list[msrl.FragmentSpec]:
         if self.actors % self.shards:
-            raise ConfigError("policy.shards", f"{self.shards} shards cannot take the transitions of "
-                              f"policy.actors={self.actors} actors evenly; use a divisor of {self.actors}")
+            raise msrl.ConfigError("policy.shards", f"{self.shards} shards cannot take the transitions of "
+                                   f"policy.actors={self.actors} actors evenly; use a divisor of {self.actors}")
         return self.check_roles([self.role("actor", self.actors, "backend"),
                                  self.role("replay", self.shards, "backend"),
                                  self.role("learner", 1, "backend")])
 
-    def buffer_shards(self) -> int:
-        return self.shards
+    def assign(self, loop: msrl.Loop) -> dict[str, str]:
+        if not loop.calls("buffer_sample"):
+            raise msrl.ConfigError("policy.name", "replay_server shards a replay buffer that the learner samples "
+                                   "(msrl.buffer_sample), but this loop never samples one; for on-policy loops "
+                                   "(buffer_get) use single_learner_coarse")
+        buffer = loop.component_calls("buffer")
+        learner = loop.downstream_of(loop.calls("agent_learn", "buffer_sample")) - buffer
+        return loop.roles(lambda s: "replay" if s.id in buffer else "learner" if s.id in learner else "actor")
 
-    def assign(self, stmts, fdg: Any) -> dict[str, str]:
-        api = {s.id: s.api for s in leaves(stmts) if s.kind == "api"}
-        if not any(a.name == "buffer_sample" for a in api.values()):
-            raise ConfigError("policy.name", "replay_server shards a replay buffer that the learner samples "
-                              "(msrl.buffer_sample), but this loop never samples one; for on-policy loops "
-                              "(buffer_get) use single_learner_coarse")
-        buffer = {sid for sid, a in api.items() if a.component == "buffer"}
-        sampled = {sid for sid, a in api.items() if a.name in ("agent_learn", "buffer_sample")}
-        learner = downstream_of(fdg, sampled) - buffer
-        return {s.id: "replay" if s.id in buffer else "learner" if s.id in learner else "actor"
-                for s in leaves(stmts)}
-
-    def comm_op(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
+    def link(self, var: str, src: msrl.FragmentSpec, dst: msrl.FragmentSpec) -> msrl.Link:
+        """Transitions are gathered to the shards along their environments; samples are gathered to the
+        learner and priorities scattered back along their batch axis; parameters are pulled every
+        ``param_sync_every`` iterations."""
         if var == "@params":
-            return "broadcast"
-        return "scatter" if src.name == "learner" else "gather"
-
-    def comm_axis(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> str:
-        """Samples and priorities are split and joined along their batch axis, transitions along envs."""
-        return "batch" if "learner" in (src.name, dst.name) and var != "@params" else "env"
-
-    def comm_every(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> int:
-        return self.param_sync_every if var == "@params" else 1
+            return msrl.Link(axis="replicated", every=self.param_sync_every)
+        if "learner" in (src.name, dst.name):
+            return msrl.Link(op="scatter" if src.name == "learner" else "gather", axis="batch")
+        return msrl.Link(op="gather")

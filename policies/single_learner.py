@@ -13,17 +13,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from msrl.compiler.ir import leaves
+import msrl
 from msrl.config import INT32_MAX
-from msrl.policy import DistributedPolicy, FragmentSpec, downstream_of
 
 
-class _SingleLearner(DistributedPolicy):
-    backend: Literal["threads", "ray"] = "threads"
+class _SingleLearner(msrl.DistributedPolicy):
+    backend: Literal["threads", "ray", "jax"] = "threads"
     actors: int = Field(2, gt=0, le=INT32_MAX, description="actor (or env worker) replicas")
     envs_per_actor: int | None = Field(None, gt=0, le=INT32_MAX,
                                        description="environments per replica (default: env.num_envs / actors)")
@@ -33,9 +32,18 @@ class _SingleLearner(DistributedPolicy):
     def total_envs(self, num_envs: int) -> int:
         return self.shard_envs(num_envs, "actors", "envs_per_actor")
 
-    def _roles(self, actor_role: str, learner_role: str) -> list[FragmentSpec]:
-        return self.check_roles([self.role(actor_role, self.actors, "actor_backend"),
-                                 self.role(learner_role, 1, "learner_backend")])
+    actor_devices: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, min_length=1, description="backend jax: the JAX devices the actor replicas take in turn (default: all)")
+    learner_devices: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, min_length=1, description="backend jax: the JAX device of the learner (default: all, i.e. the first)")
+
+    def _roles(self, actor_role: str, learner_role: str) -> list[msrl.FragmentSpec]:
+        if self.backend != "jax" and (self.actor_devices or self.learner_devices):
+            raise msrl.ConfigError("policy.actor_devices" if self.actor_devices else "policy.learner_devices",
+                                   f"places roles on JAX devices, which only policy.backend=jax does (not "
+                                   f"{self.backend!r})")
+        return self.check_roles([self.role(actor_role, self.actors, "actor_backend", self.actor_devices),
+                                 self.role(learner_role, 1, "learner_backend", self.learner_devices)])
 
 
 class SingleLearnerCoarse(_SingleLearner):
@@ -43,24 +51,25 @@ class SingleLearnerCoarse(_SingleLearner):
     sync: bool = Field(True, description="false: actors collect the next batch with the parameters of one "
                        "update before while the learner trains (policy lag 1, recorded as policy_lag)")
 
-    def comm_lag(self, var: str, src: FragmentSpec, dst: FragmentSpec) -> int:
-        return 0 if self.sync or var != "@params" else 1
+    def link(self, var: str, src: msrl.FragmentSpec, dst: msrl.FragmentSpec) -> msrl.Link:
+        if var == "@params":
+            return msrl.Link(axis="replicated", lag=0 if self.sync else 1)
+        return msrl.Link()
 
-    def fragments(self) -> list[FragmentSpec]:
+    def fragments(self) -> list[msrl.FragmentSpec]:
         return self._roles("actor", "learner")
 
-    def assign(self, stmts, fdg: Any) -> dict[str, str]:
-        learn = {s.id for s in leaves(stmts) if s.kind == "api" and s.api.name == "agent_learn"}
-        learner = downstream_of(fdg, learn)
-        return {s.id: "learner" if s.id in learner else "actor" for s in leaves(stmts)}
+    def assign(self, loop: msrl.Loop) -> dict[str, str]:
+        learner = loop.downstream_of(loop.calls("agent_learn"))
+        return loop.roles(lambda s: "learner" if s.id in learner else "actor")
 
 
 class SingleLearnerFine(_SingleLearner):
     name: Literal["single_learner_fine"] = "single_learner_fine"
 
-    def fragments(self) -> list[FragmentSpec]:
+    def fragments(self) -> list[msrl.FragmentSpec]:
         return self._roles("env_worker", "central")
 
-    def assign(self, stmts, fdg: Any) -> dict[str, str]:
-        return {s.id: "env_worker" if s.kind == "api" and s.api.component == "env" else "central"
-                for s in leaves(stmts)}
+    def assign(self, loop: msrl.Loop) -> dict[str, str]:
+        envs = loop.component_calls("env")
+        return loop.roles(lambda s: "env_worker" if s.id in envs else "central")

@@ -17,10 +17,11 @@ from msrl.compiler import frontend
 from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
-from msrl.compiler.partition import Partition, partition
+from msrl.compiler.partition import assign_roles, partition
 from msrl.components import Environment
 from msrl.errors import CompileError, ConfigError
-from msrl.policy import FragmentSpec, Policy, prepare_learner
+from msrl.plan import FragmentSpec, Plan
+from msrl.policy import Policy, prepare_learner
 
 COMPONENTS = ("env", "actor", "learner", "buffer")
 _SEEDS = {name: i for i, name in enumerate(COMPONENTS)}
@@ -91,30 +92,32 @@ class Program:
         self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
         if self.components["learner"] is not None:
             self.components["learner"], self.services = prepare_learner(policy, self.components["learner"])
-        buffer, shards = self.components["buffer"], policy.buffer_shards()
-        if hasattr(buffer, "shards"):
-            buffer.shards = shards
-        elif buffer is not None and shards > 1:
-            raise ConfigError("policy.shards", f"{type(buffer).__name__} cannot be split over {shards} replay shards "
-                              "(it has no `shards`); use msrl.UniformBuffer or msrl.PrioritizedBuffer")
         self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
         with self._phase("frontend"):
             self.stmts, self.namespace = frontend.parse(algorithm)
             self._check_components()
         self.env_steps_per_iteration = num_envs * self._count("env_step")  # >= num_envs: the frontend checks
+        with self._phase("fdg+partition"):  # roles first: the buffer's role says how many shards it has
+            fragments, assign = assign_roles(self.stmts, build_fdg(self.stmts), policy)
+            shards = self._shard_buffer(fragments, assign)
         with self._phase("shapes"):
             self.shapes, self.item_spec = self._infer_shapes()
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
-            self.partition: Partition = partition(self.stmts, self.fdg, policy)
+            self.plan: Plan = partition(self.stmts, self.fdg, policy, fragments, assign, tuple(self.services), shards)
         self.env_axes: dict[tuple[str, str], list[int | None]] = {}  # needed only to gather/scatter/split
         self.item_axes: list[int | None] | None = None
-        if self.partition.comms or any(f.replicas > 1 for f in self.partition.fragments.values()):
+        if self.plan.comms or any(f.replicas > 1 for f in self.plan.fragments.values()):
             with self._phase("env axes"):
                 self.env_axes = self._env_axes()
+                self._check_cuts()
         with self._phase("lowering"):
-            self.fragments = {name: self._lower(spec) for name, spec in self.partition.fragments.items()}
+            self.fragments = {name: self._lower(spec) for name, spec in self.plan.fragments.items()}
         self.compile_seconds = sum(self.timings.values())
+
+    @property
+    def partition(self) -> Plan:  # the name before the plan was frozen
+        return self.plan
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -143,6 +146,54 @@ class Program:
             return n
 
         return count(self.stmts)
+
+    def _shard_buffer(self, fragments: dict[str, FragmentSpec], assign: dict[str, str]) -> int:
+        """A replay buffer held apart from the learner is split over the replicas of the role that holds it
+        (``replay_server``'s shards): each holds ``capacity / shards`` entries and draws ``batch_size /
+        shards`` of a sample. (A buffer read whole, ``buffer_get``, is split along its environments; a replica
+        that learns has a buffer of its own.)"""
+        buffer = self.components["buffer"]
+        calls = [s for s in leaves(self.stmts) if s.kind == "api" and s.api.component == "buffer"]
+        roles = {assign[s.id] for s in calls}
+        learners = {assign[s.id] for s in leaves(self.stmts) if s.kind == "api" and s.api.name == "agent_learn"}
+        shards = fragments[roles.pop()].replicas if len(roles) == 1 and not roles & learners else 1
+        if hasattr(buffer, "shards"):
+            buffer.shards = shards
+        elif shards > 1 and any(s.api.name == "buffer_sample" for s in calls):
+            raise ConfigError("policy.name", f"policy {self.policy.name!r} splits the replay buffer over {shards} "
+                              f"replicas, but {type(buffer).__name__} cannot be split (it has no `shards`); use "
+                              "msrl.UniformBuffer or msrl.PrioritizedBuffer")
+        return shards
+
+    def _check_cuts(self) -> None:
+        """Every array joined from several replicas has a leaf axis to join along (per-environment or
+        per-sample); anything else (a sample of one replica's local buffer, say) is refused: joining it would
+        drop or invent numbers. (A scalar leaf is joined only if every replica holds the same: checked as
+        it runs.)"""
+        by_id = {s.id: s for s in leaves(self.stmts)}
+        for c in self.plan.comms:
+            senders = self.plan.fragments[c.src_fragment].replicas
+            receivers = self.plan.fragments[c.dst_fragment].replicas
+            if c.op != "gather" or senders == receivers:
+                continue
+            value = self.shapes.get((c.src, c.var))
+            paths = jax.tree_util.tree_leaves_with_path(value)
+            axes = self.comm_axes(c)
+            bad = [jax.tree_util.keystr(p) or c.var for i, (p, x) in enumerate(paths)
+                   if getattr(x, "shape", ()) and (i >= len(axes) or axes[i] is None)]
+            if not bad:
+                continue
+            s = by_id[c.src]
+            sampled = any(b.kind == "api" and b.api.name == "buffer_sample" and self.plan.assign[b.id] == c.src_fragment
+                          for b in by_id.values())
+            raise CompileError(
+                f"policy {self.policy.name!r} joins `{c.var}` from {senders} {c.src_fragment!r} replicas into "
+                f"{receivers} {c.dst_fragment!r} replica{'s' if receivers > 1 else ''}, but "
+                f"{'its leaves ' if len(bad) > 1 else 'its leaf '}{', '.join(bad[:3])} "
+                f"{'are' if len(bad) > 1 else 'is'} not per-environment: joining the replicas' values would keep "
+                "one and drop the others", s.file, s.line,
+                "a replay buffer that the learner samples is sharded by policy.name=replay_server" if sampled else
+                f"compute `{c.var}` on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
 
     def _state_keys(self, stmts: list[Stmt]) -> tuple[list[str], bool]:
         """The states a fragment holds, and whether it derives the policy params from its own learner
@@ -200,7 +251,7 @@ class Program:
 
     def comm_axes(self, comm: Any) -> list[int | None]:
         """The axis of each leaf of ``comm``'s value that its gather joins and its scatter splits."""
-        if comm.along == "batch":
+        if comm.axis == "batch":
             return [0 if len(s.shape) else None for s in jax.tree.leaves(self.shapes[(comm.src, comm.var)])]
         return self.env_axes.get((comm.src, comm.var), [])
 
@@ -212,9 +263,9 @@ class Program:
                 body = self._project(s.body, frag)
                 if body:
                     out.append(dataclasses.replace(s, body=body))
-            elif self.partition.assign[s.id] == frag:
+            elif self.plan.assign[s.id] == frag:
                 out.append(s)
-            for c in self.partition.comms:
+            for c in self.plan.comms:
                 if c.point == s.id and frag in (c.src_fragment, c.dst_fragment):
                     send = c.src_fragment == frag
                     var = frozenset({c.var})

@@ -2,49 +2,60 @@
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any
 
 import networkx as nx
 
 from msrl.compiler.ir import Stmt, leaves
-from msrl.errors import CompileError
-from msrl.policy import FragmentSpec, Policy
+from msrl.errors import CompileError, ConfigError
+from msrl.plan import AXES, COMM_OPS, CommSpec, FragmentSpec, Loop, Plan
+from msrl.policy import Policy
 
 
-@dataclasses.dataclass(frozen=True)
-class Comm:
-    """A communication node: ``var`` defined at statement ``src`` flows from fragment ``src_fragment`` to
-    ``dst_fragment``. It is sent right after ``point`` and received at the same point of the consumer's
-    program (both run the same loop skeleton): a value made in a loop but used after it crosses once."""
-
-    id: str
-    op: str
-    var: str
-    src: str
-    src_fragment: str
-    dst_fragment: str
-    point: str  # the statement (or loop) after which it happens: src, hoisted out of loops the use is not in
-    along: str = "env"  # gather/scatter along each leaf's env axis, or along the leading (batch) axis
-    every: int = 1  # it crosses every `every`-th iteration only (the receiver keeps the last value in between)
-    lag: int = 0  # the receiver's iteration i takes the sender's value of iteration i - lag
+def default_op(var: str, senders: int, receivers: int) -> str:
+    """The op a cut edge gets by the replica counts: parameters are broadcast; many to one is a gather, one
+    to many a scatter, equal counts a send (replica i to replica i)."""
+    if var == "@params":
+        return "broadcast"
+    if senders > 1 and receivers == 1:
+        return "gather"
+    if senders == 1 and receivers > 1:
+        return "scatter"
+    return "send"
 
 
-@dataclasses.dataclass
-class Partition:
-    fragments: dict[str, FragmentSpec]
-    assign: dict[str, str]  # leaf statement id -> fragment name
-    comms: list[Comm]
+def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, receivers: int, src: str, dst: str) -> None:
+    fits = {"gather": senders % receivers == 0, "scatter": senders == 1, "broadcast": senders == 1,
+            "send": senders == receivers}
+    if op not in fits:
+        raise ConfigError("policy", f"policy {policy.name!r} puts op {op!r} on `{var}` ({src} -> {dst}); the "
+                          f"ops are {', '.join(COMM_OPS)}")
+    if link.axis not in AXES:
+        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) the axis "
+                          f"{link.axis!r}; the axes are {', '.join(AXES)}")
+    if not fits[op]:
+        raise ConfigError("policy", f"a {op} cannot connect {senders} {src!r} replicas to {receivers} {dst!r} replicas")
+    if link.every < 1 or link.lag < 0:
+        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` every={link.every}, lag={link.lag}: "
+                          "every must be >= 1 and lag >= 0")
 
 
-def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> Partition:
+def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tuple[dict[str, FragmentSpec], dict[str, str]]:
+    """The policy's roles and the role of every leaf statement, checked."""
     fragments = {f.name: f for f in policy.fragments()}
-    assign = policy.assign(stmts, fdg)
-    by_id = {s.id: s for s in leaves(stmts)}
-    for sid, s in by_id.items():
-        if assign.get(sid) not in fragments:
+    assign = policy.assign(Loop(list(leaves(stmts)), fdg))
+    for s in leaves(stmts):
+        if assign.get(s.id) not in fragments:
             raise CompileError(
-                f"policy {policy.name!r} placed `{s.source}` in fragment {assign.get(sid)!r}, "
+                f"policy {policy.name!r} placed `{s.source}` in fragment {assign.get(s.id)!r}, "
                 f"which is not one of its fragments ({', '.join(fragments)})", s.file, s.line)
+    return fragments, assign
+
+
+def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments: dict[str, FragmentSpec],
+              assign: dict[str, str], services: tuple[str, ...] = (), buffer_shards: int = 1) -> Plan:
+    """Split ``fdg`` (annotated with shapes) by the roles: a comm node on every cut edge; the frozen plan."""
+    by_id = {s.id: s for s in leaves(stmts)}
 
     # loops belong to every fragment with a statement inside them
     for n, data in fdg.nodes(data=True):
@@ -54,7 +65,7 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> Partit
             inside = sorted({assign[d] for d in assign if _inside(fdg, d, n)})
             data["fragment"] = ",".join(inside)
 
-    comms: dict[tuple[str, str, str], Comm] = {}
+    comms: dict[tuple[str, str, str], CommSpec] = {}
     for u, v, var, data in list(fdg.edges(keys=True, data=True)):
         fu, fv = fdg.nodes[u]["fragment"], fdg.nodes[v]["fragment"]
         if u not in assign or fu == fv:
@@ -69,16 +80,17 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> Partit
         key = (point, var, fv)
         if key not in comms:
             src, dst = fragments[fu], fragments[fv]
-            comms[key] = Comm(f"c{len(comms) + 1}", policy.comm_op(var, src, dst), var, u, fu, fv, point,
-                              policy.comm_axis(var, src, dst), policy.comm_every(var, src, dst),
-                              policy.comm_lag(var, src, dst))
-            c = comms[key]
+            link = policy.link(var, src, dst)
+            op = link.op or default_op(var, src.replicas, dst.replicas)
+            _check_link(policy, var, op, link, src.replicas, dst.replicas, fu, fv)
+            comms[key] = c = CommSpec(f"c{len(comms) + 1}", op, var, u, fu, fv, point, link.axis, link.every,
+                                      link.lag)
             fdg.add_node(c.id, kind="comm", op=c.op, fragment=f"{fu}->{fv}", parent=fdg.nodes[point]["parent"],
                          text=f"{c.op} {var}", file=None, line=None)
             fdg.add_edge(u, c.id, key=var, **{**data, "carry": False})
         fdg.add_edge(comms[key].id, v, key=var, **data)
         fdg.remove_edge(u, v, key=var)
-    return Partition(fragments, assign, list(comms.values()))
+    return Plan(fragments, assign, tuple(comms.values()), services, buffer_shards)
 
 
 def _exit_point(fdg: nx.MultiDiGraph, u: str, v: str) -> str:

@@ -1,0 +1,332 @@
+"""The replica driver: one fragment replica run against the plan, over a transport.
+
+The protocol is written here once, for every backend whose replicas talk (threads, ray, JAX devices):
+- a comm transfers on every ``every``-th iteration only; in between the receiver gets its last value again;
+- a receive at iteration ``i`` takes what the sender sent at ``i - lag`` (before that, the receiver's own
+  value);
+- a gather joins its senders' values in global environment order (each receiver an equal, contiguous group
+  of senders), a scatter splits along the same axes, a broadcast hands every receiver one shared value, a
+  send pairs replica i with replica i;
+- everything a replica sends a peer in one step goes as one delivery, just before it next blocks on a
+  receive or at the end of its iteration; messages carry (comm, sender, iteration, count), so a receiver
+  waits for exactly the messages its own step expects;
+- errors are reported at the user's line, once, as :class:`msrl.TrainingError` (bad input found while
+  running as itself);
+- metric rows, snapshots, restores and parameters have one shape on every backend.
+
+A backend supplies a :class:`Transport` (how a delivery reaches a peer's :class:`Mailbox`), placement and
+lifecycle; the driver's side of a runtime is :class:`ReplicaRuntime`.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any
+
+import jax
+import numpy as np
+
+from msrl import services
+from msrl.backend import (Runtime, concat_along, gather_receiver, gather_senders, mean_metrics, policy_lag,
+                          result_metrics, split_along, stats_fn)
+from msrl.components import episode_metrics
+from msrl.compiler.lower import materialize, user_frame
+from msrl.errors import CompileError, ConfigError, TrainingError
+
+POLL_S = 0.05
+Key = tuple[str, int]  # (fragment, replica)
+
+
+class Stopped(Exception):
+    """Raised in a replica blocked on a receive when the run is being stopped."""
+
+
+class Mailbox:
+    """The messages delivered to one replica, by (comm id, sender replica, sender iteration, count)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.box: dict[tuple, Any] = {}
+        self.highest: dict[Key, int] = {}  # sender -> highest iteration delivered from it
+        self.start, self.stopped = 0, False
+
+    def put(self, sender: Key, iteration: int, messages: list[tuple[str, int, Any]]) -> None:
+        with self.cond:
+            if iteration < self.start:  # sent to this replica before it was restarted
+                return
+            for cid, count, value in messages:
+                self.box[(cid, sender[1], iteration, count)] = value
+            self.highest[sender] = max(self.highest.get(sender, -1), iteration)
+            self.cond.notify_all()
+
+    def take(self, keys: list[tuple]) -> list[Any]:
+        with self.cond:
+            while not all(k in self.box for k in keys):
+                if self.stopped:
+                    raise Stopped
+                self.cond.wait(POLL_S)
+            return [self.box.pop(k) for k in keys]
+
+    def received_through(self, sender: Key) -> int:
+        with self.cond:
+            return self.highest.get(sender, -1)
+
+    def restart_at(self, iteration: int) -> None:
+        with self.cond:
+            self.start = iteration
+            self.box = {k: v for k, v in self.box.items() if k[2] >= iteration}
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+
+class Transport:
+    """How a replica's deliveries reach its peers. ``share`` makes the one copy of a broadcast value that
+    every receiver gets, ``fetch`` reads such a copy back; both are the identity in one process."""
+
+    def deliver(self, dst: Key, sender: Key, iteration: int, messages: list[tuple[str, int, Any]]) -> None:
+        raise NotImplementedError
+
+    def share(self, value: Any) -> Any:
+        return value
+
+    def fetch(self, value: Any) -> Any:
+        return value
+
+
+class _Running(threading.local):
+    driver: "ReplicaDriver | None" = None
+
+
+_RUNNING = _Running()
+
+
+class _Endpoint:
+    def __init__(self, cid: str):
+        self.cid = cid
+
+    def send(self, value: Any) -> None:
+        _RUNNING.driver.send(self.cid, value)
+
+    def recv(self) -> Any:
+        return _RUNNING.driver.recv(self.cid)
+
+
+def fragment_fn(program: Any, name: str) -> Any:
+    """The fragment's function, made once per program and shared by the replicas in this process (its
+    jitted segments compile once): ``_msrl_comm`` resolves to the running replica's driver."""
+    cache = program.__dict__.setdefault("_replica_fns", {})
+    if name not in cache:
+        frag = program.fragments[name]
+        fn = materialize(frag.lowered, {**frag.namespace, "_msrl_comm": {c.id: _Endpoint(c.id) for c in
+                                                                          program.plan.comms}})
+        cache[name] = jax.jit(fn) if frag.mode == "scan" else fn
+    return cache[name]
+
+
+class ReplicaDriver:
+    """One fragment replica: its state, its step, and its end of every comm."""
+
+    def __init__(self, program: Any, key: Key, seed: int, env_ids: Any, transport: Transport,
+                 mailbox: Mailbox | None = None, device: Any = None):
+        self.program, self.key, self.seed, self.env_ids = program, key, seed, env_ids
+        self.frag = program.fragments[key[0]]
+        self.transport, self.mailbox, self.device = transport, mailbox or Mailbox(), device
+        self.replicas = {f.name: f.spec.replicas for f in program.fragments.values()}
+        self.comms = {c.id: c for c in program.plan.comms}
+        self.iteration = 0
+        self.counts: dict[str, int] = {}
+        self.last: dict[str, Any] = {}  # comm id -> the last value received (comms that skip iterations)
+        self.pending: dict[Key, list] = {}
+        self.sent: dict[tuple[str, int], Any] = {}  # (comm id, iteration) -> a broadcast's shared value
+        self.fn = fragment_fn(program, key[0])
+        self.env_stats = stats_fn(program.env)
+        self.state = self.place(program.init_states(self.frag.state_keys, seed, env_ids))
+
+    # ------------------------------------------------------------------------------ placement
+    def place(self, tree: Any) -> Any:
+        """``tree`` where this replica computes (its JAX device, if it has one)."""
+        return tree if self.device is None else jax.device_put(tree, self.device)
+
+    def host(self, tree: Any) -> Any:
+        """Part of this replica's state as host (numpy) arrays."""
+        return jax.tree.map(np.asarray, jax.device_get(tree))
+
+    # ------------------------------------------------------------------------------ running
+    def step(self, state: Any) -> tuple[Any, Any, Any]:
+        """One iteration: the new state, the loop's result and the environments' statistics."""
+        state, result = self.fn(state)
+        return state, result, self.env_stats(state["env"]) if "env" in state else None
+
+    def run(self, iterations: int) -> list[tuple[int, Any, Any]]:
+        """``iterations`` steps: (iteration, env statistics, loop result) of each, as host arrays."""
+        out = []
+        _RUNNING.driver = self
+        try:
+            for _ in range(iterations):
+                self.counts = {}
+                try:
+                    if self.device is None:
+                        self.state, result, stats = self.step(self.state)
+                    else:
+                        with jax.default_device(self.device):
+                            self.state, result, stats = self.step(self.state)
+                except Stopped:
+                    raise
+                except Exception as e:  # noqa: BLE001 - reported at the user's line
+                    raise self.failure(e) from None
+                self.flush()
+                out.append((self.iteration, self.host(stats), self.host(result)))
+                self.iteration += 1
+        except Stopped:
+            pass
+        finally:
+            _RUNNING.driver = None
+        return out
+
+    def failure(self, e: BaseException) -> BaseException:
+        """What the caller is told of an error in this replica: bad input as itself, anything else a
+        TrainingError naming the replica, the user's line and the traceback."""
+        if isinstance(e, (ConfigError, CompileError)):
+            return e
+        frame = user_frame(e, [self.frag.lowered])
+        at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
+        return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: "
+                             f"{e}\n{traceback.format_exc()}")
+
+    def restart(self, iteration: int) -> None:
+        """Continue at ``iteration`` with fresh environments and keys (after the process was restarted)."""
+        self.mailbox.restart_at(iteration)
+        self.iteration = iteration
+        self.state = self.place(self.program.init_states(self.frag.state_keys, self.seed, self.env_ids,
+                                                         fold=iteration))
+
+    # ------------------------------------------------------------------------------ the comm ops
+    def _count(self, cid: str) -> int:
+        self.counts[cid] = self.counts.get(cid, -1) + 1
+        return self.counts[cid]
+
+    def send(self, cid: str, value: Any) -> None:
+        comm = self.comms[cid]
+        if self.iteration % comm.every:
+            return
+        count, dst, n = self._count(cid), comm.dst_fragment, self.replicas[comm.dst_fragment]
+        if comm.op == "broadcast":
+            shared = self.transport.share(value)
+            with self.mailbox.cond:  # kept a while: a restarted receiver asks for what it missed
+                self.sent[(cid, self.iteration)] = shared
+                self.sent.pop((cid, self.iteration - 2 * comm.every - comm.lag), None)
+                self.mailbox.cond.notify_all()
+            parts = dict.fromkeys(range(n), shared)
+        elif comm.op == "scatter":
+            parts = dict(enumerate(split_along(value, n, self.program.comm_axes(comm))))
+        elif comm.op == "gather":  # to the receiver whose group this replica is in
+            parts = {gather_receiver(self.key[1], self.replicas[comm.src_fragment], n): value}
+        else:  # send: replica i to replica i
+            parts = {self.key[1]: value}
+        for r, part in parts.items():
+            self.pending.setdefault((dst, r), []).append((cid, count, part))
+
+    def recv(self, cid: str) -> Any:
+        comm = self.comms[cid]
+        if self.iteration % comm.every:
+            return self.last[cid]
+        if self.iteration < comm.lag:  # nothing sent that early: the value this replica holds
+            return self.state[comm.var.lstrip("@")]
+        self.flush()
+        count = self._count(cid)
+        senders = (gather_senders(self.key[1], self.replicas[comm.src_fragment], self.replicas[self.key[0]])
+                   if comm.op == "gather" else [self.key[1]] if comm.op == "send" else [0])
+        values = self.mailbox.take([(cid, s, self.iteration - comm.lag, count) for s in senders])
+        values = [self.transport.fetch(v) for v in values]
+        value = (concat_along(values, self.program.comm_axes(comm), f"`{comm.var}` from {comm.src_fragment!r}")
+                 if comm.op == "gather" else values[0])
+        self.last[cid] = value = self.place(value)
+        return value
+
+    def flush(self) -> None:
+        """Deliver everything queued: one delivery per receiving replica."""
+        pending, self.pending = self.pending, {}
+        for dst, messages in pending.items():
+            self.transport.deliver(dst, self.key, self.iteration, messages)
+
+    def received_through(self, sender: Key) -> int:
+        """The last iteration ``sender`` delivered to this replica (a restarted sender resumes after it)."""
+        return self.mailbox.received_through(tuple(sender))
+
+    def sent_value(self, cid: str, iteration: int) -> Any:
+        """The broadcast this replica sent on ``cid`` at ``iteration`` (waits until it has sent it)."""
+        with self.mailbox.cond:
+            while (cid, iteration) not in self.sent:
+                if self.mailbox.stopped:
+                    raise Stopped
+                self.mailbox.cond.wait(POLL_S)
+            return self.sent[(cid, iteration)]
+
+    # ------------------------------------------------------------------------------ state
+    def get_state(self, skip: tuple[str, ...] = ()) -> dict:
+        return self.host({k: v for k, v in self.state.items() if k not in skip})
+
+    def set_state(self, state: dict) -> None:
+        self.state = {**self.state, **self.place(state)}
+
+    def params(self) -> Any:
+        return self.program.components["learner"].policy_params(self.host(self.state["learner"]))
+
+
+def replica_keys(program: Any) -> list[Key]:
+    return [(name, r) for name, f in program.fragments.items() for r in range(f.spec.replicas)]
+
+
+class ReplicaRuntime(Runtime):
+    """The driver's side of a runtime of replicas: metric rows, snapshots, restores and parameters, over
+    two things a backend provides: ``_run(iterations)`` (every replica's outputs, by key, or the first
+    failure raised) and ``_call(keys, method, *args)`` (a driver method on each replica, results by key)."""
+
+    def __init__(self, program: Any, seed: int):
+        self.program, self.seed, self.iteration = program, seed, 0
+        self.keys = replica_keys(program)
+
+    def _run(self, iterations: int) -> dict[Key, list[tuple[int, Any, Any]]]:
+        raise NotImplementedError
+
+    def _call(self, keys: list[Key], method: str, *args: Any) -> dict[Key, Any]:
+        raise NotImplementedError
+
+    def run(self, iterations: int) -> list[dict[str, float]]:
+        outputs = self._run(iterations)
+        stats: dict[int, list] = {}
+        results: dict[int, list[dict[str, float]]] = {}  # the loop's metrics, of every replica returning them
+        for key, out in outputs.items():
+            returns = any(s.kind == "return" for s in self.program.fragments[key[0]].stmts)
+            for it, st, result in out:
+                if st is not None:
+                    stats.setdefault(it, []).append(st)
+                if returns:
+                    results.setdefault(it, []).append(result_metrics(result))
+        counters = services.metrics(self.program.services)  # as of the end of these iterations
+        start, self.iteration = self.iteration, self.iteration + iterations
+        return [{**episode_metrics(stats.get(it, [])), **mean_metrics(results.get(it, [])),
+                 **policy_lag(self.program, it), **counters} for it in range(start, self.iteration)]
+
+    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+        states = self._call(self.keys, "get_state", skip)
+        out: dict[str, list[dict]] = {}
+        for key in self.keys:
+            out.setdefault(key[0], []).append(states[key])
+        return {**out, **services.snapshot(self.program.services)}
+
+    def restore(self, snapshot: dict[str, list[dict]]) -> None:
+        for key in self.keys:
+            self._call([key], "set_state", snapshot[key[0]][key[1]])
+        services.restore(self.program.services, snapshot)
+
+    def params(self) -> Any:
+        held = services.held_params(self.program)
+        if held is not None:
+            return held
+        key = next(k for k in self.keys if "learner" in self.program.fragments[k[0]].state_keys)
+        return self._call([key], "params")[key]
