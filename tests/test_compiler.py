@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import msrl
-from msrl.backends.jax_backend import JaxBackend
 from msrl.compiler.ir import leaves
 from msrl.envs import make_env
 from msrl.policies.fused import Fused
@@ -36,8 +35,8 @@ class Eager(Policy):
     def fragments(self):
         return [FragmentSpec(name="main", jit=False)]
 
-    def assign(self, stmts, fdg):
-        return {s.id: "main" for s in leaves(stmts)}
+    def assign(self, loop):
+        return loop.roles(lambda s: "main")
 
 
 class ActorsLearner(Policy):
@@ -48,12 +47,9 @@ class ActorsLearner(Policy):
     def fragments(self):
         return [FragmentSpec(name="actors", replicas=2, jit=False), FragmentSpec(name="learner", jit=False)]
 
-    def assign(self, stmts, fdg):
-        out = {}
-        for s in leaves(stmts):
-            learner_side = s.kind == "return" or (s.kind == "api" and s.api.name == "agent_learn")
-            out[s.id] = "learner" if learner_side else "actors"
-        return out
+    def assign(self, loop):
+        learner = loop.calls("agent_learn")
+        return loop.roles(lambda s: "learner" if s.kind == "return" or s.id in learner else "actors")
 
 
 class SplitEnv(ActorsLearner):
@@ -61,19 +57,16 @@ class SplitEnv(ActorsLearner):
 
     name: Literal["split_env"] = "split_env"
 
-    def assign(self, stmts, fdg):
-        out = super().assign(stmts, fdg)
-        for s in leaves(stmts):
-            if s.kind == "api" and s.api.name == "env_observe":
-                out[s.id] = "learner"
-        return out
+    def assign(self, loop):
+        return {**super().assign(loop), **dict.fromkeys(loop.calls("env_observe"), "learner")}
 
 
 def fused_vs_eager(alg_cls, env, iterations=2):
     """Run the same loop jitted (lax.scan) and eagerly (Python loops); return both final states."""
     jit_prog = msrl.compile(alg_cls(), Fused(), env, NUM_ENVS)
-    runtime = JaxBackend().build(jit_prog, seed=0, iterations_per_dispatch=iterations)
-    rows = runtime.run(iterations)
+    with msrl.Session(program=jit_prog, seed=0, iterations_per_dispatch=iterations) as session:
+        rows = session.run(iterations)
+        (jit_state,) = session.snapshot()["main"]
     eager_prog = msrl.compile(alg_cls(), Eager(), env, NUM_ENVS)
     frag = eager_prog.fragments["main"]
     state = eager_prog.init_states(frag.state_keys, 0, jnp.arange(NUM_ENVS))
@@ -81,7 +74,7 @@ def fused_vs_eager(alg_cls, env, iterations=2):
     for _ in range(iterations):
         state, result = eager_prog.run_fragment(frag, state)
         results.append(result)
-    return jit_prog, runtime.state(), rows, state, results
+    return jit_prog, jit_state, rows, state, results
 
 
 def assert_trees_close(a, b):
