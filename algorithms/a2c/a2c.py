@@ -20,9 +20,8 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.ppo.networks import ActorCritic, action_dim, policy
-from msrl.algorithms.ppo.ppo import PPOActor, gae
 from msrl.config import INT32_MAX
+from msrl.rl import ActorCritic, ActorCriticActor, action_dim, gae, policy
 
 
 class A2CConfig(msrl.AlgorithmConfig):
@@ -115,7 +114,7 @@ class A2C(msrl.Algorithm):
     def __init__(self, cfg: A2CConfig, ctx: msrl.Context):
         super().__init__(cfg, ctx)
         net = actor_critic(ctx.env_spec, cfg, "A2C")
-        self.actor = PPOActor(net)  # samples from the policy; its value output goes unused
+        self.actor = ActorCriticActor(net)  # samples from the policy; its value output goes unused
         self.learner = A2CLearner(net, cfg, ctx.env_spec.example_obs(),
                                   max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len)
                                       * ctx.updates_per_iteration))

@@ -17,10 +17,10 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.ppo.networks import action_dim, flatten
 from msrl.components import split_keys
 from msrl.config import INT32_MAX
 from msrl.replay import Sample
+from msrl.rl import action_dim, flatten
 
 
 class DQNConfig(msrl.AlgorithmConfig):

@@ -15,13 +15,12 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from msrl.algorithms.a2c.a2c import A2CConfig, actor_critic, make_optimizer
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.a2c.a2c import A2CConfig, actor_critic, make_optimizer
-from msrl.algorithms.ppo.networks import ActorCritic, policy
-from msrl.algorithms.ppo.ppo import PPOActor, minibatch_epochs
 from msrl.config import INT32_MAX
+from msrl.rl import ActorCritic, ActorCriticActor, minibatch_epochs, policy
 
 
 class IMPALAConfig(A2CConfig):
@@ -127,7 +126,7 @@ class IMPALA(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the {ctx.num_envs} "
                                    "environments (minibatches are whole trajectories of some environments)")
         net = actor_critic(ctx.env_spec, cfg, "IMPALA")
-        self.actor = PPOActor(net)  # samples, and returns the sampled action's log-probability
+        self.actor = ActorCriticActor(net)  # samples, and returns the sampled action's log-probability
         self.learner = IMPALALearner(net, cfg, ctx.env_spec.example_obs(),
                                      max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len)))
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)

@@ -24,11 +24,11 @@ from typing import Literal
 
 import flax.linen as nn
 import jax.numpy as jnp
+from msrl.algorithms.ppo.ppo import PPO, PPOConfig
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.ppo.networks import ActorCritic, action_dim, flatten
-from msrl.algorithms.ppo.ppo import PPO, PPOConfig
+from msrl.rl import ActorCritic, action_dim, flatten
 
 
 class MAPPOConfig(PPOConfig):

@@ -11,9 +11,8 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.ppo.networks import ActorCritic, action_dim, policy
-from msrl.components import split_keys
 from msrl.config import INT32_MAX
+from msrl.rl import ActorCritic, ActorCriticActor, action_dim, gae, minibatch_epochs, policy
 
 
 class PPOConfig(msrl.AlgorithmConfig):
@@ -41,72 +40,6 @@ class Transition(NamedTuple):
     done: jax.Array
     log_prob: jax.Array
     value: jax.Array
-
-
-class ActOutput(NamedTuple):
-    action: jax.Array
-    log_prob: jax.Array
-    value: jax.Array
-
-
-def gae(reward, done, value, last_value, gamma: float, lam: float):
-    """Generalized advantage estimation over a time-major rollout (``[time, env]``): returns the advantages
-    and the value targets (advantages + values). An episode end (``done``) cuts the bootstrap; the episode
-    still running at the end is bootstrapped from ``last_value``. ``lam = 1``: n-step returns minus values."""
-
-    def back(carry, t):
-        adv, next_value = carry
-        r, d, v = t
-        not_done = 1.0 - d.astype(jnp.float32)
-        delta = r + gamma * next_value * not_done - v
-        adv = delta + gamma * lam * not_done * adv
-        return (adv, v), adv
-
-    _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), (reward, done, value), reverse=True)
-    return adv, adv + value
-
-
-def minibatch_epochs(tx, loss, state, data, epochs: int, minibatches: int, shuffle: bool = True):
-    """``epochs`` passes over ``data`` (leaves batched on their leading axis), each shuffling it (with
-    ``shuffle``) and taking one ``tx`` step per equal slice of ``minibatches``; ``loss(params, minibatch) ->
-    (loss, metrics)``. ``state`` holds ``params``, ``opt_state`` and ``key``; returns it updated and the
-    metrics averaged over every step."""
-    size = jax.tree.leaves(data)[0].shape[0]
-
-    def epoch(carry, _):
-        params, opt_state, key = carry
-        key, perm_key = jax.random.split(key)
-        shuffled = jax.tree.map(lambda x: x[jax.random.permutation(perm_key, size)], data) if shuffle else data
-        mbs = jax.tree.map(lambda x: x.reshape((minibatches, -1, *x.shape[1:])), shuffled)
-
-        def step(carry, mb):
-            params, opt_state = carry
-            grads, metrics = jax.grad(loss, has_aux=True)(params, mb)
-            updates, opt_state = tx.update(grads, opt_state, params)  # incl. a policy's grad_transforms
-            return (optax.apply_updates(params, updates), opt_state), metrics
-
-        (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), mbs)
-        return (params, opt_state, key), metrics
-
-    (params, opt_state, key), metrics = jax.lax.scan(
-        epoch, (state["params"], state["opt_state"], state["key"]), None, length=epochs)
-    return {"params": params, "opt_state": opt_state, "key": key}, jax.tree.map(jnp.mean, metrics)
-
-
-class PPOActor(msrl.Actor):
-    def __init__(self, net: ActorCritic):
-        self.net = net
-
-    def act(self, state, params, obs):
-        keys, use = split_keys(state["keys"])
-
-        head, value = self.net.apply(params, obs)
-        action = jax.vmap(lambda h, k: policy(self.net.discrete, h).sample(seed=k))(head, use)  # per-env keys
-        return {"keys": keys}, ActOutput(action, policy(self.net.discrete, head).log_prob(action), value)
-
-    def greedy(self, params, obs):
-        head, _ = self.net.apply(params, obs)
-        return jnp.argmax(head, axis=-1) if self.net.discrete else head[0]
 
 
 class PPOLearner(msrl.Learner):
@@ -173,7 +106,7 @@ class PPO(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
                                    f"{ctx.num_envs} envs x {cfg.rollout_len} steps = {batch}")
         net = self.network(ctx.env_spec)
-        self.actor = PPOActor(net)
+        self.actor = ActorCriticActor(net)
         self.learner = PPOLearner(net, cfg, ctx.env_spec.example_obs(), max(1, ctx.total_env_steps // batch))
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 

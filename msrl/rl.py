@@ -1,0 +1,154 @@
+"""Shared RL math the built-in algorithms (and users' own) build on: actor-critic networks (flax) with
+distrax policy distributions, an actor that samples from them, generalized advantage estimation, and the
+epochs x minibatches SGD loop of PPO-style learners."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import distrax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from msrl.components import Actor, split_keys
+
+
+def _dense(features: int, scale: float, **kwargs) -> nn.Dense:
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, **kwargs)
+
+
+class RowDense(nn.Dense):
+    """A dense layer of one output computed row by row (an elementwise product and a sum over the last axis),
+    not as a matrix-vector product: XLA's CPU matrix-vector kernels round differently for different batch
+    sizes (by ~1e-7), which made acting on 2 x 4 environments differ from acting on 8. Its parameters are a
+    ``Dense``'s, under the same name."""
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], 1), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (1,), self.param_dtype)
+        return (x * kernel[:, 0]).sum(-1, keepdims=True) + bias
+
+
+def action_dim(spec) -> int:
+    """The policy head's width for an env spec's action space: its actions, or its action vector's size."""
+    return spec.action_space.n if spec.discrete else spec.action_space.shape[0]
+
+
+def policy(discrete: bool, head: jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]) -> distrax.Distribution:
+    """The action distribution of a network head: Categorical(logits) or diagonal Gaussian(mean, log_std)."""
+    if discrete:
+        return distrax.Categorical(logits=head)
+    mean, log_std = head
+    return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
+
+
+def flatten(x: jnp.ndarray, ndim: int) -> jnp.ndarray:
+    """A batch of ``ndim``-dimensional observations as float32 vectors."""
+    return x.astype(jnp.float32).reshape(x.shape[: x.ndim - ndim] + (-1,))
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs. Returns ``(head, value)`` where ``head`` parameterizes the policy
+    (see :func:`policy`): logits, or a Gaussian mean with a learned state-independent log std."""
+
+    action_dim: int
+    discrete: bool
+    obs_ndim: int
+    hidden: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+
+    def inputs(self, obs) -> tuple[jnp.ndarray, jnp.ndarray]:
+        """What the actor and the critic see of a batch of observations: both see all of it, flattened."""
+        x = flatten(obs, self.obs_ndim)
+        return x, x
+
+    @nn.compact
+    def __call__(self, obs: jnp.ndarray):
+        act = {"tanh": nn.tanh, "relu": nn.relu}[self.activation]
+        a, c = self.inputs(obs)
+        for h in self.hidden:
+            a = act(_dense(h, np.sqrt(2))(a))
+        head = _dense(self.action_dim, 0.01)(a)
+        if not self.discrete:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            head = (head, jnp.broadcast_to(log_std, head.shape))
+        for h in self.hidden:
+            c = act(_dense(h, np.sqrt(2))(c))
+        # the value of each row alone, so a replica acting on some envs computes what one acting on all does
+        value = RowDense(1, kernel_init=nn.initializers.orthogonal(1.0), bias_init=nn.initializers.zeros,
+                         name=f"Dense_{2 * len(self.hidden) + 1}")(c).squeeze(-1)
+        return head, value
+
+
+class ActorCriticOutput(NamedTuple):
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+
+
+def gae(reward, done, value, last_value, gamma: float, lam: float):
+    """Generalized advantage estimation over a time-major rollout (``[time, env]``): returns the advantages
+    and the value targets (advantages + values). An episode end (``done``) cuts the bootstrap; the episode
+    still running at the end is bootstrapped from ``last_value``. ``lam = 1``: n-step returns minus values."""
+
+    def back(carry, t):
+        adv, next_value = carry
+        r, d, v = t
+        not_done = 1.0 - d.astype(jnp.float32)
+        delta = r + gamma * next_value * not_done - v
+        adv = delta + gamma * lam * not_done * adv
+        return (adv, v), adv
+
+    _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), (reward, done, value), reverse=True)
+    return adv, adv + value
+
+
+def minibatch_epochs(tx, loss, state, data, epochs: int, minibatches: int, shuffle: bool = True):
+    """``epochs`` passes over ``data`` (leaves batched on their leading axis), each shuffling it (with
+    ``shuffle``) and taking one ``tx`` step per equal slice of ``minibatches``; ``loss(params, minibatch) ->
+    (loss, metrics)``. ``state`` holds ``params``, ``opt_state`` and ``key``; returns it updated and the
+    metrics averaged over every step."""
+    size = jax.tree.leaves(data)[0].shape[0]
+
+    def epoch(carry, _):
+        params, opt_state, key = carry
+        key, perm_key = jax.random.split(key)
+        shuffled = jax.tree.map(lambda x: x[jax.random.permutation(perm_key, size)], data) if shuffle else data
+        mbs = jax.tree.map(lambda x: x.reshape((minibatches, -1, *x.shape[1:])), shuffled)
+
+        def step(carry, mb):
+            params, opt_state = carry
+            grads, metrics = jax.grad(loss, has_aux=True)(params, mb)
+            updates, opt_state = tx.update(grads, opt_state, params)  # incl. a policy's grad_transforms
+            return (optax.apply_updates(params, updates), opt_state), metrics
+
+        (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), mbs)
+        return (params, opt_state, key), metrics
+
+    (params, opt_state, key), metrics = jax.lax.scan(
+        epoch, (state["params"], state["opt_state"], state["key"]), None, length=epochs)
+    return {"params": params, "opt_state": opt_state, "key": key}, jax.tree.map(jnp.mean, metrics)
+
+
+class ActorCriticActor(Actor):
+    """Samples from an :class:`ActorCritic`'s policy with per-env keys; returns the action, its
+    log-probability and the value."""
+
+
+    def __init__(self, net: ActorCritic):
+        self.net = net
+
+    def act(self, state, params, obs):
+        keys, use = split_keys(state["keys"])
+
+        head, value = self.net.apply(params, obs)
+        action = jax.vmap(lambda h, k: policy(self.net.discrete, h).sample(seed=k))(head, use)  # per-env keys
+        return {"keys": keys}, ActorCriticOutput(action, policy(self.net.discrete, head).log_prob(action), value)
+
+    def greedy(self, params, obs):
+        head, _ = self.net.apply(params, obs)
+        return jnp.argmax(head, axis=-1) if self.net.discrete else head[0]
