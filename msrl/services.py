@@ -1,7 +1,7 @@
 """Services: objects a distribution policy needs beside its fragments, shared by all of them (``async``'s
 parameter holder).
 
-A policy makes them (:meth:`msrl.policy.Policy.services`: name -> :class:`Service`) and its components call
+A policy makes them (``LearnerPlan.services(learner)``: name -> :class:`Service`) and its components call
 them through :meth:`Service.call`. The backend hosts each one for the run and points every process's copy
 of the :class:`Service` at it: ``threads`` makes the object once in its process, so every replica thread
 calls the same object; ``ray`` makes it a Ray actor (:class:`ServiceHost`) and hands its handle to every
