@@ -88,16 +88,18 @@ class JaxRuntime(Runtime):
     def run(self, iterations: int) -> list[dict[str, float]]:
         return [row for rows in self.stream(iterations, self.k) for row in rows]
 
-    def stream(self, iterations: int, chunk: int):
+    def stream(self, iterations: int, chunk: int, stop=lambda: False):
         """Dispatch (asynchronously) the next chunk before reading the last one, so the device never
         waits for the host's logging."""
         pending = None
         while iterations > 0 or pending is not None:
             dispatched = None
-            if iterations > 0:
+            if iterations > 0 and not stop():
                 n = min(iterations, self.k, chunk)
                 self._state, out = self._compiled(self._state, jnp.int32(n))
                 dispatched, iterations = (out, n), iterations - n
+            elif pending is None:
+                return
             if pending is not None:
                 out, n = jax.device_get(pending[0]), pending[1]
                 yield metric_rows(out["train"], out["env"], n)

@@ -15,10 +15,12 @@ class Runtime:
     def run(self, iterations: int) -> list[dict[str, float]]:
         raise NotImplementedError
 
-    def stream(self, iterations: int, chunk: int) -> Iterator[list[dict[str, float]]]:
-        """Run ``iterations`` iterations, yielding the rows of every ``chunk`` of them as they finish
-        (a backend may start the next chunk before the caller has read the last one)."""
-        while iterations > 0:
+    def stream(self, iterations: int, chunk: int, stop: Callable[[], bool] = lambda: False
+               ) -> Iterator[list[dict[str, float]]]:
+        """Run ``iterations`` iterations, yielding the rows of every ``chunk`` of them as they finish (a
+        backend may start the next chunk before the caller has read the last one); no chunk starts once
+        ``stop()`` is true."""
+        while iterations > 0 and not stop():
             n = min(chunk, iterations)
             yield self.run(n)
             iterations -= n

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msrl.errors import ConfigError, MsrlError
+from msrl.errors import ConfigError, Interrupted, MsrlError
 
 
 def _graph_text(program: Any) -> str:
@@ -123,7 +123,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume and args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
         raise ConfigError("--resume", "a resumed run continues in its own directory; drop --run-dir")
-    summary = train(args.config, args.overrides, run_dir=args.resume or args.run_dir, resume=bool(args.resume))
+    if args.resume and args.overwrite:
+        raise ConfigError("--overwrite", "a resumed run continues its directory; --overwrite would clear it")
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).exists():  # `train --resume DIR KEY=VALUE`
+        config, overrides = None, [config, *overrides]
+    if config is None and not args.resume:
+        raise ConfigError("config", "msrl train needs a config file (or --resume RUN_DIR, which reads the run's own)")
+    summary = train(config, overrides, run_dir=args.resume or args.run_dir, resume=bool(args.resume),
+                    overwrite=args.overwrite)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -189,15 +197,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from msrl import __version__
+
     p = argparse.ArgumentParser(prog="msrl", description="Write an RL algorithm once; run it under any policy.")
+    p.add_argument("--version", action="version", version=f"msrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train from a YAML config with KEY=VALUE overrides")
-    t.add_argument("config")
+    t.add_argument("config", nargs="?", help="YAML config (optional with --resume: the run's own)")
     t.add_argument("overrides", nargs="*", help="e.g. run.seed=1 policy.name=fused")
-    t.add_argument("--run-dir", default=None, help="where metrics, config and summary go (default runs/...)")
-    t.add_argument("--resume", metavar="RUN_DIR", default=None,
-                   help="continue RUN_DIR from its latest checkpoint (give the run's config, e.g. RUN_DIR/config.yaml)")
+    t.add_argument("--run-dir", default=None, help="where metrics, config and summary go (default: a new "
+                   "runs/ALGORITHM-POLICY-TIME); a directory that holds a run is refused")
+    t.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue RUN_DIR from its latest checkpoint")
+    t.add_argument("--overwrite", action="store_true", help="replace the run in --run-dir (cleared first)")
     t.set_defaults(fn=cmd_train)
 
     g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")
@@ -265,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         for module in getattr(args, "imports", None) or []:
             import_user_module(module)
         return args.fn(args)
+    except Interrupted as e:
+        print(f"msrl: {e}", file=sys.stderr)
+        return 130
     except MsrlError as e:
         print(f"msrl: error: {e}", file=sys.stderr)
         return 2

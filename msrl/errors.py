@@ -35,3 +35,7 @@ class CompileError(MsrlError):
 
 class TrainingError(MsrlError):
     """Training stopped because something went wrong at run time (non-finite loss, env mismatch...)."""
+
+
+class Interrupted(MsrlError):
+    """Training was stopped by SIGINT or SIGTERM after saving a checkpoint and the summary."""

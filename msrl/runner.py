@@ -8,6 +8,8 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any, Callable
+
 import yaml
 
 from msrl import checkpoint
@@ -67,7 +69,7 @@ class _Logger:
                                      TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
                                      TextColumn("{task.fields[sps]:,.0f} SPS"),
                                      TextColumn("return {task.fields[ret]}"), TimeRemainingColumn(), transient=False)
-            self.task = self.progress.add_task(f"{cfg.algorithm.name} [{cfg.policy.name}]", total=total_steps,
+            self.task = self.progress.add_task(rf"{cfg.algorithm.name} \[{cfg.policy.name}]", total=total_steps,
                                                sps=0, ret="-")
             self.progress.start()
 
@@ -98,10 +100,86 @@ class _Logger:
         self.csv_file.close()
 
 
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb")  # what a run directory holds
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """A run directory holds one run: an existing non-empty one is refused unless the run continues
+    (``resume``) or is replaced (``overwrite``, which clears it first, and only if it holds a run)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError("--run-dir", f"{run_dir} is a file, not a directory")
+    if resume or not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    is_run = any((run_dir / name).exists() for name in RUN_FILES)
+    if not overwrite:
+        raise ConfigError("--run-dir", f"{run_dir} already holds {'a run' if is_run else 'files'}; continue it with "
+                          f"--resume {run_dir}" + (", or replace it with --overwrite" if is_run else
+                                                     ", or choose another --run-dir"))
+    if not is_run:
+        raise ConfigError("--overwrite", f"{run_dir} holds files but no run ({', '.join(RUN_FILES)}): not clearing it")
+    import shutil
+
+    for name in RUN_FILES:
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _fresh_run_dir(cfg: ExperimentConfig) -> Path:
+    """``runs/ALGORITHM-POLICY-TIMESTAMP``, with a suffix if that is taken."""
+    base = Path("runs") / f"{cfg.algorithm.name}-{cfg.policy.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+class _Signals:
+    """SIGINT and SIGTERM while training: the first asks the run to stop after the iterations already
+    started (it then checkpoints and writes its summary); a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+        import sys
+
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\nmsrl: {self.received}: finishing the iterations under way, then saving a checkpoint "
+              "(again to stop at once)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+
 def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
-          resume: bool = False) -> dict:
+          resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False) -> dict:
     """Train; returns the summary (also written to ``RUN_DIR/summary.json``). ``resume``: continue the run in
-    ``run_dir`` from its latest checkpoint."""
+    ``run_dir`` from its latest checkpoint (``cfg`` None: the run's own config). ``overwrite``: replace the
+    run in ``run_dir`` (a used run directory is refused otherwise). ``on_iteration(row)`` is called with
+    every metrics row; when it returns true the run stops after the iterations already started
+    (``summary["stopped_early"]``). SIGINT/SIGTERM stop it the same way, then checkpoint, write the summary
+    and raise :class:`msrl.errors.Interrupted` naming the command that resumes it."""
+    if cfg is None and resume and run_dir is not None:
+        cfg = Path(run_dir) / "config.yaml"
+        if not cfg.is_file():
+            raise ConfigError("--resume", f"{run_dir} is not a run directory (no config.yaml)")
     if not isinstance(cfg, ExperimentConfig):
         cfg = load_config(cfg, overrides)
     if resume:  # refuse before building anything
@@ -110,8 +188,12 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
             raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from")
         states, meta = checkpoint.load(path)
         checkpoint.check_same_config(meta["config"], cfg.dump(), path)
-    run_dir = Path(run_dir or Path("runs") / f"{cfg.algorithm.name}-{cfg.policy.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
+    prepare_run_dir(run_dir, resume, overwrite)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("--run-dir", f"cannot create {run_dir}: {e.strerror}") from None
     if cfg.run.compile_cache:
         enable_compile_cache(os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache"))
 
@@ -142,11 +224,14 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         raise
     every = cfg.run.checkpoint_every
     start = time.perf_counter() - elapsed0
+    stop = []  # set by on_iteration or a signal
+    signals = _Signals()
     try:
-        while session.iteration < iterations:
+        signals.__enter__()
+        while session.iteration < iterations and not stop:
             done = session.iteration
             segment = iterations - done if not every else min(iterations - done, every - done % every)
-            for rows in session.stream(segment, per_dispatch):
+            for rows in session.stream(segment, per_dispatch, lambda: bool(stop or signals.received)):
                 elapsed = time.perf_counter() - start
                 for r in rows:
                     _check_finite(r, r["iteration"], cfg.env.id, steps_per_iter, run_dir)
@@ -155,21 +240,28 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
                     row = {"iteration": r["iteration"], "env_steps": r["env_steps"],
                            "sps": r["env_steps"] / elapsed, "wall_time": elapsed, **r}
                     logger.log(row)
+                    if on_iteration is not None and on_iteration(dict(row)) and not stop:
+                        stop.append(r["iteration"])
                 logger.update(row)
-            if every:
+            if signals.received:
+                stop.append("signal")
+            if every or signals.received:
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
                     "episode_return": last_return, "config": cfg.dump()})
     finally:
+        signals.__exit__()
         logger.close()
         session.close()
     elapsed = time.perf_counter() - start
     summary = {
-        "env_steps": iterations * steps_per_iter,
-        "iterations": iterations,
+        "env_steps": session.iteration * steps_per_iter,
+        "iterations": session.iteration,
         "episode_return": last_return,
-        "sps": iterations * steps_per_iter / elapsed,
+        "sps": session.iteration * steps_per_iter / elapsed,
+        "stopped_early": bool(stop),
+        "interrupted": signals.received,
         "wall_time": elapsed,
         "compile_time": session.compile_seconds,
         "graph_time": program.compile_seconds,
@@ -177,6 +269,11 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         "backend": cfg.policy.backend,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if signals.received:
+        from msrl.errors import Interrupted
+
+        raise Interrupted(f"{signals.received}: stopped after iteration {session.iteration} of {iterations}; "
+                          f"checkpoint and summary saved. Continue with: msrl train --resume {run_dir}")
     return summary
 
 

@@ -11,7 +11,7 @@ The CLI's ``train``, the tests and the benchmarks all run programs through it::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 class Session:
@@ -58,9 +58,11 @@ class Session:
         """Run ``iterations`` training iterations; one metrics row per iteration."""
         return [row for rows in self.stream(iterations, iterations) for row in rows]
 
-    def stream(self, iterations: int, chunk: int) -> Iterator[list[dict[str, float]]]:
-        """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish."""
-        for rows in self.runtime.stream(iterations, chunk):
+    def stream(self, iterations: int, chunk: int, stop: Callable[[], bool] = lambda: False
+               ) -> Iterator[list[dict[str, float]]]:
+        """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish; no chunk starts
+        once ``stop()`` is true (the rows of those already started still come)."""
+        for rows in self.runtime.stream(iterations, chunk, stop):
             yield self._number(rows)
 
     def params(self) -> Any:

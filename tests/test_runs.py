@@ -1,0 +1,79 @@
+"""Run directories hold one run; SIGINT/SIGTERM checkpoint and say how to resume; callbacks stop a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import msrl
+from msrl.cli import main
+from msrl.evaluate import evaluate
+
+from helpers import CARTPOLE, QUICK, final_leaves
+
+SHORT = [*QUICK[:2], "run.total_env_steps=4096"]
+
+
+def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every=2", "--run-dir", str(run)]) == 0
+    first = json.loads((run / "summary.json").read_text())
+    assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run)]) == 2
+    assert f"{run} already holds a run; continue it with --resume {run}, or replace it with --overwrite" \
+        in capsys.readouterr().err
+    # the replacement is the only run there: its checkpoints, its rows, and eval reads it
+    assert main(["train", CARTPOLE, *SHORT, "run.total_env_steps=2048", "run.checkpoint_every=1", "--overwrite",
+                 "--run-dir", str(run)]) == 0
+    second = json.loads((run / "summary.json").read_text())
+    assert (first["iterations"], second["iterations"]) == (8, 4)
+    assert len((run / "metrics.csv").read_text().splitlines()) == 1 + 4
+    assert evaluate(run, episodes=1)["iteration"] == 4
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert main(["train", CARTPOLE, *SHORT, "--overwrite", "--run-dir", str(tmp_path / "other")]) == 2
+    assert "holds files but no run" in capsys.readouterr().err
+    assert (tmp_path / "other" / "notes.txt").exists()
+
+
+def test_resume_with_the_run_dir_alone(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every=4", "--run-dir", str(run)]) == 0
+    assert main(["train", "--resume", str(run), "run.total_env_steps=6144"]) == 0  # the run's own config
+    assert json.loads((run / "summary.json").read_text())["iterations"] == 12
+
+
+def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
+    seen = []
+    summary = msrl.train(CARTPOLE, [*SHORT, "run.iterations_per_dispatch=2"], run_dir=tmp_path,
+                         on_iteration=lambda row: seen.append(row["iteration"]) or row["iteration"] >= 3)
+    assert summary["stopped_early"] and summary["iterations"] in (4, 5, 6) and seen[-1] == summary["iterations"]
+    assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + summary["iterations"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tmp_path, sig):
+    overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every=400"]
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *overrides, "--run-dir", str(run)],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 240
+    while not ((run / "metrics.csv").exists() and len((run / "metrics.csv").read_text().splitlines()) > 3):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"Continue with: msrl train --resume {run}" in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] == sig.name and summary["iterations"] < 400
+    assert main(["train", "--resume", str(run)]) == 0
+    msrl.train(CARTPOLE, overrides, run_dir=tmp_path / "straight")
+    (a, _), (b, meta) = final_leaves(tmp_path / "straight"), final_leaves(run)
+    assert meta["iteration"] == 400 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
