@@ -18,11 +18,13 @@ from msrl.api import (
 from msrl.backend import Backend, Runtime
 from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, Learner, MultiAgentObs,
                              MultiAgentSpec, ReplayBuffer, split_keys)
-from msrl.errors import CompileError, ConfigError, MsrlError, TrainingError
+from msrl.config import INT32_MAX
+from msrl.errors import CompileError, ConfigError, Interrupted, MsrlError, TrainingError
 from msrl.plan import CommSpec, FragmentSpec, LearnerPlan, Link, Loop, Plan
 from msrl.policy import DistributedPolicy, Policy
 from msrl.registry import register_algorithm, register_backend, register_policy
 from msrl.replay import PrioritizedBuffer, Sample, TrajectoryBuffer, UniformBuffer
+from msrl.services import PARAMETERS, Service
 
 __version__ = "0.1.0"
 
@@ -55,7 +57,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
+    "INT32_MAX", "Interrupted", "PARAMETERS", "Service", "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
     "CommSpec", "Discrete", "DistributedPolicy", "LearnerPlan", "Link", "Loop", "Plan", "all_reduce_mean", "component_keys", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError",
     "MultiAgentObs", "MultiAgentSpec", "Policy", "PrioritizedBuffer", "ReplayBuffer",
     "Runtime", "Sample", "Session", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",

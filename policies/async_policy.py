@@ -28,10 +28,6 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.components import Learner
-from msrl.config import INT32_MAX
-from msrl.errors import ConfigError
-from msrl.services import PARAMETERS, Service
 
 _CAPTURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("msrl_async_grads", default=None)
 
@@ -102,11 +98,11 @@ def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, An
     else of it could be kept."""
     state = (init or learner.init)(key)
     if not isinstance(state, dict) or "params" not in state:
-        raise ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
+        raise msrl.ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
                           f"{type(learner).__name__}.init() returns no dict with 'params'")
     extra = sorted(set(state) - set(HELD))
     if extra:
-        raise ConfigError("policy.name", f"async's parameter holder carries a learner's params and optimizer "
+        raise msrl.ConfigError("policy.name", f"async's parameter holder carries a learner's params and optimizer "
                           f"state only, but {type(learner).__name__}'s state also holds {', '.join(map(repr, extra))}, "
                           "which every worker would compute and throw away (target networks, keys and counters "
                           "would never advance); use policy.name=single_learner_coarse or multi_learner")
@@ -120,7 +116,7 @@ class RemoteLearner:
 
     jittable = False
 
-    def __init__(self, learner: Any, holder: Service):
+    def __init__(self, learner: Any, holder: msrl.Service):
         self.learner, self.holder = learner, holder
         self.grads = jax.jit(self._grads)
 
@@ -138,7 +134,7 @@ class RemoteLearner:
         finally:
             _CAPTURED.reset(token)
         if len(slot) != 1:
-            raise ConfigError("policy.name", f"async needs a learner that makes one optimizer step per learn(); "
+            raise msrl.ConfigError("policy.name", f"async needs a learner that makes one optimizer step per learn(); "
                               f"{type(self.learner).__name__}.learn() made {len(slot)}")
         return slot[0], metrics
 
@@ -146,7 +142,7 @@ class RemoteLearner:
         try:
             grads, metrics = self.grads(state, *args, **kwargs)
         except jax.errors.UnexpectedTracerError:  # the step ran inside a loop of learn(): several steps
-            raise ConfigError("policy.name", "async needs a learner that makes one optimizer step per learn(); "
+            raise msrl.ConfigError("policy.name", "async needs a learner that makes one optimizer step per learn(); "
                               f"{type(self.learner).__name__}.learn() steps inside a loop (minibatches, epochs)"
                               "; use single_learner_coarse or multi_learner") from None
         params, version, staleness = self.holder.call("push", grads, state["param_version"])
@@ -158,9 +154,9 @@ class Async(msrl.DistributedPolicy):
     name: Literal["async"] = "async"
     backend: Literal["threads", "ray"] = "threads"
     workers: int = Field(4, gt=0, le=4096, description="actor-learners, each on its own environments")
-    envs_per_worker: int | None = Field(None, gt=0, le=INT32_MAX,
+    envs_per_worker: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                         description="environments per worker (default: env.num_envs / workers)")
-    max_staleness: int = Field(16, ge=0, le=INT32_MAX, description="drop a gradient computed on parameters more "
+    max_staleness: int = Field(16, ge=0, le=msrl.INT32_MAX, description="drop a gradient computed on parameters more "
                                "than this many updates older than the holder's (counted as stale_grads_dropped)")
 
     def total_envs(self, num_envs: int) -> int:
@@ -176,12 +172,12 @@ class Async(msrl.DistributedPolicy):
         """Gradients captured in front of the optimizer, the optimizer applied at a parameter holder (a
         service), one update per worker per iteration."""
         return msrl.LearnerPlan(grad_transforms=(capture_gradients(),), services=self._services,
-                                wrap=lambda learner, services: RemoteLearner(learner, services[PARAMETERS]),
+                                wrap=lambda learner, services: RemoteLearner(learner, services[msrl.PARAMETERS]),
                                 updates_per_iteration=self.workers)
 
-    def _services(self, learner: Any) -> dict[str, Service]:
-        if getattr(type(learner), "optimizer", Learner.optimizer) is Learner.optimizer:
-            raise ConfigError("policy.name", f"async applies the learner's optimizer() at a parameter holder; "
+    def _services(self, learner: Any) -> dict[str, msrl.Service]:
+        if getattr(type(learner), "optimizer", msrl.Learner.optimizer) is msrl.Learner.optimizer:
+            raise msrl.ConfigError("policy.name", f"async applies the learner's optimizer() at a parameter holder; "
                               f"{type(learner).__name__} defines none")
         max_staleness = self.max_staleness
         checked_init(learner, jax.random.PRNGKey(0), partial(jax.eval_shape, learner.init))  # refuse it now
@@ -190,4 +186,4 @@ class Async(msrl.DistributedPolicy):
             params = jax.device_get(checked_init(learner, msrl.component_keys(seed)["learner"])["params"])
             return ParameterHolder(learner.optimizer(), params, max_staleness)
 
-        return {PARAMETERS: Service(make)}
+        return {msrl.PARAMETERS: msrl.Service(make)}

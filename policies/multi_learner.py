@@ -14,14 +14,13 @@ from typing import Literal
 from pydantic import Field
 
 import msrl
-from msrl.config import INT32_MAX
 
 
 class MultiLearner(msrl.DistributedPolicy):
     name: Literal["multi_learner"] = "multi_learner"
     backend: Literal["jax", "ray"] = "jax"
     learners: int = Field(2, gt=0, le=4096, description="replicas, each acting and learning on its own envs")
-    envs_per_learner: int | None = Field(None, gt=0, le=INT32_MAX,
+    envs_per_learner: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                          description="environments per learner (default: env.num_envs / learners)")
 
     def total_envs(self, num_envs: int) -> int:

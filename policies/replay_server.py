@@ -18,7 +18,6 @@ from typing import Literal
 from pydantic import Field
 
 import msrl
-from msrl.config import INT32_MAX
 
 
 class ReplayServer(msrl.DistributedPolicy):
@@ -26,9 +25,9 @@ class ReplayServer(msrl.DistributedPolicy):
     backend: Literal["threads", "ray"] = "threads"
     actors: int = Field(2, gt=0, le=4096, description="actor replicas (env + act)")
     shards: int = Field(2, gt=0, le=4096, description="replay-buffer replicas; actors must be a multiple")
-    envs_per_actor: int | None = Field(None, gt=0, le=INT32_MAX,
+    envs_per_actor: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                        description="environments per actor (default: env.num_envs / actors)")
-    param_sync_every: int = Field(1, gt=0, le=INT32_MAX,
+    param_sync_every: int = Field(1, gt=0, le=msrl.INT32_MAX,
                                   description="iterations between the actors' parameter pulls")
 
     def total_envs(self, num_envs: int) -> int:

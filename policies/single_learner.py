@@ -18,13 +18,12 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 import msrl
-from msrl.config import INT32_MAX
 
 
 class _SingleLearner(msrl.DistributedPolicy):
     backend: Literal["threads", "ray", "jax"] = "threads"
-    actors: int = Field(2, gt=0, le=INT32_MAX, description="actor (or env worker) replicas")
-    envs_per_actor: int | None = Field(None, gt=0, le=INT32_MAX,
+    actors: int = Field(2, gt=0, le=msrl.INT32_MAX, description="actor (or env worker) replicas")
+    envs_per_actor: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                        description="environments per replica (default: env.num_envs / actors)")
     actor_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the actor role")
     learner_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the learner role")

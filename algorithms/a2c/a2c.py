@@ -20,13 +20,12 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.config import INT32_MAX
 from msrl.rl import ActorCritic, ActorCriticActor, action_dim, gae, policy
 
 
 class A2CConfig(msrl.AlgorithmConfig):
     name: Literal["a2c"] = "a2c"
-    rollout_len: int = Field(5, gt=0, le=INT32_MAX, description="environment steps per iteration, per env (the n "
+    rollout_len: int = Field(5, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env (the n "
                              "of n-step returns)")
     gamma: float = Field(0.99, gt=0, le=1)
     gae_lambda: float = Field(1.0, ge=0, le=1, description="1.0: plain n-step returns; < 1: GAE(lambda)")

@@ -17,26 +17,23 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.components import split_keys
-from msrl.config import INT32_MAX
-from msrl.replay import Sample
 from msrl.rl import action_dim, flatten
 
 
 class DQNConfig(msrl.AlgorithmConfig):
     name: Literal["dqn"] = "dqn"
-    rollout_len: int = Field(4, gt=0, le=INT32_MAX, description="environment steps per iteration, per env")
-    updates: int = Field(1, gt=0, le=INT32_MAX, description="gradient updates per iteration")
-    batch_size: int = Field(128, gt=0, le=INT32_MAX)
-    buffer_size: int = Field(100_000, gt=0, le=INT32_MAX, description="replay capacity, in transitions")
-    learning_starts: int = Field(1_000, ge=0, le=INT32_MAX,
+    rollout_len: int = Field(4, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
+    updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
+    batch_size: int = Field(128, gt=0, le=msrl.INT32_MAX)
+    buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions")
+    learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX,
                                  description="transitions in the buffer before the first update")
     lr: float = Field(2.5e-4, gt=0)
     anneal_lr: bool = Field(False, description="decay the learning rate linearly to 0 over the run")
     gamma: float = Field(0.99, gt=0, le=1)
-    n_step: int = Field(1, gt=0, le=INT32_MAX, description="steps of the n-step return")
+    n_step: int = Field(1, gt=0, le=msrl.INT32_MAX, description="steps of the n-step return")
     double: bool = Field(True, description="double DQN: the online network picks the bootstrap action")
-    target_update_every: int = Field(500, gt=0, le=INT32_MAX, description="updates between target-network updates")
+    target_update_every: int = Field(500, gt=0, le=msrl.INT32_MAX, description="updates between target-network updates")
     tau: float = Field(1.0, gt=0, le=1, description="target <- tau * online + (1 - tau) * target (1: a copy)")
     huber_delta: float = Field(1.0, gt=0)
     max_grad_norm: float = Field(10.0, gt=0)
@@ -100,7 +97,7 @@ class EpsilonGreedy(msrl.Actor):
         return jnp.broadcast_to(cfg.eps_start + done * (cfg.eps_end - cfg.eps_start), state["env_ids"].shape)
 
     def act(self, state, params, obs):
-        keys, use = split_keys(state["keys"])
+        keys, use = msrl.split_keys(state["keys"])
         greedy = self.greedy(params, obs)
 
         def explore(key, eps, best):
@@ -144,7 +141,7 @@ class DQNLearner(msrl.Learner):
         best = jnp.take_along_axis(q_next, jnp.argmax(choose, axis=-1)[:, None], axis=-1)[:, 0]
         return ret + cfg.gamma ** n * alive[:, -1] * best
 
-    def _loss(self, params, target, sample: Sample):
+    def _loss(self, params, target, sample: msrl.Sample):
         t = sample.item
         y = jax.lax.stop_gradient(self._target(params, target, t))
         q = self.net.apply(params, t.obs[:, 0])
@@ -153,7 +150,7 @@ class DQNLearner(msrl.Learner):
         loss = jnp.mean(weights * optax.huber_loss(q_taken, y, delta=self.cfg.huber_delta))
         return loss, (jnp.abs(q_taken - y), {"loss": loss, "q": q_taken.mean()})
 
-    def learn(self, state, sample: Sample):
+    def learn(self, state, sample: msrl.Sample):
         """One update (once the buffer holds learning_starts transitions); returns (metrics, new priorities)."""
         cfg = self.cfg
         grads, (td, metrics) = jax.grad(self._loss, has_aux=True)(state["params"], state["target"], sample)

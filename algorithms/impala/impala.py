@@ -19,20 +19,19 @@ from msrl.algorithms.a2c.a2c import A2CConfig, actor_critic, make_optimizer
 from pydantic import Field
 
 import msrl
-from msrl.config import INT32_MAX
 from msrl.rl import ActorCritic, ActorCriticActor, minibatch_epochs, policy
 
 
 class IMPALAConfig(A2CConfig):
     name: Literal["impala"] = "impala"
-    rollout_len: int = Field(20, gt=0, le=INT32_MAX, description="environment steps per iteration, per env (the "
+    rollout_len: int = Field(20, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env (the "
                              "length of the trajectories V-trace runs over)")
     gae_lambda: float = Field(1.0, ge=0, le=1, description="V-trace's lambda: c_t = lambda * min(c_bar, pi/mu)")
     rho_bar: float = Field(1.0, gt=0, description="truncation of the importance weights rho_t (values and policy "
                            "gradient)")
     c_bar: float = Field(1.0, gt=0, description="truncation of the trace coefficients c_t")
-    epochs: int = Field(1, gt=0, le=INT32_MAX, description="passes over each batch")
-    minibatches: int = Field(1, gt=0, le=INT32_MAX, description="minibatches per pass, split over environments "
+    epochs: int = Field(1, gt=0, le=msrl.INT32_MAX, description="passes over each batch")
+    minibatches: int = Field(1, gt=0, le=msrl.INT32_MAX, description="minibatches per pass, split over environments "
                              "(whole trajectories)")
 
 

@@ -11,15 +11,14 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.config import INT32_MAX
 from msrl.rl import ActorCritic, ActorCriticActor, action_dim, gae, minibatch_epochs, policy
 
 
 class PPOConfig(msrl.AlgorithmConfig):
     name: Literal["ppo"] = "ppo"
-    rollout_len: int = Field(128, gt=0, le=INT32_MAX, description="environment steps per iteration, per env")
-    epochs: int = Field(4, gt=0, le=INT32_MAX)
-    minibatches: int = Field(4, gt=0, le=INT32_MAX)
+    rollout_len: int = Field(128, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
+    epochs: int = Field(4, gt=0, le=msrl.INT32_MAX)
+    minibatches: int = Field(4, gt=0, le=msrl.INT32_MAX)
     lr: float = Field(2.5e-4, gt=0)
     anneal_lr: bool = True
     gamma: float = Field(0.99, gt=0, le=1)
@@ -96,12 +95,12 @@ class PPO(msrl.Algorithm):
     def __init__(self, cfg: PPOConfig, ctx: msrl.Context):
         super().__init__(cfg, ctx)
         batch = ctx.num_envs * cfg.rollout_len
-        if batch > INT32_MAX:  # minibatches are drawn by an int32 permutation of the batch
+        if batch > msrl.INT32_MAX:  # minibatches are drawn by an int32 permutation of the batch
             raise msrl.ConfigError("algorithm.rollout_len", f"the batch of {ctx.num_envs} envs x {cfg.rollout_len} "
-                                   f"steps = {batch} is more than {INT32_MAX}")
-        if cfg.anneal_lr and cfg.epochs * cfg.minibatches > INT32_MAX:  # the optimizer counts steps in int32
+                                   f"steps = {batch} is more than {msrl.INT32_MAX}")
+        if cfg.anneal_lr and cfg.epochs * cfg.minibatches > msrl.INT32_MAX:  # the optimizer counts steps in int32
             raise msrl.ConfigError("algorithm.epochs", f"{cfg.epochs} epochs x {cfg.minibatches} minibatches is more "
-                                   f"than {INT32_MAX} optimizer steps per update")
+                                   f"than {msrl.INT32_MAX} optimizer steps per update")
         if batch % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
                                    f"{ctx.num_envs} envs x {cfg.rollout_len} steps = {batch}")
