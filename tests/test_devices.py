@@ -37,7 +37,7 @@ CODE = """
 
 
 def test_coarse_on_four_forced_host_devices_equals_threads():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(CODE.format(config=CARTPOLE))], capture_output=True,
                          text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
