@@ -29,18 +29,14 @@ def measure(overrides: list[str], iterations: int) -> dict:
 
     import msrl
     from msrl.config import load_config
-    from msrl.registry import BACKENDS
 
     cfg = load_config(EXAMPLE, overrides)
     program = msrl.build(cfg)
-    runtime = BACKENDS.get(cfg.policy.backend)().build(program, 0, iterations)
-    try:
-        warm = runtime.run(3)  # compiled, warm
+    with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
+        warm = session.run(3)  # compiled, warm
         t = time.perf_counter()
-        rows = runtime.run(iterations)
+        rows = session.run(iterations)
         seconds = time.perf_counter() - t
-    finally:
-        runtime.close()
     out = {"sps": iterations * program.env_steps_per_iteration / seconds, "ms_per_iteration": 1000 * seconds / iterations}
     if "grads_applied" in rows[-1]:
         out |= {"grads_per_second": (rows[-1]["grads_applied"] - warm[-1]["grads_applied"]) / seconds,

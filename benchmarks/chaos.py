@@ -31,7 +31,6 @@ def main() -> None:
 
     import msrl
     from msrl.config import load_config
-    from msrl.registry import BACKENDS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=20)
@@ -44,7 +43,8 @@ def main() -> None:
     cfg = load_config(EXAMPLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
                                 f"policy.actors={args.actors}", f"env.num_envs={2 * args.actors}",
                                 f"policy.max_actor_restarts={args.kills}"])
-    runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 4)
+    session = msrl.Session(cfg, seed=0, iterations_per_dispatch=4)
+    runtime = session.runtime  # the ray runtime: where() and restarts
     rng, kills, latency = random.Random(0), [], []
 
     def chaos() -> None:
@@ -68,12 +68,12 @@ def main() -> None:
     rows = []
     try:
         while killer.is_alive():
-            rows += runtime.run(4)
-        state = runtime.snapshot()["learner"][0]["learner"]
+            rows += session.run(4)
+        state = session.snapshot()["learner"][0]["learner"]
         applied = {int(x) for p, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
                    if "count" in jax.tree_util.keystr(p)}
     finally:
-        runtime.close()
+        session.close()
         ray.shutdown()
     expected = len(rows) * cfg.algorithm.epochs * cfg.algorithm.minibatches
     returns = [r["episode_return"] for r in rows if np.isfinite(r["episode_return"])]

@@ -24,7 +24,6 @@ import jax
 
 import msrl
 from msrl.config import load_config
-from msrl.registry import BACKENDS
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mappo_spread.yaml"
 POLICIES = {"fused": ["policy.name=fused"],
@@ -35,23 +34,20 @@ def measure(agents: int, policy: str, iterations: int, repeats: int, num_envs: i
     cfg = load_config(EXAMPLE, [*POLICIES[policy], f"env.num_envs={num_envs}", f"env.kwargs.num_agents={agents}",
                                 f"env.kwargs.num_landmarks={agents}"])
     program = msrl.build(cfg)
-    runtime = BACKENDS.get(cfg.policy.backend)().build(program, 0, iterations)
-    try:
+    with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
         t = time.perf_counter()
-        runtime.run(iterations)  # compiles (threads: in the first iteration)
+        session.run(iterations)  # compiles (threads: in the first iteration)
         first = time.perf_counter() - t
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            runtime.run(iterations)
+            session.run(iterations)
             times.append((time.perf_counter() - t) / iterations)
-    finally:
-        runtime.close()
     steps = program.env_steps_per_iteration
     spec = program.env.spec
     return {"agents": agents, "policy": policy, "iteration_s": round(min(times), 4),
             "env_sps": round(steps / min(times)), "agent_sps": round(steps * agents / min(times)),
-            "compile_s": None if runtime.compile_seconds is None else round(runtime.compile_seconds, 2),
+            "compile_s": None if session.compile_seconds is None else round(session.compile_seconds, 2),
             "first_run_s": round(first, 2), "obs_dim": spec.obs_shape[0], "state_dim": spec.state_shape[0]}
 
 

@@ -38,14 +38,13 @@ def _policies() -> None:
     class NoAllReduce(MultiLearner):
         name: Literal["multi_learner_no_allreduce"] = "multi_learner_no_allreduce"
 
-        def grad_transforms(self):
-            return ()
+        def learner_plan(self):
+            return msrl.LearnerPlan()
 
 
 def measure(backend: str, learners: int, envs_per_learner: int, iterations: int, all_reduce: bool) -> dict:
     import msrl
     from msrl.config import load_config
-    from msrl.registry import BACKENDS
 
     name = "multi_learner" if all_reduce else "multi_learner_no_allreduce"
     overrides = [f"policy.name={name}", f"policy.backend={backend}", f"policy.learners={learners}",
@@ -54,14 +53,11 @@ def measure(backend: str, learners: int, envs_per_learner: int, iterations: int,
         overrides.append("policy.resources.learner.num_cpus=0.5")
     cfg = load_config(EXAMPLE, overrides)
     program = msrl.build(cfg)
-    runtime = BACKENDS.get(backend)().build(program, 0, 10)
-    try:
-        runtime.run(3)  # compiled, warm
+    with msrl.Session(program=program, seed=0, iterations_per_dispatch=10) as session:
+        session.run(3)  # compiled, warm
         t = time.perf_counter()
-        runtime.run(iterations)
+        session.run(iterations)
         seconds = (time.perf_counter() - t) / iterations
-    finally:
-        runtime.close()
     return {"ms_per_iteration": 1000 * seconds, "sps": program.env_steps_per_iteration / seconds}
 
 

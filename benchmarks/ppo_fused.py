@@ -25,7 +25,6 @@ from handwritten_ppo import make_train  # noqa: E402
 
 import msrl  # noqa: E402
 from msrl.config import load_config  # noqa: E402
-from msrl.registry import BACKENDS  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml"
 
@@ -49,7 +48,7 @@ def main() -> None:
     program = msrl.build(cfg)
     graph_warm, phases_warm = program.compile_seconds, program.timings
     iterations = args.total_env_steps // program.env_steps_per_iteration
-    runtime = BACKENDS.get("jax")().build(program, seed=0, iterations_per_dispatch=32)  # XLA compile here
+    session = msrl.Session(program=program, seed=0, iterations_per_dispatch=32)  # XLA compile here
 
     # ---- hand-written
     train = make_train(args.total_env_steps, **hp)
@@ -61,7 +60,7 @@ def main() -> None:
     msrl_times, hand_times, msrl_ret, hand_ret = [], [], None, None
     for _ in range(args.repeats):  # interleaved so machine noise hits both alike
         t = time.perf_counter()
-        rows = runtime.run(iterations)
+        rows = session.run(iterations)
         msrl_times.append(time.perf_counter() - t)
         msrl_ret = msrl_ret if msrl_ret is not None else rows[-1]["episode_return"]
         t = time.perf_counter()
@@ -79,7 +78,7 @@ def main() -> None:
         "handwritten_sps": round(hand_sps),
         "ratio": round(msrl_sps / hand_sps, 3),
         "ratio_median_of_pairs": round(float(np.median(np.array(hand_times) / np.array(msrl_times))), 3),
-        "msrl_xla_compile_s": round(runtime.compile_seconds, 2),
+        "msrl_xla_compile_s": round(session.compile_seconds, 2),
         "handwritten_xla_compile_s": round(hand_compile, 2),
         "msrl_loop_to_fragments_s_cold": round(graph_cold, 3),
         "msrl_loop_to_fragments_s_warm": round(graph_warm, 3),

@@ -21,22 +21,18 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole_th
 def msrl_sps(env_steps: int, actors: int, envs_per_actor: int) -> tuple[float, float]:
     import msrl
     from msrl.config import load_config
-    from msrl.registry import BACKENDS
 
     cfg = load_config(EXAMPLE, [f"policy.actors={actors}", f"policy.envs_per_actor={envs_per_actor}",
                                 f"run.total_env_steps={env_steps}"])
     program = msrl.build(cfg)
     iterations = env_steps // program.env_steps_per_iteration
-    runtime = BACKENDS.get("threads")().build(program, 0, iterations)
-    try:
+    with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
         t = time.perf_counter()
-        runtime.run(1)  # compiles the jitted segments
+        session.run(1)  # compiles the jitted segments
         first = time.perf_counter() - t
         t = time.perf_counter()
-        rows = runtime.run(iterations - 1)
+        rows = session.run(iterations - 1)
         sps = (iterations - 1) * program.env_steps_per_iteration / (time.perf_counter() - t)
-    finally:
-        runtime.close()
     return sps, first, rows[-1]["episode_return"]
 
 

@@ -24,19 +24,15 @@ WARMUP = 3
 def msrl_sps(iterations: int, actors: int, envs_per_actor: int) -> tuple[float, float]:
     import msrl
     from msrl.config import load_config
-    from msrl.registry import BACKENDS
 
     cfg = load_config(EXAMPLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
                                 f"policy.actors={actors}", f"policy.envs_per_actor={envs_per_actor}"])
     program = msrl.build(cfg)
-    runtime = BACKENDS.get("ray")().build(program, 0, iterations)
-    try:
-        runtime.run(WARMUP)
+    with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
+        session.run(WARMUP)
         t = time.perf_counter()
-        rows = runtime.run(iterations)
+        rows = session.run(iterations)
         sps = iterations * program.env_steps_per_iteration / (time.perf_counter() - t)
-    finally:
-        runtime.close()
     return sps, rows[-1]["episode_return"]
 
 

@@ -60,7 +60,6 @@ def main() -> None:
 
     import msrl
     from msrl.config import load_config
-    from msrl.registry import BACKENDS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -70,7 +69,7 @@ def main() -> None:
     ray.init(address="local", include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, num_cpus=4)
     cfg = load_config(EXAMPLE, ["policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=2",
                                 "run.total_env_steps=10000000000"])
-    runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 16)
+    session = msrl.Session(cfg, seed=0, iterations_per_dispatch=16)
     samples: list[tuple[float, dict[str, int], int]] = []
     stop = threading.Event()
     iterations = 0
@@ -86,12 +85,12 @@ def main() -> None:
     thread.start()
     try:
         while time.time() < end:
-            iterations += len(runtime.run(16))
+            iterations += len(session.run(16))
     finally:
         stop.set()
         thread.join()
         samples.append((time.time(), rss_by_kind(), object_store_used()))
-        runtime.close()
+        session.close()
         ray.shutdown()
 
     kinds = sorted({k for _, rss, _ in samples for k in rss})

@@ -26,6 +26,35 @@ def final_params(overrides: list[str], iterations: int = 5, config: str | Path =
         return session.params(), rows
 
 
+def short_run(config: str | Path, overrides: list[str], iterations: int):
+    """Parameters before and after ``iterations`` iterations of ``config`` (seed 0, one dispatch), the
+    metric rows and the env spec."""
+    with msrl.Session(config, ["run.seed=0", *overrides], iterations_per_dispatch=iterations) as session:
+        before = session.params()
+        rows = session.run(iterations)
+        return before, session.params(), rows, session.program.env.spec
+
+
+# gymnax Pendulum-v1: 200-step episodes; a step costs theta^2 + 0.1 thdot^2 + 0.001 u^2 with |theta| <= pi,
+# |thdot| <= 8, |u| <= 2 (clipped), so every episode's return lies in [PENDULUM_WORST, 0]
+PENDULUM_WORST = -200 * (np.pi ** 2 + 0.1 * 8.0 ** 2 + 0.001 * 2.0 ** 2)
+
+
+def assert_pendulum_run(before, after, rows: list[dict], episodes: int) -> None:
+    """A short Gaussian-policy run on Pendulum: ``episodes`` 200-step episodes finished, their mean returns
+    lie in Pendulum's range, every loss is finite, and every parameter array (the learned log std too)
+    took updates."""
+    assert rows[-1]["episodes"] == episodes, [r["episodes"] for r in rows]
+    finished = [r["episode_return"] for r in rows if r["episodes"] > 0]
+    assert finished and all(PENDULUM_WORST <= r < 0 for r in finished), finished  # NaN fails too
+    assert all(np.isfinite(r["loss"]) for r in rows), [r["loss"] for r in rows]
+    assert after["params"]["log_std"].shape == (1,)  # a Gaussian over Pendulum's one torque
+    unchanged = [jax.tree_util.keystr(path) for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(before),
+                                                                    jax.tree.leaves(after), strict=True)
+                 if np.array_equal(np.asarray(x), np.asarray(y))]
+    assert not unchanged, f"never updated: {unchanged}"
+
+
 def max_diff(a, b) -> float:
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
@@ -53,7 +82,7 @@ def assert_reaches(run_dir: Path, threshold: float, within: int, window: int = 5
     """The run in ``run_dir`` reached a mean return of ``threshold`` over ``window`` iterations within
     ``within`` env steps; returns when."""
     at = first_reached(run_dir, threshold, window)
-    curve = [round(r) for _, r in returns(run_dir)]
+    curve = [round(r) if np.isfinite(r) else r for _, r in returns(run_dir)]  # nan: no episode finished yet
     assert at is not None and at <= within, f"never reached {threshold} over {window} iterations: {curve}"
     return at
 

@@ -12,10 +12,11 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import final_leaves
-from helpers import final_params, max_diff
+from helpers import CARTPOLE, final_leaves, final_params, max_diff
 
+import msrl
 from msrl import ConfigError
+from msrl.config import load_config
 from msrl.policies.async_policy import ParameterHolder
 from msrl.evaluate import evaluate
 from msrl.runner import train
@@ -77,9 +78,10 @@ def test_resume_restores_the_holder_exactly(tmp_path):
     assert evaluate(tmp_path / "resumed", episodes=2)["episodes"] == 2  # msrl eval reads the async checkpoint
 
 
-def test_a_learner_stepping_inside_a_loop_is_refused():
-    with pytest.raises(ConfigError, match="policy.name.*one optimizer step"):
-        final_params(["policy.name=async", "policy.workers=2", "env.num_envs=4"], 1)  # PPO: minibatch epochs
+def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
+    """PPO's learner state holds its shuffling key beside params and opt_state: the holder would drop it."""
+    with pytest.raises(ConfigError, match="policy.name.*PPOLearner's state also holds 'key'.*single_learner_coarse"):
+        msrl.build(load_config(CARTPOLE, ["policy.name=async", "policy.workers=2", "env.num_envs=4"]))
 
 
 def test_ray_one_worker_matches_threads(ray_cluster):

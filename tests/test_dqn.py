@@ -14,7 +14,6 @@ from msrl.algorithms.dqn import DQN, DQNConfig, Transition
 import msrl
 from msrl.config import load_config
 from msrl.envs import make_env
-from msrl.registry import BACKENDS
 
 from helpers import assert_reaches
 
@@ -43,9 +42,10 @@ def test_n_step_double_q_target():
     reward = jnp.array([[1.0, 2.0, 3.0, 9.0], [1.0, 2.0, 3.0, 9.0]])
     done = jnp.array([[False, False, False, True], [False, True, False, False]])  # 2nd: episode ends at step 1
     t = Transition(obs, jnp.zeros((2, 4), jnp.int32), reward, done)
-    y = jax.jit(learner._target)(state["params"], target, t)
-    apply = jax.jit(learner.net.apply)
-    q_next, q_online = apply(target, obs[0, 3]), apply(state["params"], obs[0, 3])
+    with jax.default_matmul_precision("highest"):  # GPUs multiply float32 at reduced precision by default
+        y = jax.jit(learner._target)(state["params"], target, t)
+        apply = jax.jit(learner.net.apply)
+        q_next, q_online = apply(target, obs[0, 3]), apply(state["params"], obs[0, 3])
     best = q_next[jnp.argmax(q_online)]
     np.testing.assert_allclose(y, [1 + 0.9 * 2 + 0.81 * 3 + 0.729 * best, 1 + 0.9 * 2], rtol=1e-6)
 
@@ -79,11 +79,12 @@ def test_prioritized_loop_with_buffer_update_compiles_and_runs_fused():
     program = msrl.build(cfg)
     assert "_c_buffer.update(_s_buffer, sample.indices, priorities)" in program.code()
     assert [f.mode for f in program.fragments.values()] == ["scan"]  # one jitted program
-    runtime = BACKENDS.get("jax")().build(program, seed=0, iterations_per_dispatch=25)
-    rows = runtime.run(100)  # 800 env steps, 200 updates
-    assert np.isfinite(rows[-1]["loss"])
+    with msrl.Session(program=program, seed=0, iterations_per_dispatch=25) as session:
+        rows = session.run(100)  # 800 env steps, 200 updates
+        (replicas,) = session.snapshot().values()  # one fragment, one replica: host arrays
+    assert np.isfinite(rows[-1]["loss"]) and rows[-1]["env_steps"] == 800
     buffer = program.components["buffer"]
-    state = runtime.state()["buffer"]
+    state = replicas[0]["buffer"]
     prio = np.asarray(buffer.priorities(state, jnp.arange(800)))
     assert int(state.count) == 100 and (prio[:776] > 0).all() and (prio[776:] == 0).all()  # last 3 rows: no window
     assert len(np.unique(prio[:776])) > 50  # updated from TD errors, not all the initial priority

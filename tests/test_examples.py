@@ -15,7 +15,7 @@ import yaml
 
 import msrl
 from msrl.config import ExperimentConfig, apply_overrides, validate_config
-from msrl.registry import ALGORITHMS, BACKENDS, POLICIES
+from msrl.registry import ALGORITHMS, POLICIES
 
 from helpers import max_diff
 
@@ -44,12 +44,9 @@ def example_config(policy_line: str, overrides: list[str] = ()) -> ExperimentCon
 
 def run(cfg, iterations: int = 3):
     """Compile the config's program, run ``iterations`` iterations; the final policy parameters and rows."""
-    runtime = BACKENDS.get(cfg.policy.backend)().build(msrl.build(cfg), cfg.run.seed, iterations)
-    try:
-        rows = runtime.run(iterations)
-        return runtime.params(), rows
-    finally:
-        runtime.close()
+    with msrl.Session(cfg, iterations_per_dispatch=iterations) as session:
+        rows = session.run(iterations)
+        return session.params(), rows
 
 
 def check_rows(rows, iterations: int = 3) -> None:

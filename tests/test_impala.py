@@ -12,8 +12,7 @@ import pytest
 from msrl.algorithms.a2c import A2C, A2CConfig
 from msrl.algorithms.a2c import Transition as A2CTransition
 from msrl.algorithms.impala import IMPALA, IMPALAConfig, Transition, vtrace
-from msrl.algorithms.ppo.networks import policy
-from msrl.algorithms.ppo.ppo import gae
+from msrl.rl import gae, policy
 
 import msrl
 from msrl.config import load_config

@@ -14,7 +14,6 @@ from msrl.algorithm import Context
 from msrl.algorithms.mappo import MAPPO
 from msrl.config import load_config
 from msrl.envs import make_env
-from msrl.registry import BACKENDS
 
 from helpers import max_diff
 
@@ -26,13 +25,9 @@ TINY = ["run.seed=0", "run.total_env_steps=100000", "env.num_envs=4", "algorithm
 
 
 def final_params(overrides: list[str], iterations: int = 3):
-    cfg = load_config(SPREAD, [*TINY, *overrides])
-    runtime = BACKENDS.get(cfg.policy.backend)().build(msrl.build(cfg), 0, iterations)
-    try:
-        rows = runtime.run(iterations)
-        return runtime.params(), rows
-    finally:
-        runtime.close()
+    with msrl.Session(load_config(SPREAD, [*TINY, *overrides]), seed=0, iterations_per_dispatch=iterations) as s:
+        rows = s.run(iterations)
+        return s.params(), rows
 
 
 # ------------------------------------------------------------------------------------------------ adapter

@@ -13,7 +13,6 @@ import pytest
 
 import msrl
 from msrl.config import load_config
-from msrl.registry import BACKENDS
 
 from helpers import CARTPOLE, assert_reaches, final_params, max_diff
 
@@ -26,8 +25,8 @@ def two_learners():
     return final_params([*MULTI, "policy.learners=2"], iterations=3)
 
 
-def replica_params(runtime) -> list:
-    (states,) = runtime.snapshot().values()
+def replica_params(session: msrl.Session) -> list:
+    (states,) = session.snapshot().values()
     return [s["learner"]["params"] for s in states]
 
 
@@ -41,14 +40,14 @@ def test_one_learner_gives_the_parameters_of_fused_and_two_learn_differently(two
 
 def test_replicas_hold_identical_parameters_after_every_iteration():
     cfg = load_config(CARTPOLE, ["run.seed=0", *MULTI, "policy.learners=4"])
-    runtime = BACKENDS.get("jax")().build(msrl.build(cfg), 0, 1)
-    before = replica_params(runtime)[0]
-    for _ in range(3):
-        runtime.run(1)
-        params = replica_params(runtime)
-        assert len(params) == 4 and all(max_diff(params[0], p) == 0.0 for p in params[1:])
-        assert max_diff(before, params[0]) > 1e-4  # they did learn
-        before = params[0]
+    with msrl.Session(cfg) as session:
+        before = replica_params(session)[0]
+        for _ in range(3):
+            session.run(1)
+            params = replica_params(session)
+            assert len(params) == 4 and all(max_diff(params[0], p) == 0.0 for p in params[1:])
+            assert max_diff(before, params[0]) > 1e-4  # they did learn
+            before = params[0]
 
 
 def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path, two_learners):
@@ -57,17 +56,17 @@ def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path, two_
     code = f"""
         import json, jax, numpy as np, msrl
         from msrl.config import load_config
-        from msrl.registry import BACKENDS
         cfg = load_config({CARTPOLE!r}, ["run.seed=0", "run.total_env_steps=100000", *{MULTI!r},
                                            "policy.learners=2"])
-        runtime = BACKENDS.get("jax")().build(msrl.build(cfg), 0, 3)
-        runtime.run(3)
-        np.savez({str(tmp_path / "params.npz")!r}, *jax.tree.leaves(runtime.params()))
+        with msrl.Session(cfg, iterations_per_dispatch=3) as session:
+            session.run(3)
+            np.savez({str(tmp_path / "params.npz")!r}, *jax.tree.leaves(session.params()))
+            devices = session.runtime.mesh.devices.size
         summary = msrl.train({CARTPOLE!r}, ["policy.name=multi_learner", "policy.learners=2", "run.progress=false"],
                              run_dir={str(tmp_path / "run")!r})
-        print(json.dumps({{"devices": runtime.mesh.devices.size, "summary": summary}}))
+        print(json.dumps({{"devices": devices, "summary": summary}}))
     """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -95,16 +94,13 @@ def test_ray_learners_are_processes_that_match_jax_and_stay_identical(two_learne
     on_jax, jax_rows = two_learners
     cfg = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", *MULTI, "policy.learners=2",
                                  "policy.backend=ray"])
-    runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 1)
-    try:
-        assert len({pid for _, pid in runtime.where().values()}) == 2
+    with msrl.Session(cfg) as session:
+        assert len({pid for _, pid in session.runtime.where().values()}) == 2
         rows = []
         for _ in range(3):
-            rows += runtime.run(1)
-            params = replica_params(runtime)
+            rows += session.run(1)
+            params = replica_params(session)
             assert max_diff(params[0], params[1]) == 0.0
-        assert max_diff(on_jax, runtime.params()) <= 1e-5
+        assert max_diff(on_jax, session.params()) <= 1e-5
         assert [r["episodes"] for r in rows] == [r["episodes"] for r in jax_rows]
         assert abs(rows[-1]["loss"] - jax_rows[-1]["loss"]) <= 1e-4 * abs(jax_rows[-1]["loss"])
-    finally:
-        runtime.close()

@@ -3,8 +3,10 @@ benchmarks take minutes and are never run by the tests)."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -24,10 +26,21 @@ CARTPOLE = str(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpo
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """Two run directories from one training: a real run, and a copy of it whose returns are halved (a second
+    curve, apart from the first)."""
     root = tmp_path_factory.mktemp("runs")
-    for name, seed in (("a", 0), ("b", 1)):
-        msrl.train(CARTPOLE, ["run.total_env_steps=20000", "run.progress=false", "run.tensorboard=false",
-                              f"run.seed={seed}"], run_dir=root / name)
+    msrl.train(CARTPOLE, ["run.total_env_steps=20000", "run.progress=false", "run.tensorboard=false", "run.seed=0"],
+               run_dir=root / "a")
+    shutil.copytree(root / "a", root / "b")
+    with open(root / "a" / "metrics.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    assert sum(r["episode_return"] not in ("", "nan") for r in rows) >= 10  # a curve to draw
+    with open(root / "b" / "metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerows({**r, "episode_return": str(float(r["episode_return"]) / 2) if r["episode_return"] else ""}
+                         for r in rows)
     return root / "a", root / "b"
 
 

@@ -18,7 +18,6 @@ import pytest
 
 import msrl
 from msrl.config import load_config
-from msrl.registry import BACKENDS
 
 from helpers import CARTPOLE, assert_reaches, final_params, max_diff
 
@@ -26,9 +25,9 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def ray_runtime(overrides: list[str], iterations: int = 5):
+def ray_session(overrides: list[str], iterations: int = 5) -> msrl.Session:
     cfg = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", "policy.backend=ray", *overrides])
-    return cfg, BACKENDS.get("ray")().build(msrl.build(cfg), 0, iterations)
+    return msrl.Session(cfg, iterations_per_dispatch=iterations)
 
 
 def test_ray_coarse_and_fine_match_fused():
@@ -41,41 +40,39 @@ def test_ray_coarse_and_fine_match_fused():
 
 
 def test_killed_actors_restart_and_the_learner_loses_no_update():
-    cfg, runtime = ray_runtime(["policy.name=single_learner_coarse", "policy.actors=2", "policy.max_actor_restarts=2"])
-    kills = []
+    with ray_session(["policy.name=single_learner_coarse", "policy.actors=2",
+                      "policy.max_actor_restarts=2"]) as session:
+        cfg, runtime, kills = session.config, session.runtime, []
 
-    def killer():
-        for victim in (("actor", 1), ("actor", 0)):
-            time.sleep(0.5)
-            os.kill(runtime.where()[victim][1], signal.SIGKILL)
-            kills.append(victim)
-            while runtime.restarts.get(victim, 0) < 1:
-                time.sleep(0.05)
+        def killer():
+            for victim in (("actor", 1), ("actor", 0)):
+                time.sleep(0.5)
+                os.kill(runtime.where()[victim][1], signal.SIGKILL)
+                kills.append(victim)
+                while runtime.restarts.get(victim, 0) < 1:
+                    time.sleep(0.05)
 
-    rows = runtime.run(2)
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
-    while thread.is_alive() or len(rows) < 20:
-        rows += runtime.run(4)
-    try:
+        rows = session.run(2)
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        while thread.is_alive() or len(rows) < 20:
+            rows += session.run(4)
         assert runtime.restarts == {("actor", 1): 1, ("actor", 0): 1} and len(kills) == 2
-        state = runtime.state()["learner"][0]["learner"]
+        state = session.snapshot()["learner"][0]["learner"]
         counts = {int(np.max(x)) for p, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
                   if "count" in jax.tree_util.keystr(p)}
         assert counts == {len(rows) * cfg.algorithm.epochs * cfg.algorithm.minibatches}
-        assert all(np.isfinite(x).all() for x in jax.tree.leaves(runtime.params()))
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(session.params()))
         assert all(np.isfinite(r["loss"]) for r in rows)
-    finally:
-        runtime.close()
 
 
 def test_a_dead_learner_ends_the_run_with_a_clear_error():
-    _, runtime = ray_runtime(["policy.name=single_learner_coarse", "policy.actors=2"])
-    runtime.run(1)
-    os.kill(runtime.where()[("learner", 0)][1], signal.SIGKILL)
-    with pytest.raises(msrl.TrainingError, match="'learner' replica 0 died and cannot be restarted: it holds the "
-                                                 "learner"):
-        runtime.run(50)
+    with ray_session(["policy.name=single_learner_coarse", "policy.actors=2"]) as session:
+        session.run(1)
+        os.kill(session.runtime.where()[("learner", 0)][1], signal.SIGKILL)
+        with pytest.raises(msrl.TrainingError, match="'learner' replica 0 died and cannot be restarted: it holds "
+                                                     "the learner"):
+            session.run(50)
 
 
 def test_ppo_cartpole_on_ray_reaches_475(tmp_path):
@@ -112,18 +109,16 @@ def test_three_node_cluster_spreads_actors_and_matches_one_node():
         from ray.cluster_utils import Cluster
         import msrl
         from msrl.config import load_config
-        from msrl.registry import BACKENDS
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
         for _ in range(2):
             cluster.add_node(num_cpus=1)
         cfg = load_config("examples/ppo_cartpole.yaml", ["run.seed=0", "run.total_env_steps=100000",
             "policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=2", "policy.envs_per_actor=4",
             f"policy.ray_address={cluster.address}"])
-        runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 3)
-        runtime.run(3)
-        nodes = {"/".join(map(str, k)): v[0] for k, v in runtime.where().items()}
-        params = jax.tree.map(lambda x: np.asarray(x).tolist(), runtime.params())
-        runtime.close()
+        with msrl.Session(cfg, iterations_per_dispatch=3) as session:
+            session.run(3)
+            nodes = {"/".join(map(str, k)): v[0] for k, v in session.runtime.where().items()}
+            params = jax.tree.map(lambda x: np.asarray(x).tolist(), session.params())
         assert not ray.is_initialized()  # we joined the cluster, so we leave it
         cluster.shutdown()
         print(json.dumps({"nodes": nodes, "params": params}))
@@ -139,16 +134,14 @@ def test_private_cluster_is_local_without_dashboard_and_close_leaves_no_process_
     got = run_script("""
         import json, time, psutil, ray, msrl
         from msrl.config import load_config
-        from msrl.registry import BACKENDS
         cfg = load_config("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
                                                          "policy.actors=2"])
-        runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 2)
-        runtime.run(2)
-        procs = psutil.Process().children(recursive=True)
-        pids, cmds = [p.pid for p in procs], [" ".join(p.cmdline()) for p in procs]
-        addresses = sorted({n["NodeManagerAddress"] for n in ray.nodes()})
-        mine = sorted({a.address for nic in psutil.net_if_addrs().values() for a in nic})
-        runtime.close()
+        with msrl.Session(cfg, seed=0, iterations_per_dispatch=2) as session:
+            session.run(2)
+            procs = psutil.Process().children(recursive=True)
+            pids, cmds = [p.pid for p in procs], [" ".join(p.cmdline()) for p in procs]
+            addresses = sorted({n["NodeManagerAddress"] for n in ray.nodes()})
+            mine = sorted({a.address for nic in psutil.net_if_addrs().values() for a in nic})
         print(json.dumps({"pids": pids, "cmds": cmds, "addresses": addresses, "mine": mine}))
     """)
     assert got["addresses"] and set(got["addresses"]) <= set(got["mine"])  # this machine's own addresses
@@ -175,5 +168,5 @@ def test_more_resources_than_the_cluster_has_is_a_config_error():
 
     with pytest.raises(msrl.ConfigError, match=r"policy.resources: the replicas need 1001 CPUs in all, but the Ray "
                                                r"cluster has 4"):
-        ray_runtime(["policy.name=single_learner_coarse", "policy.resources.learner.num_cpus=999"])
+        ray_session(["policy.name=single_learner_coarse", "policy.resources.learner.num_cpus=999"])
     assert ray.is_initialized()  # the shared session is left as it was

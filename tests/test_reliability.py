@@ -75,45 +75,44 @@ def test_a_jitted_env_returning_nan_stops_the_run_naming_env_and_steps(tmp_path)
 def test_chaos_random_actor_kills_every_few_seconds():
     """At least five SIGKILLs of random actor processes during one run: it completes, no update is lost."""
     from msrl.config import load_config
-    from msrl.registry import BACKENDS
 
     cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
                                                        "policy.actors=3", "env.num_envs=6",
                                                        "policy.max_actor_restarts=10"])
-    runtime = BACKENDS.get("ray")().build(msrl.build(cfg), 0, 4)
-    rng, kills, stop = random.Random(0), [], threading.Event()
+    with msrl.Session(cfg, seed=0, iterations_per_dispatch=4) as session:
+        runtime = session.runtime  # the ray runtime: where() and restarts
+        rng, kills, stop = random.Random(0), [], threading.Event()
 
-    def back(victim):  # restarted as often as it was killed
-        return runtime.restarts.get(victim, 0) == kills.count(victim)
+        def back(victim):  # restarted as often as it was killed
+            return runtime.restarts.get(victim, 0) == kills.count(victim)
 
-    def chaos():  # a kill every 1-3 s, of an actor that is back from its last one (restarts overlap)
-        while not stop.is_set() and len(kills) < 5:
-            time.sleep(rng.uniform(1.0, 3.0))
-            up = [("actor", i) for i in range(3) if back(("actor", i))]
-            if not up:
-                continue
-            victim = rng.choice(up)
-            try:
-                os.kill(runtime.where()[victim][1], signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            kills.append(victim)
-        while not stop.is_set() and not all(back(("actor", i)) for i in range(3)):
-            time.sleep(0.05)
+        def chaos():  # a kill every 1-3 s, of an actor that is back from its last one (restarts overlap)
+            while not stop.is_set() and len(kills) < 5:
+                time.sleep(rng.uniform(1.0, 3.0))
+                up = [("actor", i) for i in range(3) if back(("actor", i))]
+                if not up:
+                    continue
+                victim = rng.choice(up)
+                try:
+                    os.kill(runtime.where()[victim][1], signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                kills.append(victim)
+            while not stop.is_set() and not all(back(("actor", i)) for i in range(3)):
+                time.sleep(0.05)
 
-    killer = threading.Thread(target=chaos, daemon=True)
-    killer.start()
-    rows, deadline = [], time.time() + 300  # a hang guard: a restart takes 5-30 s on 2 busy cores
-    try:
-        while (killer.is_alive() or len(rows) < 20) and time.time() < deadline:
-            rows += runtime.run(4)
-        stop.set()
-        assert len(kills) >= 5 and sum(runtime.restarts.values()) == len(kills)
-        state = runtime.snapshot()["learner"][0]["learner"]
-        counts = {int(x) for p, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
-                  if "count" in jax.tree_util.keystr(p)}
-        assert counts == {len(rows) * cfg.algorithm.epochs * cfg.algorithm.minibatches}
-        assert all(np.isfinite(r["loss"]) for r in rows)
-    finally:
-        stop.set()
-        runtime.close()
+        killer = threading.Thread(target=chaos, daemon=True)
+        killer.start()
+        rows, deadline = [], time.time() + 300  # a hang guard: a restart takes 5-30 s on 2 busy cores
+        try:
+            while (killer.is_alive() or len(rows) < 20) and time.time() < deadline:
+                rows += session.run(4)
+            stop.set()
+            assert len(kills) >= 5 and sum(runtime.restarts.values()) == len(kills)
+            state = session.snapshot()["learner"][0]["learner"]
+            counts = {int(x) for p, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
+                      if "count" in jax.tree_util.keystr(p)}
+            assert counts == {len(rows) * cfg.algorithm.epochs * cfg.algorithm.minibatches}
+            assert all(np.isfinite(r["loss"]) for r in rows)
+        finally:
+            stop.set()

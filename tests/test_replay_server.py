@@ -17,7 +17,6 @@ from helpers import max_diff
 import msrl
 from msrl.config import load_config
 from msrl.errors import CompileError, ConfigError
-from msrl.registry import BACKENDS
 
 DQN = Path(__file__).resolve().parent.parent / "examples" / "dqn_cartpole.yaml"
 SMALL = ["run.seed=0", "algorithm.buffer_size=4096", "algorithm.batch_size=32", "algorithm.hidden=[32]",
@@ -34,16 +33,12 @@ def server(actors: int, shards: int, *more: str) -> tuple[str, ...]:
 def run(overrides: tuple[str, ...], iterations: int, steps: tuple[int, ...] = ()):
     """Learner parameters and component snapshots after ``iterations`` (and after each of ``steps``) of a
     short run, and its metrics rows. Cached: tests share runs."""
-    cfg = load_config(DQN, [*SMALL, *overrides])
-    runtime = BACKENDS.get(cfg.policy.backend)().build(msrl.build(cfg), 0, 1)
-    try:
+    with msrl.Session(load_config(DQN, [*SMALL, *overrides]), seed=0) as session:
         rows, params, snaps, done = [], {}, {}, 0
         for n in (*steps, iterations):
-            rows += runtime.run(n - done)
-            params[n], snaps[n], done = runtime.params(), runtime.snapshot(), n
+            rows += session.run(n - done)
+            params[n], snaps[n], done = session.params(), session.snapshot(), n
         return params, snaps, rows
-    finally:
-        runtime.close()
 
 
 def test_one_shard_is_the_fused_program():
@@ -109,5 +104,5 @@ def test_errors_name_the_key():
         msrl.build(load_config(DQN, [*server(2, 2), "algorithm.batch_size=33"]))
     with pytest.raises(ConfigError, match="buffer_sample"):
         msrl.build(load_config(ppo, ["policy.name=replay_server", "policy.shards=1"]))
-    with pytest.raises(ConfigError, match="TrajectoryBuffer cannot be split over 2"):
-        msrl.build(load_config(ppo, ["policy.name=replay_server"]))
+    with pytest.raises(ConfigError, match="never samples one; for on-policy loops .* use single_learner_coarse"):
+        msrl.build(load_config(ppo, ["policy.name=replay_server"]))  # 2 shards: refused before any split
