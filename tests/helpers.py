@@ -78,6 +78,19 @@ def first_reached(run_dir: Path, threshold: float, window: int = 5) -> int | Non
     return None
 
 
+def reached(threshold: float, window: int = 5):
+    """An ``on_iteration`` callback for :func:`msrl.train` that stops the run once the mean episode return over
+    ``window`` consecutive iterations reaches ``threshold`` (what :func:`assert_reaches` then checks)."""
+    last: list[float] = []
+
+    def check(row: dict) -> bool:
+        last.append(row["episode_return"])
+        recent = last[-window:]
+        return len(recent) == window and bool(np.all(np.isfinite(recent))) and float(np.mean(recent)) >= threshold
+
+    return check
+
+
 def assert_reaches(run_dir: Path, threshold: float, within: int, window: int = 5) -> int:
     """The run in ``run_dir`` reached a mean return of ``threshold`` over ``window`` iterations within
     ``within`` env steps; returns when."""

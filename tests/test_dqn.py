@@ -15,14 +15,14 @@ import msrl
 from msrl.config import load_config
 from msrl.envs import make_env
 
-from helpers import assert_reaches
+from helpers import assert_reaches, reached
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dqn_cartpole.yaml"
 QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
 
 
 def test_dqn_cartpole_reaches_475_within_200k_steps(tmp_path):
-    summary = msrl.train(EXAMPLE, ["run.seed=0", *QUICK], run_dir=tmp_path)
+    summary = msrl.train(EXAMPLE, ["run.seed=0", *QUICK], run_dir=tmp_path, on_iteration=reached(475))
     assert summary["env_steps"] <= 200_000
     assert_reaches(tmp_path, 475, within=200_000)
 

@@ -7,11 +7,12 @@ import numpy as np
 
 import msrl
 
-from helpers import EXAMPLES, assert_pendulum_run, assert_reaches, max_diff, short_run
+from helpers import EXAMPLES, assert_pendulum_run, assert_reaches, reached, max_diff, short_run
 
 
 def test_ppo_cartpole_reaches_475_within_300k_steps(tmp_path):
-    summary = msrl.train(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=0", "run.progress=false"], run_dir=tmp_path)
+    summary = msrl.train(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=0", "run.progress=false"], run_dir=tmp_path,
+                         on_iteration=reached(475))
     assert summary["env_steps"] <= 300_000
     assert_reaches(tmp_path, 475, within=300_000)
 

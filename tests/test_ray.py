@@ -19,7 +19,7 @@ import pytest
 import msrl
 from msrl.config import load_config
 
-from helpers import CARTPOLE, assert_reaches, final_params, max_diff
+from helpers import CARTPOLE, assert_reaches, reached, final_params, max_diff
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def test_a_dead_learner_ends_the_run_with_a_clear_error():
 
 def test_ppo_cartpole_on_ray_reaches_475(tmp_path):
     summary = msrl.train(CARTPOLE, ["policy.name=single_learner_coarse", "policy.actors=2", "policy.backend=ray",
-                                    "run.progress=false"], run_dir=tmp_path)
+                                    "run.progress=false"], run_dir=tmp_path, on_iteration=reached(475))
     assert summary["env_steps"] <= 300_000 and summary["backend"] == "ray"
     assert_reaches(tmp_path, 475, within=300_000)
 

@@ -15,7 +15,7 @@ from msrl.config import load_config
 from msrl.envs import make_env
 
 import loops
-from helpers import CARTPOLE, EXAMPLES, assert_reaches, final_params, max_diff
+from helpers import CARTPOLE, EXAMPLES, assert_reaches, reached, final_params, max_diff
 
 def test_fused_coarse_and_fine_give_the_same_parameters():
     fused, fused_rows = final_params(["env.num_envs=8"])
@@ -95,7 +95,8 @@ def test_worker_error_surfaces_with_its_traceback_and_no_thread_is_left():
 
 
 def test_ppo_gymnasium_cartpole_threads_reaches_475(tmp_path):
-    summary = msrl.train(EXAMPLES / "ppo_cartpole_threads.yaml", ["run.progress=false"], run_dir=tmp_path)
+    summary = msrl.train(EXAMPLES / "ppo_cartpole_threads.yaml", ["run.progress=false"], run_dir=tmp_path,
+                         on_iteration=reached(475))
     assert summary["env_steps"] <= 300_000 and summary["policy"] == "single_learner_coarse"
     assert_reaches(tmp_path, 475, within=300_000)
 
