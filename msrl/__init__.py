@@ -49,6 +49,18 @@ def __getattr__(name):
         from msrl.backend import all_reduce_mean
 
         return all_reduce_mean
+    if name in ("load", "TrainedPolicy"):
+        from msrl import evaluate
+
+        return getattr(evaluate, name)
+    if name in ("validate_config", "ExperimentConfig"):
+        from msrl import config
+
+        return getattr(config, name)
+    if name == "register_env":
+        from msrl.envs import register_env
+
+        return register_env
     if name in ("Session", "session"):
         from msrl.runtime import session
 
@@ -63,5 +75,5 @@ __all__ = [
     "Runtime", "Sample", "Session", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",
     "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_step",
     "register_algorithm", "register_backend",
-    "register_policy", "session", "split_keys",
+    "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env", "split_keys",
 ]

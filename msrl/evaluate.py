@@ -43,6 +43,34 @@ def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
     return cfg, env, algorithm, learner.policy_params(state), meta
 
 
+class TrainedPolicy:
+    """A run's trained policy, for plain Python: ``act(obs)`` takes a batch of observations (numpy or jax,
+    leading axis = environments) and returns the greedy actions as numpy. ``config``, ``params`` (the policy
+    parameters), ``iteration`` (of the checkpoint) and ``env_spec`` describe it."""
+
+    def __init__(self, run_dir: str | Path):
+        self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir))
+        self.env_spec, self.iteration = self.env.spec, meta["iteration"]
+        self._greedy = jax.jit(self.algorithm.actor.greedy)
+
+    def act(self, obs: Any) -> np.ndarray:
+        obs = jax.tree.map(np.asarray, obs)
+        single = isinstance(obs, np.ndarray) and obs.shape == tuple(self.env_spec.obs_shape)
+        if single:  # one observation: act on a batch of one
+            obs = jax.tree.map(lambda x: x[None], obs)
+        actions = np.asarray(self._greedy(self.params, obs))
+        return actions[0] if single else actions
+
+    def __repr__(self) -> str:
+        return (f"TrainedPolicy({self.config.algorithm.name} on {self.env_spec.id}, "
+                f"iteration {self.iteration})")
+
+
+def load(run_dir: str | Path) -> TrainedPolicy:
+    """``msrl.load(RUN_DIR)``: the policy of the run's latest checkpoint (:class:`TrainedPolicy`)."""
+    return TrainedPolicy(run_dir)
+
+
 def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None = None, seed: int = 0) -> dict:
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir))
     greedy = jax.jit(algorithm.actor.greedy)

@@ -16,7 +16,7 @@ import msrl
 from msrl.cli import main
 from msrl.evaluate import evaluate
 
-from helpers import CARTPOLE, QUICK, final_leaves
+from helpers import CARTPOLE, EXAMPLES, QUICK, final_leaves
 
 SHORT = [*QUICK[:2], "run.total_env_steps=4096"]
 
@@ -77,3 +77,25 @@ def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tm
     msrl.train(CARTPOLE, overrides, run_dir=tmp_path / "straight")
     (a, _), (b, meta) = final_leaves(tmp_path / "straight"), final_leaves(run)
     assert meta["iteration"] == 400 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
+
+
+@pytest.mark.parametrize("config, overrides", [
+    (CARTPOLE, []),
+    (str(EXAMPLES / "dqn_cartpole.yaml"), []),
+    (str(EXAMPLES / "mappo_spread.yaml"), ["env.num_envs=4", "algorithm.rollout_len=8", "algorithm.minibatches=2"]),
+])
+def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, overrides):
+    import jax
+
+    steps = 4096 if config == CARTPOLE else 2048
+    msrl.train(config, [*SHORT, f"run.total_env_steps={steps}", "run.checkpoint_every=1000", *overrides],
+               run_dir=tmp_path)
+    policy = msrl.load(tmp_path)
+    state = policy.env.init(jax.random.PRNGKey(0), np.arange(3))
+    state, obs = policy.env.observe(state)
+    actions = policy.act(jax.tree.map(np.asarray, obs))
+    assert isinstance(actions, np.ndarray) and actions.shape[0] == 3 and np.all(np.isfinite(actions))
+    state, (obs, reward, done) = policy.env.step(state, actions)  # the env takes them
+    assert np.all(np.isfinite(np.asarray(reward)))
+    if config == CARTPOLE:  # one observation alone gives one action
+        assert policy.act(np.asarray(obs)[0]).shape == ()
