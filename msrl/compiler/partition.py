@@ -86,7 +86,8 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
             comms[key] = c = CommSpec(f"c{len(comms) + 1}", op, var, u, fu, fv, point, link.axis, link.every,
                                       link.lag)
             fdg.add_node(c.id, kind="comm", op=c.op, fragment=f"{fu}->{fv}", parent=fdg.nodes[point]["parent"],
-                         text=f"{c.op} {var}", file=None, line=None)
+                         text=f"{c.op} {var} ({c.axis}" + (f", every {c.every}" if c.every > 1 else "")
+                         + (f", lag {c.lag}" if c.lag else "") + ")", file=None, line=None)
             fdg.add_edge(u, c.id, key=var, **{**data, "carry": False})
         fdg.add_edge(comms[key].id, v, key=var, **data)
         fdg.remove_edge(u, v, key=var)
