@@ -84,12 +84,25 @@ def _check_keys(data: dict | list, prefix: str, inside: tuple[int, ...] = ()) ->
             _check_keys(v, path, inside)
 
 
+def _integral(value: Any) -> int | None:
+    """A string YAML leaves as text but that writes a whole number (``1e5``, ``2.5e5``, ``100_000``)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(number) if number.is_integer() and abs(number) < 2**63 else None
+
+
 def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {data!r}")
     try:
         return model.model_validate(data)
     except ValidationError as e:
+        whole = [(err["loc"], _integral(err["input"])) for err in e.errors()
+                 if err["type"] == "int_parsing" and isinstance(err.get("input"), str) and len(err["loc"]) == 1]
+        if whole and all(n is not None for _, n in whole):  # `1e5` where a whole number goes
+            return _validate(model, {**data, **{loc[0]: n for loc, n in whole}}, prefix)
         err = e.errors()[0]
         key = ".".join([prefix, *(_name(p) if isinstance(p, str) else str(p) for p in err["loc"])])
         msg = err["msg"]

@@ -67,3 +67,11 @@ def test_sections_must_be_mappings(tmp_path):
     (tmp_path / "scalar.yaml").write_text("algorithm: ppo\n")
     with pytest.raises(msrl.ConfigError, match=r"algorithm: must be a mapping.*name: ppo"):
         load_config(tmp_path / "scalar.yaml")
+
+
+def test_whole_numbers_in_e_notation_go_where_an_integer_does():
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml",
+                      ["run.total_env_steps=1e5", "algorithm.rollout_len=2.56e2"])
+    assert (cfg.run.total_env_steps, cfg.algorithm.rollout_len) == (100_000, 256)
+    with pytest.raises(msrl.ConfigError, match=r"run.total_env_steps: .*valid integer.*'2.5e0'"):
+        load_config(None, ["algorithm.name=ppo", "run.total_env_steps=2.5e0"])
