@@ -38,13 +38,13 @@ class ThreadsRuntime(ReplicaRuntime):
             service.target = service.make(seed)
 
     def _run(self, iterations: int) -> dict:
-        outputs, errors = {}, []
+        outputs, errors = {}, {}
 
         def work(key: tuple[str, int]) -> None:
             try:
                 outputs[key] = self.drivers[key].run(iterations)
             except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
-                errors.append(e)
+                errors[key] = e
                 for box in self.mailboxes.values():
                     box.stop()
 
@@ -59,8 +59,8 @@ class ThreadsRuntime(ReplicaRuntime):
         except KeyboardInterrupt:
             self.close()
             raise
-        if errors:
-            raise errors[0]
+        if errors:  # the first replica's, when several failed: the same report whichever thread came first
+            raise errors[min(errors, key=self.keys.index)]
         return outputs
 
     def _call(self, keys, method: str, *args: Any) -> dict:
