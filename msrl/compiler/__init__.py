@@ -184,16 +184,18 @@ class Program:
             if not bad:
                 continue
             s = by_id[c.src]
+            what = f"`{c.var}`" if not c.var.startswith("_") else \
+                f"the result of msrl.{s.api.name}()" if s.kind == "api" else f"a value of `{s.source}`"
             sampled = any(b.kind == "api" and b.api.name == "buffer_sample" and self.plan.assign[b.id] == c.src_fragment
                           for b in by_id.values())
             raise CompileError(
-                f"policy {self.policy.name!r} joins `{c.var}` from {senders} {c.src_fragment!r} replicas into "
+                f"policy {self.policy.name!r} joins {what} from {senders} {c.src_fragment!r} replicas into "
                 f"{receivers} {c.dst_fragment!r} replica{'s' if receivers > 1 else ''}, but "
                 f"{'its leaves ' if len(bad) > 1 else 'its leaf '}{', '.join(bad[:3])} "
                 f"{'are' if len(bad) > 1 else 'is'} not per-environment: joining the replicas' values would keep "
                 "one and drop the others", s.file, s.line,
                 "a replay buffer that the learner samples is sharded by policy.name=replay_server" if sampled else
-                f"compute `{c.var}` on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
+                f"compute {what} on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
 
     def _state_keys(self, stmts: list[Stmt]) -> tuple[list[str], bool]:
         """The states a fragment holds, and whether it derives the policy params from its own learner
