@@ -246,7 +246,8 @@ class RayRuntime(ReplicaRuntime):
                     ray.get([self.workers[(name, r)].setup.remote(group) for r in range(spec.replicas)])
             host = ray.remote(services.ServiceHost).options(num_cpus=0, enable_task_events=False)
             for name, service in program.services.items():
-                service.target = self.hosts[name] = host.remote(cloudpickle.dumps(service.make), seed)
+                service.target = self.hosts[name] = host.remote(cloudpickle.dumps(service.make), seed,
+                                                                driver["sys_path"])
             ray.get([w.connect.remote(self.workers, self.hosts) for w in self.workers.values()])
             self.where_ = dict(zip(self.workers, ray.get([w.where.remote() for w in self.workers.values()]),
                                    strict=True))

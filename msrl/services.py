@@ -45,9 +45,14 @@ class ServiceHost:
     """The body of the Ray actor that hosts a service on ``ray``: builds the object from its pickled
     ``make`` and runs the calls it gets."""
 
-    def __init__(self, make: bytes, seed: int):
+    def __init__(self, make: bytes, seed: int, sys_path: list[str] = ()):
+        import sys
+
         import cloudpickle
 
+        for path in reversed(sys_path):  # the driver's modules (the algorithm's file) import here too
+            if path not in sys.path:
+                sys.path.insert(0, path)
         self.obj = cloudpickle.loads(make)(seed)
 
     def call(self, method: str, *args: Any) -> Any:
