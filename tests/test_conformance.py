@@ -1,5 +1,5 @@
 """A fast slice of the conformance matrix (``python -m msrl.conformance`` runs all of it): threads and jax
-only, the SAC-shaped test loop and A2C under ``single_learner_coarse`` and ``async``. No cell may be
+only, the SAC-shaped and the recurrent test loops and A2C under ``single_learner_coarse`` and ``async``. No cell may be
 SILENTLY DIFFERENT or an ERROR, and the SAC-shaped loop, whose replay buffer is local and whose learner
 has several optimizers and target networks, must be either refused with a clear message or equal to fused
 under both."""
@@ -16,9 +16,9 @@ from msrl.conformance import DESIGN, EQUAL, FAILURES, REFUSED
 def cells():
     sac, _ = conformance.run_matrix(["sac"], ["coarse/threads", "async-w1/threads", "async-w2/threads"],
                                     ray=False, devices=False, log=lambda msg: None)
-    a2c, _ = conformance.run_matrix(["a2c"], ["coarse/threads", "async-w1/threads"], ray=False, devices=False,
-                                    log=lambda msg: None)
-    return {(c.loop, c.column): c for c in sac + a2c}
+    rest, _ = conformance.run_matrix(["a2c", "recurrent"], ["coarse/threads", "async-w1/threads"], ray=False,
+                                     devices=False, log=lambda msg: None)
+    return {(c.loop, c.column): c for c in sac + rest}
 
 
 def test_no_cell_is_silently_different_or_an_error(cells):
@@ -38,9 +38,11 @@ def test_sac_shaped_loop_is_refused_clearly_or_equal_to_fused(cells, column):
         assert cell.verdict == EQUAL, cell.detail
 
 
-def test_a2c_is_equal_to_fused_under_coarse_and_one_async_worker(cells):
+@pytest.mark.parametrize("loop", ["a2c", "recurrent"])
+def test_equal_to_fused_under_coarse_and_one_async_worker(cells, loop):
+    """A2C, and the GRU actor whose hidden state lives in the actor replicas' state."""
     for column in ("coarse/threads", "async-w1/threads"):
-        assert cells[("a2c", column)].verdict == EQUAL, cells[("a2c", column)].detail
+        assert cells[(loop, column)].verdict == EQUAL, cells[(loop, column)].detail
 
 
 def test_verdicts_of_made_up_outcomes():
