@@ -99,7 +99,8 @@ def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, An
     state = (init or learner.init)(key)
     if not isinstance(state, dict) or "params" not in state:
         raise msrl.ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
-                          f"{type(learner).__name__}.init() returns no dict with 'params'")
+                               f"{type(learner).__name__}.init() returns no dict with a 'params' key; use "
+                               "policy.name=single_learner_coarse or multi_learner")
     extra = sorted(set(state) - set(HELD))
     if extra:
         raise msrl.ConfigError("policy.name", f"async's parameter holder carries a learner's params and optimizer "

@@ -75,7 +75,9 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
             raise CompileError(
                 f"policy {policy.name!r} splits the state of component '{var[1:]}' between fragments {fu!r} "
                 f"(`{s.source}`, {s.where}) and {fv!r} (`{t.source}`, {t.where})", t.file, t.line,
-                "a component's state lives in one fragment; cut elsewhere")
+                "a component's state lives in one fragment; " + (
+                    "a replay buffer that actors fill and the learner samples is policy.name=replay_server's job "
+                    "(or single_learner_fine, which keeps the buffer central)" if var == "@buffer" else "cut elsewhere"))
         point = _exit_point(fdg, u, v)
         key = (point, var, fv)
         if key not in comms:
