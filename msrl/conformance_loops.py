@@ -95,16 +95,21 @@ class SACConfig(msrl.AlgorithmConfig):
     hidden: int = 32
 
 
-class SACActor(msrl.Actor):
-    def __init__(self, net: MLP):
-        self.net = net
+class CategoricalActor(msrl.Actor):
+    """Samples from the logits of ``net`` with per-env keys; ``part``: the params' entry the net reads."""
+
+    def __init__(self, net: MLP, part: str | None = None):
+        self.net, self.part = net, part
+
+    def logits(self, params, obs):
+        return self.net.apply(params[self.part] if self.part else params, obs)
 
     def act(self, state, params, obs):
         keys, use = msrl.split_keys(state["keys"])
-        return {"keys": keys}, msrl.ActOutput(sample_categorical(use, self.net.apply(params, obs)))
+        return {"keys": keys}, msrl.ActOutput(sample_categorical(use, self.logits(params, obs)))
 
     def greedy(self, params, obs):
-        return jnp.argmax(self.net.apply(params, obs), axis=-1).astype(jnp.int32)
+        return jnp.argmax(self.logits(params, obs), axis=-1).astype(jnp.int32)
 
 
 class SACLearner(msrl.Learner):
@@ -197,7 +202,7 @@ class ConformanceSAC(msrl.Algorithm):
         super().__init__(cfg, ctx)
         actions = n_actions(ctx, "conf_sac")
         actor, critic = MLP(actions, cfg.hidden), MLP(actions, cfg.hidden)
-        self.actor = SACActor(actor)
+        self.actor = CategoricalActor(actor)
         self.learner = SACLearner(actor, critic, cfg, ctx.env_spec.example_obs(), actions)
         self.buffer = msrl.UniformBuffer(cfg.buffer_size, sequence_length=2)  # (obs, next obs) windows
 
@@ -355,18 +360,6 @@ class EMAConfig(msrl.AlgorithmConfig):
     ema_decay: float = 0.9
 
 
-class EMAActor(msrl.Actor):
-    def __init__(self, policy: MLP):
-        self.policy = policy
-
-    def act(self, state, params, obs):
-        keys, use = msrl.split_keys(state["keys"])
-        return {"keys": keys}, msrl.ActOutput(sample_categorical(use, self.policy.apply(params["policy"], obs)))
-
-    def greedy(self, params, obs):
-        return jnp.argmax(self.policy.apply(params["policy"], obs), axis=-1).astype(jnp.int32)
-
-
 class EMALearner(msrl.Learner):
     """REINFORCE with a baseline; its state also holds an update counter and an exponential moving average
     of the parameters (decay ``min(ema_decay, (1 + n) / (10 + n))`` after ``n`` updates), which the actors
@@ -414,7 +407,7 @@ class ConformanceEMA(msrl.Algorithm):
         super().__init__(cfg, ctx)
         actions = n_actions(ctx, "conf_ema")
         policy, value = MLP(actions, cfg.hidden), MLP(1, cfg.hidden)
-        self.actor = EMAActor(policy)
+        self.actor = CategoricalActor(policy, "policy")
         self.learner = EMALearner(policy, value, cfg, ctx.env_spec.example_obs())
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 

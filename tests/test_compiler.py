@@ -141,12 +141,12 @@ def test_fdg_has_api_nodes_loop_state_and_param_edges(env):
 
 def test_partition_inserts_comm_nodes(env):
     prog = msrl.compile(loops.Simple(), ActorsLearner(), env, NUM_ENVS)
-    comms = {(c.var, c.op, c.src_fragment, c.dst_fragment) for c in prog.partition.comms}
+    comms = {(c.var, c.op, c.src_fragment, c.dst_fragment) for c in prog.plan.comms}
     assert ("_api1", "gather", "actors", "learner") in comms  # the trajectory
     assert ("@params", "broadcast", "learner", "actors") in comms  # the new weights
     g = prog.graph_dict()
     comm_nodes = [n for n in g["nodes"] if n["kind"] == "comm"]
-    assert len(comm_nodes) == len(prog.partition.comms)
+    assert len(comm_nodes) == len(prog.plan.comms)
     assert {f["name"]: f["replicas"] for f in g["fragments"]} == {"actors": 2, "learner": 1}
     actors = prog.fragments["actors"]
     assert "params" in actors.state_keys and "learner" not in actors.state_keys

@@ -107,7 +107,7 @@ def test_custom_policy_registers_compiles_and_runs_from_config(fused):
     program = msrl.build(cfg)
     assert {f.name: (f.spec.replicas, f.state_keys) for f in program.fragments.values()} == {
         "env": (2, ["env"]), "inference": (1, ["actor", "buffer", "params"]), "learner": (1, ["learner"])}
-    ops = {(c.src_fragment, c.dst_fragment, c.op) for c in program.partition.comms}
+    ops = {(c.src_fragment, c.dst_fragment, c.op) for c in program.plan.comms}
     assert {("inference", "env", "scatter"), ("env", "inference", "gather"), ("inference", "learner", "send"),
             ("learner", "inference", "broadcast")} <= ops
     params, rows = run(cfg)

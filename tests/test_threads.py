@@ -53,7 +53,7 @@ def test_graph_shows_cut_comm_nodes_and_replicas(capsys, policy, cut_op, roles):
 
 def test_fine_policy_communicates_every_step():
     program = msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_fine", "policy.actors=2"]))
-    per_step = [c for c in program.partition.comms if program.fdg.nodes[c.point]["parent"] is not None]
+    per_step = [c for c in program.plan.comms if program.fdg.nodes[c.point]["parent"] is not None]
     assert {c.op for c in per_step} == {"scatter", "gather"}
     assert "for _ in range(0, 128, 1)" in program.fragments["env_worker"].source
 

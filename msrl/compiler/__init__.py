@@ -115,10 +115,6 @@ class Program:
             self.fragments = {name: self._lower(spec) for name, spec in self.plan.fragments.items()}
         self.compile_seconds = sum(self.timings.values())
 
-    @property
-    def partition(self) -> Plan:  # the name before the plan was frozen
-        return self.plan
-
     @contextlib.contextmanager
     def _phase(self, name: str):
         t0 = time.perf_counter()
