@@ -13,7 +13,7 @@ from msrl.components import Actor, EnvSpec, Learner, ReplayBuffer
 class AlgorithmConfig(BaseModel):
     """Base of every algorithm's config. Unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
 

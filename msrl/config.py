@@ -22,7 +22,7 @@ _YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError,
 
 
 class EnvConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: str = "gymnax:CartPole-v1"
     num_envs: int = Field(4, gt=0, le=INT32_MAX, description="environments in total, over all replicas")
@@ -30,7 +30,7 @@ class EnvConfig(BaseModel):
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     total_env_steps: int = Field(500_000, gt=0, le=2**63 - 1)
     seed: int = Field(0, ge=0, le=2**32 - 1, description="jax PRNG seed (32 bits)")
@@ -46,7 +46,7 @@ class RunConfig(BaseModel):
 
 
 class ExperimentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
     algorithm: Any
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -96,6 +96,7 @@ def _integral(value: Any) -> int | None:
 def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {data!r}")
+    _no_bools_for_numbers(model, data, prefix)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -175,6 +176,32 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key written twice in one mapping is an error (not "the last one wins")."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: construct_mapping reports it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise ConfigError(_name(key), f"written twice in one mapping (lines {first} and "
+                                  f"{key_node.start_mark.line + 1}); keep one")
+        return super().construct_mapping(node, deep)
+
+
+def _no_bools_for_numbers(model: type[BaseModel], data: dict, prefix: str) -> None:
+    """``true``/``false`` where a number goes is an error (pydantic would read them as 1 and 0)."""
+    for key, value in data.items():
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if isinstance(value, bool) and field is not None and "bool" not in str(field.annotation) \
+                and any(t in str(field.annotation) for t in ("int", "float")):
+            raise ConfigError(f"{prefix}.{key}", f"must be a number, got {str(value).lower()}")
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
     data: dict[str, Any] = {}
     if path is not None:
@@ -182,7 +209,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Experimen
         if not p.is_file():
             raise ConfigError("", f"config file {str(p)!r} does not exist")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.load(p.read_text(), Loader=_StrictLoader) or {}
+        except ConfigError as e:
+            raise ConfigError(e.key, f"{p}: {e.message}") from None
         except _YAML_ERRORS as e:
             raise ConfigError("", f"{p}: not valid YAML: {e}") from None
     return validate_config(apply_overrides(data, list(overrides)))

@@ -24,7 +24,7 @@ class Policy(BaseModel):
     (what a value crossing between two roles means and how it travels) and ``learner_plan()`` (gradient
     transformations, services, a wrapped learner, updates per iteration)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     backend: str = "jax"
@@ -51,7 +51,7 @@ class Policy(BaseModel):
 
 
 class Resources(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)

@@ -75,3 +75,18 @@ def test_whole_numbers_in_e_notation_go_where_an_integer_does():
     assert (cfg.run.total_env_steps, cfg.algorithm.rollout_len) == (100_000, 256)
     with pytest.raises(msrl.ConfigError, match=r"run.total_env_steps: .*valid integer.*'2.5e0'"):
         load_config(None, ["algorithm.name=ppo", "run.total_env_steps=2.5e0"])
+
+
+def test_duplicate_keys_booleans_for_numbers_and_non_finite_floats_are_refused(tmp_path):
+    config = tmp_path / "dup.yaml"
+    config.write_text("algorithm: {name: ppo}\nrun:\n  seed: 1\n  seed: 2\n")
+    with pytest.raises(msrl.ConfigError, match=r"seed: .*dup.yaml: written twice in one mapping \(lines 3 and 4\)"):
+        load_config(config)
+    config.write_text("algorithm: ppo\nalgorithm: dqn\n")
+    with pytest.raises(msrl.ConfigError, match="algorithm: .*written twice .*lines 1 and 2"):
+        load_config(config)
+    with pytest.raises(msrl.ConfigError, match="algorithm.rollout_len: must be a number, got true"):
+        load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.rollout_len=true"])
+    with pytest.raises(msrl.ConfigError, match="algorithm.lr: Input should be a finite number"):
+        load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.lr=.inf"])
+    assert load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.anneal_lr=false"]).algorithm.anneal_lr is False
