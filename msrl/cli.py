@@ -230,6 +230,7 @@ def make_parser() -> argparse.ArgumentParser:
     for command in (t, g, e):
         command.add_argument("--import", dest="imports", action="append", metavar="MODULE_OR_FILE",
                              help="import your own algorithm/policy/env module first (repeatable)")
+        command.add_argument("--debug", action="store_true", help="on an error, print its full chained traceback")
 
     pl = sub.add_parser("plot", help="learning curves of run directories (return vs env steps and wall time)")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -281,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"msrl: {e}", file=sys.stderr)
         return 130
     except MsrlError as e:
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exception(e, file=sys.stderr)
         print(f"msrl: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

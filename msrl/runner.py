@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +21,7 @@ from msrl.errors import ConfigError, TrainingError
 from msrl.registry import ALGORITHMS
 
 TARGET_STEPS_PER_DISPATCH = 16_384
+PLAIN_LOG_S = 10.0  # seconds between progress lines when stdout is not a terminal
 
 
 def enable_compile_cache(directory: str | Path) -> None:
@@ -61,8 +63,11 @@ class _Logger:
             from tensorboardX import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tb"))
-        self.progress = None
-        if cfg.run.progress:
+        self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
+        self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
+        if cfg.run.progress and not sys.stdout.isatty():
+            self.plain = 0.0
+        elif cfg.run.progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
@@ -87,6 +92,11 @@ class _Logger:
 
     def update(self, row: dict[str, float]) -> None:
         self.csv_file.flush()
+        if self.plain is not None and (time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total):
+            self.plain = time.monotonic()
+            ret = row["episode_return"]
+            print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  return "
+                  f"{'-' if math.isnan(ret) else f'{ret:.1f}'}", flush=True)
         if self.progress is not None:
             ret = row["episode_return"]
             self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"],
@@ -199,6 +209,8 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
 
     from msrl.runtime.session import Session
 
+    stage = (lambda text: print(f"msrl: {text}", file=sys.stderr, flush=True)) if cfg.run.progress else (lambda _: None)
+    stage(f"compiling {cfg.algorithm.name}'s loop under {cfg.policy.name} ({cfg.env.id})")
     program = build(cfg)
     steps_per_iter = program.env_steps_per_iteration
     iterations = cfg.run.total_env_steps // steps_per_iter
@@ -208,6 +220,11 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     # several iterations per dispatch, but at least ~10 progress updates in a run
     auto = max(1, min(TARGET_STEPS_PER_DISPATCH // steps_per_iter, iterations // 10))
     per_dispatch = min(cfg.run.iterations_per_dispatch or auto, iterations)
+    replicas = sum(f.spec.replicas for f in program.fragments.values())
+    stage(f"starting the {cfg.policy.backend} backend: {replicas} replica{'s' if replicas > 1 else ''} of "
+          f"{', '.join(f'{f.name} x{f.spec.replicas}' for f in program.fragments.values())}"
+          + (" (XLA compiles the program now)" if cfg.policy.backend == "jax" else
+             " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
     session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)

@@ -99,3 +99,20 @@ def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, o
     assert np.all(np.isfinite(np.asarray(reward)))
     if config == CARTPOLE:  # one observation alone gives one action
         assert policy.act(np.asarray(obs)[0]).shape == ()
+
+
+def test_feedback_without_a_terminal_and_debug_tracebacks(tmp_path):
+    """Piped output (nohup, CI, a notebook) gets stage lines and plain progress lines, not a silent bar."""
+    out = subprocess.run([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, "run.total_env_steps=4096",
+                          "run.tensorboard=false", "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "msrl: compiling ppo's loop under fused (gymnax:CartPole-v1)" in out.stderr
+    assert "msrl: starting the jax backend" in out.stderr
+    assert "ppo [fused] 4,096/4,096 steps" in out.stdout and " SPS  return " in out.stdout
+    quiet = subprocess.run([sys.executable, "-m", "msrl.cli", "train", str(tmp_path / "missing.yaml")],
+                           capture_output=True, text=True, timeout=120)
+    debug = subprocess.run([sys.executable, "-m", "msrl.cli", "train", str(tmp_path / "missing.yaml"), "--debug"],
+                           capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == debug.returncode == 2 and "does not exist" in quiet.stderr
+    assert "Traceback" not in quiet.stderr and "Traceback (most recent call last)" in debug.stderr

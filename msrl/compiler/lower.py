@@ -289,5 +289,5 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
     message = str(exc).strip().splitlines()
     first = message[0] if message else ""
     raise CompileError(f"{type(exc).__name__} while {doing} `{source}`: {first}", file, line,
-                       "the full JAX error is chained above") from exc.with_traceback(exc.__traceback__)
+                       "run `msrl ... --debug` to see the full JAX error") from exc.with_traceback(exc.__traceback__)
 
