@@ -18,6 +18,7 @@ learner never loses an update. A learner that dies ends the run with a :class:`T
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -27,11 +28,13 @@ from typing import Any
 
 import jax
 import numpy as np
+import ray
 
 from msrl import services
 from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
 from msrl.compiler.ir import walk
 from msrl.errors import ConfigError, TrainingError
+from msrl.registry import USER_MODULES
 from msrl.runtime.driver import POLL_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
 _INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
@@ -50,8 +53,6 @@ class ToPeers(Transport):
         self.in_flight: list[Any] = []
 
     def deliver(self, dst, sender, iteration, messages) -> None:
-        import ray
-
         messages = [(cid, n, v if isinstance(v, ray.ObjectRef) else _numpy(v)) for cid, n, v in messages]
         self.in_flight.append(self.peers[dst].deliver.remote(sender, iteration, messages))
         if len(self.in_flight) >= 32:
@@ -63,14 +64,10 @@ class ToPeers(Transport):
                     pass
 
     def share(self, value: Any) -> Any:  # big values: one ray.put, every receiver fetches the same object
-        import ray
-
         value = _numpy(value)
         return ray.put(value) if sum(x.nbytes for x in jax.tree.leaves(value)) > _INLINE_BYTES else value
 
     def fetch(self, value: Any) -> Any:
-        import ray
-
         return ray.get(value) if isinstance(value, ray.ObjectRef) else value
 
 
@@ -116,6 +113,8 @@ class FragmentWorker:
         for path in reversed(driver["sys_path"]):  # the driver's modules (the algorithm's file) import here too
             if path not in sys.path:
                 sys.path.insert(0, path)
+        for module in driver["imports"]:  # --import: the user's registrations (envs, algorithms) happen here too
+            importlib.import_module(module)
         if driver["compile_cache"]:
             jax.config.update("jax_compilation_cache_dir", driver["compile_cache"])
         self.args, self.transport = (recipe, key, seed, env_ids, driver["fingerprint"]), ToPeers()
@@ -143,16 +142,12 @@ class FragmentWorker:
         """An address (this node, a free port) where this replica can coordinate its SPMD group."""
         import socket
 
-        import ray
-
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def where(self) -> tuple[str, int]:
-        import ray
-
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def connect(self, peers: dict[tuple[str, int], Any], hosts: dict[str, Any]) -> None:
@@ -173,8 +168,6 @@ class FragmentWorker:
             comm = self.driver.comms[cid]
             sent = (iteration - 1 - comm.lag) // comm.every * comm.every
             if sent >= 0:
-                import ray
-
                 params = self.transport.fetch(ray.get(sender.call.remote("sent_value", cid, sent)))
                 self.driver.state["params"] = self.driver.last[cid] = params
         return self.run(iterations)
@@ -217,8 +210,6 @@ def restartable(fragment: Any) -> str | None:
 class RayRuntime(ReplicaRuntime):
     def __init__(self, program: Any, seed: int):
         import cloudpickle
-        import ray
-
         super().__init__(program, seed)
         self.policy = program.policy
         self.restarts: dict[tuple[str, int], int] = {}
@@ -227,7 +218,7 @@ class RayRuntime(ReplicaRuntime):
         self.hosts: dict[str, Any] = {}  # the policy's services, by name
         recipe = cloudpickle.dumps((program.algorithm, self.policy, program.env, program.num_envs))  # ~2 KB
         driver = {"sys_path": [p for p in sys.path if p], "compile_cache": jax.config.jax_compilation_cache_dir,
-                  "fingerprint": fingerprint(program)}
+                  "fingerprint": fingerprint(program), "imports": list(USER_MODULES)}
         self.owns_connection = _connect(self.policy, program)
         try:
             _check_resources(program)
@@ -263,8 +254,6 @@ class RayRuntime(ReplicaRuntime):
         return dict(self.where_)
 
     def _run(self, iterations: int) -> dict:
-        import ray
-
         target = self.iteration + iterations
         running = {w.run.remote(iterations): key for key, w in self.workers.items()}
         outputs: dict[tuple[str, int], list] = {}
@@ -284,15 +273,11 @@ class RayRuntime(ReplicaRuntime):
         return outputs
 
     def _call(self, keys, method: str, *args: Any) -> dict:
-        import ray
-
         return dict(zip(keys, ray.get([self.workers[k].call.remote(method, *args) for k in keys]), strict=True))
 
     def _recover(self, key: tuple[str, int], target: int, error: Exception) -> Any:
         """A replica's process died: wait for Ray to restart it, then resume it at the first iteration its
         receivers lack; its new ``run`` reference."""
-        import ray
-
         name, replica = key
         why = self.unrestartable[name]
         while why is None:
@@ -321,8 +306,6 @@ class RayRuntime(ReplicaRuntime):
 
     def close(self) -> None:
         """Kill our actors; leave (and, if we started it, stop) the cluster."""
-        import ray
-
         if not ray.is_initialized():
             return
         for actor in [*self.workers.values(), *self.hosts.values()]:
@@ -340,13 +323,12 @@ def _connect(policy: Any, program: Any) -> bool:
     (dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
     import logging
 
-    import ray
-
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if policy.ray_address:
+        _check_reachable(policy.ray_address)
         kwargs = {"address": policy.ray_address}
     else:
         need = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values())
@@ -358,10 +340,23 @@ def _connect(policy: Any, program: Any) -> bool:
     return True
 
 
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail now, not after minutes of Ray's retries, when nothing answers at ``policy.ray_address``."""
+    import socket
+
+    host, sep, port = address.split("://")[-1].rpartition(":")
+    if address in ("auto", "local") or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError("policy.ray_address", f"nothing answers at {address} ({e.strerror or e}); start the "
+                          "cluster there (`ray start --head`), fix the address, or leave it unset for a private "
+                          "cluster on this machine") from None
+
+
 def _check_resources(program: Any) -> None:
     """Fail now, not hang, when the cluster cannot hold every replica at once."""
-    import ray
-
     have = ray.cluster_resources()
     for res, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
         need = sum(getattr(f.spec, field) * f.spec.replicas for f in program.fragments.values())

@@ -264,6 +264,10 @@ def import_user_module(spec: str) -> None:
         importlib.import_module(spec)
     except ImportError as e:
         raise ConfigError("--import", f"cannot import {spec!r}: {e}") from None
+    from msrl.registry import USER_MODULES
+
+    if spec not in USER_MODULES:
+        USER_MODULES.append(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,3 +50,5 @@ BACKENDS = Registry("backends", "backend", "policy.backend")
 register_algorithm = ALGORITHMS.register
 register_policy = POLICIES.register
 register_backend = BACKENDS.register
+
+USER_MODULES: list[str] = []  # modules the user imported with --import: every process of a run imports them too

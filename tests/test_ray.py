@@ -170,3 +170,48 @@ def test_more_resources_than_the_cluster_has_is_a_config_error():
                                                r"cluster has 4"):
         ray_session(["policy.name=single_learner_coarse", "policy.resources.learner.num_cpus=999"])
     assert ray.is_initialized()  # the shared session is left as it was
+
+
+def test_an_address_where_nothing_answers_fails_fast_and_clearly():
+    import ray
+    import socket
+
+    with socket.socket() as s:  # a port on this machine that nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                 f"policy.ray_address=127.0.0.1:{port}"])
+    ray.shutdown()  # as a fresh driver would be; the shared session starts again below
+    try:
+        started = time.time()
+        with pytest.raises(msrl.ConfigError, match=rf"policy.ray_address: nothing answers at 127.0.0.1:{port}"):
+            msrl.Session(cfg)
+        assert time.time() - started < 30
+    finally:
+        _restart_shared_cluster()
+
+
+def _restart_shared_cluster():
+    import logging
+
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
+                 log_to_driver=False)
+
+
+def test_imported_user_modules_are_imported_in_every_ray_worker(tmp_path):
+    """A Gymnasium env registered by a module given to --import trains on ray: each worker imports it too."""
+    from msrl.cli import main
+
+    (tmp_path / "my_envs.py").write_text(textwrap.dedent("""
+        import gymnasium
+        gymnasium.register(id="MsrlUserCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv",
+                           max_episode_steps=500)
+    """))
+    assert main(["train", "--import", str(tmp_path / "my_envs.py"), str(ROOT / "examples" / "ppo_cartpole_threads.yaml"),
+                 "env.id=gymnasium:MsrlUserCartPole-v0", "policy.backend=ray", "policy.actor_backend=ray",
+                 "run.total_env_steps=2048",
+                 "run.progress=false", "run.tensorboard=false", "--run-dir", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["backend"] == "ray"
