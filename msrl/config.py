@@ -202,9 +202,14 @@ def _no_bools_for_numbers(model: type[BaseModel], data: dict, prefix: str) -> No
             raise ConfigError(f"{prefix}.{key}", f"must be a number, got {str(value).lower()}")
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> ExperimentConfig:
+def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> ExperimentConfig:
+    """A config from a YAML file (or a dict of its sections) with ``KEY.PATH=VALUE`` overrides applied."""
     data: dict[str, Any] = {}
-    if path is not None:
+    if isinstance(path, dict):
+        import copy
+
+        data = copy.deepcopy(path)
+    elif path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError("", f"config file {str(p)!r} does not exist")

@@ -178,9 +178,26 @@ class _Signals:
             signal.signal(sig, handler)
 
 
+class TrainResult(dict):
+    """What :func:`train` returns: the summary (a dict, as written to ``summary.json``) with the run's metric
+    rows, one dict per iteration of this call, as ``.rows``."""
+
+    rows: list[dict[str, float]]
+
+
+def _dotted(prefix: str, value: Any) -> list[str]:
+    """``run={"seed": 1}`` as overrides: ``["run.seed=1"]`` (nested mappings become dotted paths)."""
+    if isinstance(value, dict):
+        return [o for k, v in value.items() for o in _dotted(f"{prefix}.{k}", v)]
+    return [f"{prefix}={json.dumps(value) if not isinstance(value, str) else value}"]
+
+
 def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
-          resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False) -> dict:
-    """Train; returns the summary (also written to ``RUN_DIR/summary.json``). ``resume``: continue the run in
+          resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
+          **sections: Any) -> TrainResult:
+    """Train; returns the summary (also written to ``RUN_DIR/summary.json``) with the metric rows as ``.rows``.
+    Overrides come as ``KEY.PATH=VALUE`` strings or as sections: ``train(path, run={"seed": 1}, policy={...})``.
+    ``resume``: continue the run in
     ``run_dir`` from its latest checkpoint (``cfg`` None: the run's own config). ``overwrite``: replace the
     run in ``run_dir`` (a used run directory is refused otherwise). ``on_iteration(row)`` is called with
     every metrics row; when it returns true the run stops after the iterations already started
@@ -190,8 +207,11 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         cfg = Path(run_dir) / "config.yaml"
         if not cfg.is_file():
             raise ConfigError("--resume", f"{run_dir} is not a run directory (no config.yaml)")
+    overrides = [*overrides, *(o for name, value in sections.items() for o in _dotted(name, value))]
     if not isinstance(cfg, ExperimentConfig):
         cfg = load_config(cfg, overrides)
+    elif overrides:
+        raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
     if resume:  # refuse before building anything
         path = checkpoint.latest(run_dir) if run_dir is not None else None
         if path is None:
@@ -241,7 +261,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         raise
     every = cfg.run.checkpoint_every
     start = time.perf_counter() - elapsed0
-    stop = []  # set by on_iteration or a signal
+    stop, history = [], []  # stop: set by on_iteration or a signal; history: every row of this call
     signals = _Signals()
     try:
         signals.__enter__()
@@ -257,6 +277,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
                     row = {"iteration": r["iteration"], "env_steps": r["env_steps"],
                            "sps": r["env_steps"] / elapsed, "wall_time": elapsed, **r}
                     logger.log(row)
+                    history.append(row)
                     if on_iteration is not None and on_iteration(dict(row)) and not stop:
                         stop.append(r["iteration"])
                 logger.update(row)
@@ -291,7 +312,9 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
 
         raise Interrupted(f"{signals.received}: stopped after iteration {session.iteration} of {iterations}; "
                           f"checkpoint and summary saved. Continue with: msrl train --resume {run_dir}")
-    return summary
+    result = TrainResult(summary)
+    result.rows = history
+    return result
 
 
 def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_iter: int, run_dir: Path) -> None:

@@ -57,9 +57,11 @@ def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + summary["iterations"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tmp_path, sig):
-    overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every=400"]
+@pytest.mark.parametrize("sig, policy", [(signal.SIGINT, []), (signal.SIGTERM, []),
+                                         (signal.SIGINT, ["policy.name=single_learner_coarse", "policy.actors=2"])])
+def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tmp_path, sig, policy):
+    overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every=400",
+                 *policy]
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *overrides, "--run-dir", str(run)],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -116,3 +118,15 @@ def test_feedback_without_a_terminal_and_debug_tracebacks(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert quiet.returncode == debug.returncode == 2 and "does not exist" in quiet.stderr
     assert "Traceback" not in quiet.stderr and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_train_takes_sections_or_a_dict_and_returns_the_rows(tmp_path):
+    result = msrl.train(CARTPOLE, run={"total_env_steps": 2048, "progress": False, "tensorboard": False},
+                        run_dir=tmp_path / "a")
+    assert result["iterations"] == 4 and [r["iteration"] for r in result.rows] == [1, 2, 3, 4]
+    assert {"env_steps", "episode_return", "sps", "loss"} <= set(result.rows[0])
+    config = {"algorithm": {"name": "ppo", "rollout_len": 32}, "env": {"id": "gymnax:CartPole-v1", "num_envs": 2},
+              "run": {"total_env_steps": 256, "progress": False, "tensorboard": False}}
+    assert msrl.train(config, policy={"name": "single_learner_coarse", "actors": 2},
+                      run_dir=tmp_path / "b")["policy"] == "single_learner_coarse"
+    assert "policy" not in config  # the caller's dict is not changed
