@@ -1,7 +1,10 @@
 """Checkpoints: a runtime's whole state (learner, actors, environments, buffers, keys) plus counters.
 
-One file per checkpoint, ``RUN_DIR/checkpoints/ckpt_<iteration>.msgpack``, written atomically with flax's
-msgpack (arrays and plain values only: loading never unpickles anything). Each replica's component
+One file per checkpoint, ``RUN_DIR/checkpoints/ckpt_<iteration>.msgpack``, written atomically (temp file,
+fsync, rename) with flax's msgpack (arrays and plain values only: loading never unpickles anything). The
+file holds the serialized states and meta as one ``payload`` beside its sha256 and the config's hash;
+:func:`load` refuses a file whose checksum does not match or whose learner state holds a non-finite
+float, and :func:`latest_good` falls back from such a file to the newest older one that loads. Each replica's component
 state is stored as its list of leaves under ``fragment/replica/component``; loading puts them back into the
 structure of a freshly built runtime of the same config (or, for evaluation, of a fresh learner), checking
 shape and dtype leaf by leaf. Leaves that are not arrays (a host environment's simulator objects) are not
@@ -10,7 +13,11 @@ stored: a resumed run takes them fresh from the new runtime.
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,52 +26,118 @@ import numpy as np
 
 from msrl.errors import ConfigError, TrainingError
 
-FORMAT = 1
+FORMAT = 2  # 2: {"format", "sha256", "config_hash", "payload": msgpack({"meta", "states"})}; 1: no checksum
 # run keys that may change between a run and its resumption
 RESUMABLE_RUN_KEYS = {"total_env_steps", "iterations_per_dispatch", "progress", "tensorboard", "compile_cache",
                       "checkpoint_every", "keep_checkpoints"}
+CHECKED = ("learner", "params")  # components whose float leaves must be finite in a usable checkpoint
 
 
 def _storable(x: Any) -> bool:
     return isinstance(x, (np.ndarray, np.generic, jax.Array, bool, int, float))
 
 
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of a config dict (as JSON with sorted keys)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder (fsync, then rename), so ``path``
+    holds either its old content or the new one, never a part. A full disk is a :class:`TrainingError`
+    ("disk full writing PATH") and leaves no temp file behind."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise TrainingError(f"disk full writing {path}") from None
+        raise
+
+
 def save(run_dir: Path, snapshot: dict[str, list[dict[str, Any]]], meta: dict[str, Any], keep: int = 3) -> Path:
     """Write a runtime snapshot (fragment -> replicas -> component -> state) and ``meta`` (JSON-like) as the
-    checkpoint of ``meta['iteration']``; each component's state is stored as its list of leaves."""
+    checkpoint of ``meta['iteration']``; each component's state is stored as its list of leaves. Temp files
+    left by an earlier save that died are removed first."""
     from flax import serialization
 
     states = {f"{frag}/{r}/{comp}": [np.asarray(x) if _storable(x) else None for x in jax.tree.leaves(state)]
               for frag, replicas in snapshot.items() for r, comps in enumerate(replicas) for comp, state in comps.items()}
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("ckpt_*.tmp"):
+        stale.unlink(missing_ok=True)
     path = folder / f"ckpt_{meta['iteration']:09d}.msgpack"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(serialization.msgpack_serialize({"format": FORMAT, "meta": meta, "states": states}))
-    os.replace(tmp, path)
+    payload = serialization.msgpack_serialize({"meta": meta, "states": states})
+    write_atomic(path, serialization.msgpack_serialize({
+        "format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(),
+        "config_hash": config_hash(meta.get("config", {})), "payload": payload}))
     for old in sorted(folder.glob("ckpt_*.msgpack"))[:-keep]:
         old.unlink()
     return path
 
 
 def latest(run_dir: Path) -> Path | None:
+    """The newest checkpoint file of a run (whether it loads or not: see :func:`latest_good`)."""
     found = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.msgpack"))
     return found[-1] if found else None
 
 
+def latest_good(run_dir: Path, quiet: bool = False) -> tuple[Path, dict[str, list[Any]], dict[str, Any]] | None:
+    """The newest checkpoint that :func:`load` accepts, with its states and meta; None if the run has no
+    checkpoint. Each newer one that is corrupt or non-finite is skipped with a warning on stderr naming it,
+    why, and the one used instead (``quiet``: no warning). If none loads: a :class:`TrainingError` naming each."""
+    found = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.msgpack"), reverse=True)
+    bad: list[str] = []
+    for path in found:
+        try:
+            states, meta = load(path)
+        except TrainingError as e:
+            bad.append(str(e))
+            continue
+        if bad and not quiet:
+            for reason in bad:
+                print(f"msrl: warning: skipping checkpoint {reason}", file=sys.stderr, flush=True)
+            print(f"msrl: warning: using the newest good checkpoint instead: {path}", file=sys.stderr, flush=True)
+        return path, states, meta
+    if bad:
+        raise TrainingError(f"no usable checkpoint in {Path(run_dir) / 'checkpoints'}: " + "; ".join(bad))
+    return None
+
+
 def load(path: Path) -> tuple[dict[str, list[Any]], dict[str, Any]]:
-    """The stored component states (as leaf lists) and meta of a checkpoint file (refused unless it is an
-    msrl checkpoint)."""
+    """The stored component states (as leaf lists) and meta of a checkpoint file. Refused (a
+    :class:`TrainingError`) unless it is an msrl checkpoint whose checksum matches and whose learner and
+    policy-parameter leaves are all finite."""
     from flax import serialization
 
     try:
         data = serialization.msgpack_restore(Path(path).read_bytes())
+        if isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("payload"), bytes):
+            if hashlib.sha256(data["payload"]).hexdigest() != data.get("sha256"):
+                raise TrainingError(f"{path} is corrupt (its sha256 checksum does not match its content)")
+            data = serialization.msgpack_restore(data["payload"])
+        elif isinstance(data, dict) and data.get("format") == 1:  # written before checksums
+            data.pop("format")
+    except TrainingError:
+        raise
     except Exception as e:  # noqa: BLE001 - any decoding failure means the same thing to the user
         raise TrainingError(f"{path} is not an msrl checkpoint (it does not decode as msgpack: {e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("states"), dict):
+    if not isinstance(data, dict) or set(data) != {"meta", "states"} or not isinstance(data["states"], dict):
         raise TrainingError(f"{path} is not an msrl checkpoint (format {FORMAT})")
     # msgpack_restore turns lists into {"0": ..., "1": ...}
     states = {k: [v[str(i)] for i in range(len(v))] if isinstance(v, dict) else v for k, v in data["states"].items()}
+    for key, leaves in states.items():
+        if key.rsplit("/", 1)[-1] in CHECKED:
+            for i, x in enumerate(leaves):
+                if isinstance(x, np.ndarray) and x.dtype.kind in "fc" and not np.isfinite(x).all():
+                    raise TrainingError(f"{path} holds non-finite values (state {key!r}, array {i})")
     return states, data["meta"]
 
 

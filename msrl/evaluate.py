@@ -18,18 +18,21 @@ from msrl.registry import ALGORITHMS
 
 MAX_STEPS = 100_000
 MAX_FRAMES = 1_000
+MAX_EPISODES = 100_000  # episodes run side by side: more would not fit in memory
 
 
 def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
-    """The run's config, algorithm and policy parameters from its latest checkpoint."""
+    """The run's config, algorithm and policy parameters from its newest good checkpoint (a corrupt or
+    non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
-    path = checkpoint.latest(run_dir)
-    if path is None:
+    good = checkpoint.latest_good(run_dir)
+    if good is None:
         raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every > 0)")
+    path, states, meta = good
+    meta = {**meta, "checkpoint": str(path)}
     cfg = load_config(run_dir / "config.yaml")
-    states, meta = checkpoint.load(path)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
                   total_env_steps=cfg.run.total_env_steps,
@@ -72,6 +75,9 @@ def load(run_dir: str | Path) -> TrainedPolicy:
 
 
 def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None = None, seed: int = 0) -> dict:
+    """Mean and std of the greedy policy's return over ``episodes`` (1..MAX_EPISODES) fresh episodes."""
+    if not 1 <= episodes <= MAX_EPISODES:
+        raise ConfigError("--episodes", f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir))
     greedy = jax.jit(algorithm.actor.greedy)
     step = jax.jit(env.step) if env.jittable else env.step
@@ -85,7 +91,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
         if finished.all():
             break
     env.close(state)
-    out = {"checkpoint": str(checkpoint.latest(Path(run_dir))), "iteration": meta["iteration"],
+    out = {"checkpoint": meta["checkpoint"], "iteration": meta["iteration"],
            "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std())}
     if render is not None:
         out["frames"] = _render(cfg.env.id, cfg.env.kwargs, greedy, params, Path(render), seed)

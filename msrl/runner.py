@@ -213,10 +213,10 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     elif overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
     if resume:  # refuse before building anything
-        path = checkpoint.latest(run_dir) if run_dir is not None else None
-        if path is None:
+        good = checkpoint.latest_good(run_dir) if run_dir is not None else None
+        if good is None:
             raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from")
-        states, meta = checkpoint.load(path)
+        path, states, meta = good
         checkpoint.check_same_config(meta["config"], cfg.dump(), path)
     run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
     prepare_run_dir(run_dir, resume, overwrite)
@@ -347,5 +347,9 @@ def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[
 
 
 def _last_good(run_dir: Path) -> str:
-    path = checkpoint.latest(run_dir)
-    return f" (last good checkpoint: {path})" if path else ""
+    """The NaN guard's pointer to the newest checkpoint that loads (checksum and finite values checked)."""
+    try:
+        good = checkpoint.latest_good(run_dir, quiet=True)
+    except TrainingError:
+        return " (no good checkpoint)"
+    return f" (last good checkpoint: {good[0]})" if good else ""

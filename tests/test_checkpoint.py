@@ -124,3 +124,73 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     image = imread(frames[0])
     assert len(frames) >= 2 and image.shape[0] > 0 and image.std() > 0
     assert (tmp_path / "frames" / "episode.gif").stat().st_size > 0
+
+
+def _spoil(path: Path, how: str) -> None:
+    """Flip 1000 payload bytes of a checkpoint, or rewrite it (checkpoint.save) with NaN learner leaves."""
+    if how == "flip":
+        data = bytearray(path.read_bytes())
+        for i in range(len(data) // 2, len(data) // 2 + 1000):
+            data[i] ^= 0xFF
+        path.write_bytes(bytes(data))
+        return
+    states, meta = checkpoint.load(path)
+    snap: dict = {}
+    for key, leaves in sorted(states.items()):
+        frag, r, comp = key.split("/")
+        if comp == "learner":
+            leaves = [np.full_like(x, np.nan) if x.dtype.kind == "f" else x for x in leaves]
+        snap.setdefault(frag, [{} for _ in range(int(r) + 1)])[int(r)][comp] = leaves
+    checkpoint.save(path.parent.parent, snap, meta, keep=3)
+
+
+@pytest.mark.parametrize("how, why", [("flip", "corrupt"), ("nan", "non-finite")])
+def test_a_bad_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, capsys, how, why):
+    from msrl.cli import main
+    from msrl.runner import _last_good
+
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every=5"], run_dir=tmp_path)
+    newest, older = tmp_path / "checkpoints" / "ckpt_000000010.msgpack", tmp_path / "checkpoints" / "ckpt_000000005.msgpack"
+    _spoil(newest, how)
+    with pytest.raises(msrl.TrainingError, match=why):
+        checkpoint.load(newest)
+    assert _last_good(tmp_path) == f" (last good checkpoint: {older})"  # what the NaN guard would name
+
+    assert main(["eval", str(tmp_path), "--episodes", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{older}, iteration 5)" in out
+    assert f"skipping checkpoint {newest}" in err and why in err and f"instead: {older}" in err
+
+    summary = train(None, [], run_dir=tmp_path, resume=True)  # continues from iteration 5, saying so
+    assert f"skipping checkpoint {newest}" in capsys.readouterr().err
+    assert summary["iterations"] == 10 and checkpoint.load(newest)[1]["iteration"] == 10
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 11))
+
+    _spoil(newest, how)
+    _spoil(older, how)  # none good: a clear error, and the NaN guard names none
+    for bad in sorted((tmp_path / "checkpoints").glob("*.msgpack"))[:-2]:
+        bad.unlink()
+    with pytest.raises(msrl.TrainingError, match="no usable checkpoint"):
+        train(None, [], run_dir=tmp_path, resume=True)
+    assert main(["eval", str(tmp_path)]) == 2 and "no usable checkpoint" in capsys.readouterr().err
+    assert _last_good(tmp_path) == " (no good checkpoint)"
+
+
+def test_save_removes_stale_temp_files_and_a_full_disk_leaves_none(tmp_path, monkeypatch):
+    import errno
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "ckpt_000000003.msgpack.tmp").write_bytes(b"left by a killed save")
+    snap = {"learner": [{"learner": {"w": np.ones(3, np.float32)}}]}
+    checkpoint.save(tmp_path, snap, {"iteration": 4, "config": {}})
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt_000000004.msgpack"]
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # the disk fills up while the checkpoint is written
+    with pytest.raises(msrl.TrainingError, match=r"disk full writing .*ckpt_000000005\.msgpack"):
+        checkpoint.save(tmp_path, snap, {"iteration": 5, "config": {}})
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt_000000004.msgpack"]
