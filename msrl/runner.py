@@ -52,12 +52,11 @@ class _Logger:
         if resume_at is not None and (run_dir / "metrics.csv").exists():  # drop rows after the checkpoint
             with open(run_dir / "metrics.csv", newline="") as f:
                 kept = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_at]
-        self.csv_file = open(run_dir / "metrics.csv", "w", newline="")
+            rewrite_csv(run_dir / "metrics.csv", kept)
+        self.csv_file = open(run_dir / "metrics.csv", "a" if resume_at is not None else "w", newline="")
         self.writer: csv.DictWriter | None = None
         if kept:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
-            self.writer.writeheader()
-            self.writer.writerows(kept)
         self.tb = None
         if cfg.run.tensorboard:
             from tensorboardX import SummaryWriter
@@ -108,6 +107,19 @@ class _Logger:
         if self.tb is not None:
             self.tb.close()
         self.csv_file.close()
+
+
+def rewrite_csv(path: Path, rows: list[dict]) -> None:
+    """Replace a CSV file by ``rows`` (header from the first) atomically: a kill at any moment leaves either
+    the old file or the new one (a resumed run then appends to it)."""
+    import io
+
+    text = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    checkpoint.write_atomic(path, text.getvalue().encode())
 
 
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb")  # what a run directory holds
@@ -202,7 +214,10 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     run in ``run_dir`` (a used run directory is refused otherwise). ``on_iteration(row)`` is called with
     every metrics row; when it returns true the run stops after the iterations already started
     (``summary["stopped_early"]``). SIGINT/SIGTERM stop it the same way, then checkpoint, write the summary
-    and raise :class:`msrl.errors.Interrupted` naming the command that resumes it."""
+    and raise :class:`msrl.errors.Interrupted` naming the command that resumes it.
+    A resume whose ``run.total_env_steps`` is less than its checkpoint's env steps is refused (a ConfigError
+    naming ``run.total_env_steps``); exactly as many finishes at once, with the checkpoint's summary.
+    metrics.csv is cut back to the checkpoint by an atomic replace, and summary.json is written atomically."""
     if cfg is None and resume and run_dir is not None:
         cfg = Path(run_dir) / "config.yaml"
         if not cfg.is_file():
@@ -218,6 +233,10 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
             raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from")
         path, states, meta = good
         checkpoint.check_same_config(meta["config"], cfg.dump(), path)
+        if cfg.run.total_env_steps < meta["env_steps"]:  # its summary would contradict the checkpoint
+            raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than the "
+                              f"{meta['env_steps']} env steps the checkpoint {path} already holds; resume with "
+                              f"at least {meta['env_steps']} (that many finishes at once)")
     run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
     prepare_run_dir(run_dir, resume, overwrite)
     try:
@@ -306,7 +325,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         "policy": cfg.policy.name,
         "backend": cfg.policy.backend,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    checkpoint.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
     if signals.received:
         from msrl.errors import Interrupted
 

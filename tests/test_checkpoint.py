@@ -194,3 +194,39 @@ def test_save_removes_stale_temp_files_and_a_full_disk_leaves_none(tmp_path, mon
     with pytest.raises(msrl.TrainingError, match=r"disk full writing .*ckpt_000000005\.msgpack"):
         checkpoint.save(tmp_path, snap, {"iteration": 5, "config": {}})
     assert sorted(p.name for p in folder.iterdir()) == ["ckpt_000000004.msgpack"]
+
+
+KILL_IN_REWRITE = """
+import os, signal, sys
+from msrl.runner import train
+
+real = os.replace
+def replace(src, dst):  # SIGKILL between writing the cut metrics.csv and putting it in place
+    if str(dst).endswith("metrics.csv"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(src, dst)
+os.replace = replace
+train(None, [], run_dir=sys.argv[1], resume=True)
+"""
+
+
+def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path):
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every=5", "run.compile_cache=false"],
+          run_dir=tmp_path)
+    (tmp_path / "checkpoints" / "ckpt_000000010.msgpack").unlink()  # resume from 5: rows 6-10 are cut
+    before = (tmp_path / "metrics.csv").read_text()
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_REWRITE, str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (tmp_path / "metrics.csv").read_text() == before  # untouched: the cut copy was never put in place
+    assert (tmp_path / "metrics.csv.tmp").exists()
+    summary = train(None, [], run_dir=tmp_path, resume=True)
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert rows[0] == before.splitlines()[0] and [int(r.split(",")[0]) for r in rows[1:]] == list(range(1, 11))
+    assert summary["iterations"] == 10 and not (tmp_path / "metrics.csv.tmp").exists()
+
+    with pytest.raises(msrl.ConfigError, match=r"run\.total_env_steps: 2048 is less than the 5120 env steps"):
+        train(None, ["run.total_env_steps=2048"], run_dir=tmp_path, resume=True)
+    same = train(None, [], run_dir=tmp_path, resume=True)  # nothing left to do: finishes at once, agreeing
+    assert same["iterations"] == 10 and same["env_steps"] == 5120 == checkpoint.load(
+        checkpoint.latest(tmp_path))[1]["env_steps"]
+    assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 11
