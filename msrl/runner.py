@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import yaml
 
-from msrl import checkpoint
+from msrl import checkpoint, resources
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, load_config
 from msrl.envs import make_env
@@ -204,6 +204,7 @@ def _dotted(prefix: str, value: Any) -> list[str]:
     return [f"{prefix}={json.dumps(value) if not isinstance(value, str) else value}"]
 
 
+@resources.mapped
 def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
           resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
           **sections: Any) -> TrainResult:
@@ -243,8 +244,14 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError("--run-dir", f"cannot create {run_dir}: {e.strerror}") from None
+    resources.check_writable(run_dir)
     if cfg.run.compile_cache:
-        enable_compile_cache(os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache"))
+        cache = os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache")
+        try:
+            enable_compile_cache(cache)
+        except OSError as e:
+            raise ConfigError("run.compile_cache", f"cannot create the compile cache {cache}: {e.strerror}; set "
+                              "run.compile_cache=false or MSRL_COMPILE_CACHE=DIR") from None
 
     from msrl.runtime.session import Session
 
@@ -259,6 +266,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     # several iterations per dispatch, but at least ~10 progress updates in a run
     auto = max(1, min(TARGET_STEPS_PER_DISPATCH // steps_per_iter, iterations // 10))
     per_dispatch = min(cfg.run.iterations_per_dispatch or auto, iterations)
+    resources.check_memory(program, cfg)  # before anything is allocated
     replicas = sum(f.spec.replicas for f in program.fragments.values())
     stage(f"starting the {cfg.policy.backend} backend: {replicas} replica{'s' if replicas > 1 else ''} of "
           f"{', '.join(f'{f.name} x{f.spec.replicas}' for f in program.fragments.values())}"
@@ -309,8 +317,10 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
                     "episode_return": last_return, "config": cfg.dump()})
     finally:
         signals.__exit__()
-        logger.close()
-        session.close()
+        try:
+            logger.close()  # may fail (a full disk): the session closes all the same
+        finally:
+            session.close()
     elapsed = time.perf_counter() - start
     summary = {
         "env_steps": session.iteration * steps_per_iter,

@@ -116,3 +116,74 @@ def test_chaos_random_actor_kills_every_few_seconds():
             assert all(np.isfinite(r["loss"]) for r in rows)
         finally:
             stop.set()
+
+
+def _unwritable_dir(tmp_path: Path) -> Path | None:
+    """An empty directory this process cannot write to (root ignores permissions: sysfs then), or None."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    for candidate in (folder, Path("/sys/kernel/software_nodes")):
+        try:
+            (candidate / "probe").write_bytes(b"")
+            (candidate / "probe").unlink()
+        except OSError:
+            if candidate.is_dir() and not any(candidate.iterdir()):
+                return candidate
+    return None
+
+
+def test_a_bad_run_dir_is_refused_before_anything_compiles(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    cases = [(tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "cannot create"),
+             (_unwritable_dir(tmp_path), "is not writable")]
+    for run_dir, text in cases:
+        if run_dir is None:
+            continue  # pragma: no cover - no unwritable directory on this machine
+        with pytest.raises(msrl.ConfigError, match=text) as info:
+            train(EXAMPLES / "ppo_cartpole.yaml", ["run.tensorboard=false"], run_dir=run_dir)
+        assert info.value.key == "--run-dir" and "compiling" not in capsys.readouterr().err
+    assert cases[2][0] is not None or os.geteuid() != 0
+
+
+@pytest.mark.parametrize("example, overrides, key", [
+    ("dqn_cartpole.yaml", ["env.id=gymnax:Breakout-MinAtar", "algorithm.buffer_size=2e9"], "algorithm.buffer_size"),
+    ("ppo_cartpole.yaml", ["env.id=gymnax:Breakout-MinAtar", "env.num_envs=10000000", "run.total_env_steps=2e9"],
+     "env.num_envs"),
+])
+def test_a_program_larger_than_memory_is_refused_before_allocating(tmp_path, capsys, example, overrides, key):
+    with pytest.raises(msrl.ConfigError, match=r"needs about [\d.,]+ [GT]B \([\d,]+ bytes: .*are free; lower") as info:
+        train(EXAMPLES / example, ["run.tensorboard=false", *overrides], run_dir=tmp_path)
+    assert info.value.key == key and "starting the" not in capsys.readouterr().err  # no backend started
+
+
+def test_out_of_memory_and_a_full_disk_are_one_line_errors(tmp_path):
+    import errno
+
+    from msrl.resources import resource_errors
+
+    with pytest.raises(msrl.TrainingError, match=r"out of memory \(.*\); lower env\.num_envs / algorithm\.buffer_size"):
+        with resource_errors(tmp_path):
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 80000000000 bytes.")
+    with pytest.raises(msrl.TrainingError, match="out of memory"), resource_errors(tmp_path):
+        raise MemoryError
+    with pytest.raises(ValueError, match="other"), resource_errors(tmp_path):  # anything else as it was
+        raise ValueError("other")
+
+    # a real full disk: summary.json's temp file leads to /dev/full (ENOSPC on write)
+    train(EXAMPLES / "ppo_cartpole.yaml", [*QUIET[:2], "run.total_env_steps=1024", "run.checkpoint_every=1"],
+          run_dir=tmp_path / "run")
+    (tmp_path / "run" / "summary.json").unlink()
+    (tmp_path / "run" / "summary.json.tmp").symlink_to("/dev/full")
+    with pytest.raises(msrl.TrainingError, match=r"^disk full writing .*summary\.json$"):
+        train(None, [], run_dir=tmp_path / "run", resume=True)
+    assert not (tmp_path / "run" / "summary.json.tmp").exists() and not (tmp_path / "run" / "summary.json").exists()
+    assert errno.ENOSPC == 28
+
+
+@pytest.mark.parametrize("episodes", ["0", "-1", "100001"])
+def test_eval_refuses_a_number_of_episodes_out_of_range(tmp_path, capsys, episodes):
+    from msrl.cli import main
+
+    assert main(["eval", str(tmp_path), "--episodes", episodes]) == 2
+    assert f"--episodes: must be between 1 and 100,000, got {episodes}" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""Resource checks: the run directory is writable and the program's memory fits, checked before anything
+compiles or allocates; out-of-memory and full-disk errors at run time become one-line TrainingErrors."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from msrl.errors import ConfigError, TrainingError
+
+OOM_HINT = "lower env.num_envs / algorithm.buffer_size"
+
+
+def check_writable(run_dir: Path) -> None:
+    """``--run-dir`` must be a directory msrl can write (a probe file is created and removed)."""
+    probe = Path(run_dir) / f".msrl_probe_{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError("--run-dir", f"{run_dir} is not writable: {e.strerror}") from None
+
+
+def _nbytes(tree: Any) -> int:
+    import jax
+    import numpy as np
+
+    return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype"))
+
+
+def available_bytes() -> int:
+    """Free memory of the default device: an accelerator's own, else the host's (psutil)."""
+    import jax
+    import psutil
+
+    device = jax.devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return int(psutil.virtual_memory().available)
+
+
+def memory_estimate(program: Any) -> dict[str, int]:
+    """Bytes the program holds, from shapes only (nothing is allocated): each component's state for all
+    environments, and ``"values"``, the largest value the loop computes (a rollout, a sampled batch)."""
+    import jax
+    import jax.numpy as jnp
+
+    from msrl.compiler import COMPONENTS
+
+    components = {**program.components, "env": program.env.shape_stand_in(), "learner": program.algorithm.learner}
+    names = [c for c in COMPONENTS if components.get(c) is not None]
+    states = jax.eval_shape(lambda: program.init_states(names, 0, jnp.arange(program.num_envs), components=components))
+    out = {c: _nbytes(states[c]) for c in names}
+    out["values"] = max((_nbytes(v) for v in program.shapes.values()), default=0)
+    return out
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:,.1f} {unit}"
+        n /= 1024
+    return ""  # pragma: no cover
+
+
+def check_memory(program: Any, cfg: Any) -> None:
+    """Refuse a config whose states and largest value need more memory than is free, naming the key that
+    sets the biggest part: ``algorithm.buffer_size`` (a replay buffer) or ``env.num_envs``."""
+    parts = memory_estimate(program)
+    need, free = sum(parts.values()), available_bytes()
+    if need <= free:
+        return
+    key = "algorithm.buffer_size" if parts.get("buffer", 0) * 2 >= need and "buffer_size" in type(
+        cfg.algorithm).model_fields else "env.num_envs"
+    value = cfg.algorithm.buffer_size if key == "algorithm.buffer_size" else cfg.env.num_envs
+    raise ConfigError(key, f"{value:,} needs about {_size(need)} ({need:,} bytes: "
+                      + ", ".join(f"{k} {_size(v)}" for k, v in parts.items() if v)
+                      + f"), but {_size(free)} are free; lower {key}")
+
+
+@contextlib.contextmanager
+def resource_errors(run_dir: Path) -> Iterator[None]:
+    """Out of memory (MemoryError, XLA's RESOURCE_EXHAUSTED) and a full disk while training, as one-line
+    TrainingErrors."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - anything else is re-raised as it is
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise TrainingError(f"disk full writing {e.filename or run_dir}") from None
+        if any(isinstance(x, MemoryError) or (x is not None and "RESOURCE_EXHAUSTED" in str(x))
+               for x in (e, e.__cause__, e.__context__)):
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise TrainingError(f"out of memory ({first[:300]}); {OOM_HINT}") from None
+        raise
+
+
+def mapped(fn: Any) -> Any:
+    """``fn`` (``train``) with :func:`resource_errors` around the whole call."""
+    import functools
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with resource_errors(kwargs.get("run_dir") or "the run directory"):
+            return fn(*args, **kwargs)
+
+    return call
