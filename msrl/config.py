@@ -12,9 +12,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, quote
 from msrl.registry import ALGORITHMS, POLICIES
 
+MAX_YAML_VALUES = 100_000  # what a YAML text may expand to through anchors and aliases (a "billion laughs")
 INT32_MAX = 2**31 - 1  # counts that become array sizes or indices (jax's default integers are int32)
 # what yaml.safe_load raises on bad input: PyYAML's own errors, and plain ones for a malformed explicit tag
 # (`!!int x`: ValueError, `!!bool x`: KeyError, `!!timestamp x`: AttributeError) or absurd nesting
@@ -77,7 +78,7 @@ def _check_keys(data: dict | list, prefix: str, inside: tuple[int, ...] = ()) ->
     for k, v in data.items() if isinstance(data, dict) else enumerate(data):
         path = f"{prefix}.{_name(k) if isinstance(data, dict) else k}"
         if isinstance(data, dict) and not isinstance(k, str):
-            raise ConfigError(path, f"keys must be strings, got {type(k).__name__} {k!r}")
+            raise ConfigError(path, f"keys must be strings, got {type(k).__name__} {quote(k)}")
         if isinstance(v, (dict, list)):
             if id(v) in inside:
                 raise ConfigError(path, "contains itself (a YAML alias of an enclosing anchor)")
@@ -95,7 +96,7 @@ def _integral(value: Any) -> int | None:
 
 def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {data!r}")
+        raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {quote(data)}")
     _no_bools_for_numbers(model, data, prefix)
     try:
         return model.model_validate(data)
@@ -110,7 +111,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         if err["type"] == "extra_forbidden":
             msg = f"unknown key; allowed keys: {', '.join(model.model_fields)}"
         elif "input" in err and err["type"] != "missing":
-            msg += f" (got {err['input']!r})"
+            msg += f" (got {quote(err['input'])})"
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         if field is not None and field.description and err["type"] != "extra_forbidden":
             msg += f" — {field.description}"
@@ -126,10 +127,10 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(_name(unknown[0]), f"unknown key; allowed keys: {', '.join(_SECTIONS)}")
     for section in _SECTIONS:
         if data.get(section) is not None and not isinstance(data[section], dict):
-            raise ConfigError(section, f"must be a mapping of keys, got {data[section]!r} "
-                              f"(write `{section}: {{name: {data[section]}}}`)"
+            raise ConfigError(section, f"must be a mapping of keys, got {quote(data[section])} "
+                              f"(write `{section}: {{name: {quote(data[section])[1:-1]}}}`)"
                               if section in ("algorithm", "policy") and isinstance(data[section], str)
-                              else f"must be a mapping of keys, got {data[section]!r}")
+                              else f"must be a mapping of keys, got {quote(data[section])}")
         if data.get(section) is not None:
             _check_keys(data[section], section)
     algo = dict(data.get("algorithm") or {})
@@ -156,7 +157,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not sep or not key:
             raise ConfigError(key or repr(item), "overrides are written KEY.PATH=VALUE (e.g. run.seed=1)")
         try:
-            value = yaml.safe_load(raw) if raw else ""
+            value = yaml.load(raw, Loader=_StrictLoader) if raw else ""
+        except ConfigError as e:  # a key written twice, or too many values through aliases
+            raise ConfigError(".".join(filter(None, [key, e.key])), e.message) from None
         except _YAML_ERRORS:
             value = raw
         parts = key.split(".")
@@ -166,7 +169,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for i, part in enumerate(parts[:-1]):
             nxt = node.setdefault(part, {})
             if not isinstance(nxt, dict):
-                raise ConfigError(".".join(parts[: i + 1]), f"is {nxt!r}, not a section; cannot set {key}")
+                raise ConfigError(".".join(parts[: i + 1]), f"is {quote(nxt)}, not a section; cannot set {key}")
             node = nxt
         if parts[0] == "policy" and parts[-1] == "name" and len(parts) == 2 and node.get("name") != value:
             # switching policy: keys that belong to the old policy would be unknown to the new one
@@ -176,8 +179,39 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _expanded(node: Any, memo: dict[int, int], open_: set[int]) -> int:
+    """How many values a YAML node stands for once its aliases are expanded (stops counting past
+    ``MAX_YAML_VALUES``; a node inside itself counts once: validation reports it)."""
+    if id(node) in memo or id(node) in open_:
+        return memo.get(id(node), 1)
+    open_.add(id(node))
+    children = [x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode) else \
+        node.value if isinstance(node, yaml.SequenceNode) else []
+    n = 1
+    for child in children:
+        n += _expanded(child, memo, open_)
+        if n > MAX_YAML_VALUES:
+            break
+    open_.discard(id(node))
+    memo[id(node)] = n
+    return n
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key written twice in one mapping is an error (not "the last one wins")."""
+    """PyYAML's safe loader, but a key written twice in one mapping is an error (not "the last one wins"),
+    and a text that expands to more than ``MAX_YAML_VALUES`` values through aliases is refused before
+    anything is built, naming the key that holds the most of them."""
+
+    def construct_document(self, node: Any) -> Any:
+        memo: dict[int, int] = {}
+        if _expanded(node, memo, set()) > MAX_YAML_VALUES:
+            path = []
+            while isinstance(node, yaml.MappingNode) and node.value:  # down to the biggest part
+                key, node = max(node.value, key=lambda kv: _expanded(kv[1], memo, set()))
+                path.append(_name(key.value) if isinstance(key, yaml.ScalarNode) else "?")
+            raise ConfigError(".".join(path), f"holds more than {MAX_YAML_VALUES:,} values once its YAML "
+                              "anchors and aliases (&name, *name) are expanded; shorten it")
+        return super().construct_document(node)
 
     def construct_mapping(self, node: Any, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}

@@ -39,3 +39,15 @@ class TrainingError(MsrlError):
 
 class Interrupted(MsrlError):
     """Training was stopped by SIGINT or SIGTERM after saving a checkpoint and the summary."""
+
+
+def quote(value: object, limit: int = 200) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters with "…" (a huge value is
+    never rendered whole: containers are abbreviated as they are written)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = short.maxlong = limit
+    short.maxlevel, short.maxdict, short.maxlist, short.maxtuple, short.maxset = 4, 12, 12, 12, 12
+    text = short.repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"

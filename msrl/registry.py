@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, quote
 
 
 class Registry:
@@ -33,12 +33,12 @@ class Registry:
 
     def get(self, name: str) -> Any:
         if not isinstance(name, str):
-            raise ConfigError(self.key, f"must be the name of a {self.noun} (a string), got {name!r}; "
+            raise ConfigError(self.key, f"must be the name of a {self.noun} (a string), got {quote(name)}; "
                               f"available: {', '.join(self.names())}")
         if name not in self._items:
             ep = self._entry_points().get(name)
             if ep is None:
-                raise ConfigError(self.key, f"unknown {self.noun} {name!r}; available: {', '.join(self.names())}")
+                raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; available: {', '.join(self.names())}")
             self.register(name)(ep.load())
         return self._items[name]
 

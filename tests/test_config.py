@@ -90,3 +90,30 @@ def test_duplicate_keys_booleans_for_numbers_and_non_finite_floats_are_refused(t
     with pytest.raises(msrl.ConfigError, match="algorithm.lr: Input should be a finite number"):
         load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.lr=.inf"])
     assert load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.anneal_lr=false"]).algorithm.anneal_lr is False
+
+
+LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+    f'{c}: &{c} [{", ".join(["*" + p] * 9)}]\n' for p, c in zip("abcdefgh", "bcdefghi"))  # 9**9 strings
+
+
+def test_a_billion_laughs_is_refused_at_once_and_quoted_values_are_cut(tmp_path):
+    import time
+
+    config = tmp_path / "laughs.yaml"
+    config.write_text("algorithm: {name: ppo}\nenv:\n  kwargs:\n" + "".join(f"    {line}\n" for line in LAUGHS.splitlines()))
+    assert len(config.read_bytes()) < 600
+    inline = "{" + ", ".join(LAUGHS.splitlines()) + "}"
+    t0 = time.perf_counter()
+    for source, overrides in [(config, []), (EXAMPLES / "ppo_cartpole.yaml", [f"env.kwargs={inline}"])]:
+        with pytest.raises(msrl.ConfigError, match="holds more than 100,000 values once its YAML anchors and aliases") as info:
+            load_config(source, overrides)
+        assert info.value.key == "env.kwargs.i"
+    assert time.perf_counter() - t0 < 5  # nothing was expanded
+    small = load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.kwargs={a: &x [1, 2], b: *x}"])  # aliases still work
+    assert small.env.kwargs == {"a": [1, 2], "b": [1, 2]}
+
+    for override in ["run.seed=" + "x" * 1_000_000, "algorithm.name=[" + "1, " * 2_000 + "1]",
+                     "run={seed: [" + "[" * 50 + "]" * 50 + "]}"]:
+        with pytest.raises(msrl.ConfigError) as info:
+            load_config(EXAMPLES / "ppo_cartpole.yaml", [override])
+        assert len(str(info.value)) < 500 and ("…" in str(info.value) or "..." in str(info.value)), str(info.value)

@@ -844,6 +844,24 @@ def test_fuzz_found_loop(tmp_path, cartpole, body, error):
         assert err is not None and error in str(err), str(err)
 
 
+@pytest.mark.parametrize("ret, key, shape", [
+    ("return {'loss': jnp.zeros(()), 'per_env': reward}", "per_env", "[4]"),  # were averaged into one number
+    ("return reward", "result", "[4]"),
+    ("return {'loss': {'a': reward.sum(), 'b': reward.mean()}}", "loss", "a tree of 2 arrays"),
+])
+def test_a_metric_that_is_not_a_scalar_is_a_compile_error(tmp_path, cartpole, ret, key, shape):
+    _, err = compile_source(tmp_path, module_source(LOOP + [ret]), Fused(), cartpole)
+    assert err is not None and f"returns metric {key!r} of shape {shape}" in str(err), str(err)
+    assert err.line == module_source(LOOP + [ret]).splitlines().index("        " + ret) + 1
+
+
+def test_print_in_train_step_warns_at_compile_time(tmp_path, cartpole):
+    body = LOOP + ["print('reward', reward)"] + LEARN
+    with pytest.warns(UserWarning, match=r"print\(\) in .*runs once, while msrl traces the loop.*jax\.debug\.print"):
+        _, err = compile_source(tmp_path, module_source(body), Fused(), cartpole)
+    assert err is None, str(err)
+
+
 def test_fuzz_case_count():
     """Runs last: every fuzz test above ran (nearly) all the cases it asked hypothesis for, at least 500 in
     all, and the cases reached both sides of what each one checks (accepted and rejected inputs), so none

@@ -228,10 +228,26 @@ class Program:
             return fn(self.init_states(used, 0, jnp.arange(num_envs), lazy_buffer=True, components=components))
 
         try:
-            jax.eval_shape(probe)
+            _, result = jax.eval_shape(probe)
         except Exception as e:  # noqa: BLE001 - mapped to the user's line
             reraise_at_user_line(e, [lowered], "tracing")
+        self._check_metrics(result)
         return shapes, probe_buffer.item_spec if probe_buffer else None
+
+    def _check_metrics(self, result: Any) -> None:
+        """What the loop returns becomes the iteration's metrics row: each metric must be a scalar (an
+        array would be averaged into one number without a word)."""
+        items = result.items() if isinstance(result, dict) else [("result", result)]
+        for key, value in items:
+            shapes = [tuple(x.shape) for x in jax.tree.leaves(value) if hasattr(x, "shape")]
+            bad = next((shape for shape in shapes if shape != ()), None)
+            if bad is not None or len(shapes) > 1:
+                ret = next((s for s in leaves(self.stmts) if s.kind == "return"), None)
+                raise CompileError(
+                    f"{self.algorithm.__class__.__name__}.train_step returns metric {str(key)!r} of shape "
+                    f"{list(bad) if bad is not None else f'a tree of {len(shapes)} arrays'}; every metric is one "
+                    "number per iteration", ret.file if ret else None, ret.line if ret else None,
+                    "reduce it (jnp.mean(x), x.sum()) or return each number under its own key")
 
     def _env_axes(self) -> dict[tuple[str, str], list[int | None]]:
         """For every recorded value, the axis of each leaf that runs over environments (None: not batched

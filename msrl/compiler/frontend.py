@@ -15,6 +15,7 @@ import copy
 import inspect
 import itertools
 import textwrap
+import warnings
 from typing import Any, Callable
 
 from msrl.api import API, ApiSpec, api_spec
@@ -137,6 +138,11 @@ class Source:
             raise CompileError(f"{what} is not a function definition", file=file, line=code.co_firstlineno)
         self.fn, self.file, self.fdef = fn, file, fdef
         self.offset = code.co_firstlineno - 1  # the source starts at the first decorator, if any
+        for node in ast.walk(fdef):  # traced once: a print shows shapes while compiling, then never again
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                warnings.warn_explicit(f"print() in {what} runs once, while msrl traces the loop, not every "
+                                       "iteration; use jax.debug.print(...) to print values as it runs",
+                                       UserWarning, file, self.line(node))
         self.lines = text.splitlines()
         self.namespace: dict[str, Any] = dict(fn.__globals__)
         if fn.__closure__:
