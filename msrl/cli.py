@@ -278,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
+    if not getattr(args, "debug", False):  # jax logs a raising callback's traceback; the error says it in one line
+        import logging
+
+        logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
     try:
         for module in getattr(args, "imports", None) or []:
             import_user_module(module)

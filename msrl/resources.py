@@ -1,5 +1,5 @@
 """Resource checks: the run directory is writable and the program's memory fits, checked before anything
-compiles or allocates; out-of-memory and full-disk errors at run time become one-line TrainingErrors."""
+compiles or allocates; out-of-memory, full-disk and XLA runtime errors become one-line TrainingErrors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import ConfigError, TrainingError, quote
 
 OOM_HINT = "lower env.num_envs / algorithm.buffer_size"
 
@@ -85,8 +85,8 @@ def check_memory(program: Any, cfg: Any) -> None:
 
 @contextlib.contextmanager
 def resource_errors(run_dir: Path) -> Iterator[None]:
-    """Out of memory (MemoryError, XLA's RESOURCE_EXHAUSTED) and a full disk while training, as one-line
-    TrainingErrors."""
+    """Out of memory (MemoryError, XLA's RESOURCE_EXHAUSTED), a full disk, and any other error XLA raises
+    while a program runs (a raising callback) become one-line TrainingErrors."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - anything else is re-raised as it is
@@ -96,6 +96,12 @@ def resource_errors(run_dir: Path) -> Iterator[None]:
                for x in (e, e.__cause__, e.__context__)):
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TrainingError(f"out of memory ({first[:300]}); {OOM_HINT}") from None
+        if type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):  # a callback raised inside a program
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            first = lines[0].split("Traceback (most recent call last)")[0].strip().rstrip(":")
+            what = f"{first}: {lines[-1].strip()}" if len(lines) > 1 else first
+            raise TrainingError(f"the training program failed while running: {quote(what, 400)[1:-1]} "
+                                "(--debug shows the full error)") from e
         raise
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -69,6 +70,35 @@ def test_a_jitted_env_returning_nan_stops_the_run_naming_env_and_steps(tmp_path)
                                                  r"or reward in iteration 3 \(env steps 1024..1536\)"):
         train(EXAMPLES / "ppo_cartpole.yaml", [*QUIET, "env.id=poisoned:CartPole-v1", "run.total_env_steps=20480",
                                                "run.iterations_per_dispatch=1"], run_dir=tmp_path)
+
+
+def _sensor(total_return):
+    if float(total_return) >= 300:
+        raise RuntimeError("sensor offline")
+    return np.float32(0)
+
+
+class CallbackCartPole(GymnaxEnv):
+    """gymnax CartPole whose step calls back to the host (jax.pure_callback), which raises after a while."""
+
+    def step(self, state, action):
+        state, (obs, reward, done) = super().step(state, action)
+        extra = jax.pure_callback(_sensor, jax.ShapeDtypeStruct((), jnp.float32), jnp.sum(state.running_return))
+        return state, (obs, reward + extra, done)
+
+
+register_env("callback")(CallbackCartPole)
+
+
+def test_a_callback_raising_inside_a_fused_program_is_a_one_line_error(tmp_path, capfd):
+    from msrl.cli import main
+
+    assert main(["train", str(EXAMPLES / "ppo_cartpole.yaml"), *QUIET, "env.id=callback:CartPole-v1",
+                 "run.total_env_steps=20480", "--run-dir", str(tmp_path)]) == 2
+    err = capfd.readouterr().err
+    assert re.search(r"msrl: error: the training program failed while running: .*callback.*: RuntimeError: sensor "
+                     r"offline \(--debug shows the full error\)", err), err
+    assert "Traceback" not in err
 
 
 @pytest.mark.usefixtures("ray_cluster")
