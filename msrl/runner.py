@@ -61,7 +61,9 @@ class _Logger:
         if cfg.run.tensorboard:
             from tensorboardX import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tb"))
+            # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
+            purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
         self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
         if cfg.run.progress and not sys.stdout.isatty():

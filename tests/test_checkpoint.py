@@ -230,3 +230,32 @@ def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path):
     assert same["iterations"] == 10 and same["env_steps"] == 5120 == checkpoint.load(
         checkpoint.latest(tmp_path))[1]["env_steps"]
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 11
+
+
+def _events(folder: Path) -> list:
+    """Every event of the TensorBoard files in ``folder`` (TFRecord: length, crc, event, crc), file by file."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out = []
+    for path in sorted(folder.glob("events.*"), key=lambda p: p.stat().st_mtime_ns):
+        data, i = path.read_bytes(), 0
+        while i + 12 <= len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = event_pb2.Event()
+            event.ParseFromString(data[i + 12:i + 12 + n])
+            out.append(event)
+            i += 12 + n + 4
+    return out
+
+
+def test_a_resume_tells_tensorboard_to_drop_the_events_after_the_checkpoint(tmp_path):
+    train(CARTPOLE, ["run.progress=false", "run.total_env_steps=5120", "run.checkpoint_every=5"], run_dir=tmp_path)
+    (tmp_path / "checkpoints" / "ckpt_000000010.msgpack").unlink()  # resume from 5: iterations 6-10 again
+    train(None, [], run_dir=tmp_path, resume=True)
+    events = _events(tmp_path / "tb")
+    start = [e.step for e in events if e.HasField("session_log") and e.session_log.status == e.session_log.START]
+    assert start == [5 * 512 + 1]  # TensorBoard discards the earlier events at steps >= this one
+    after = [e.step for e in events[[e.HasField("session_log") for e in events].index(True):] if e.HasField("summary")]
+    assert after and min(after) == 6 * 512
