@@ -22,7 +22,7 @@ from msrl.errors import ConfigError, TrainingError
 FORMAT = 1
 # run keys that may change between a run and its resumption
 RESUMABLE_RUN_KEYS = {"total_env_steps", "iterations_per_dispatch", "progress", "tensorboard", "compile_cache",
-                      "checkpoint_every", "keep_checkpoints"}
+                      "log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "wandb"}
 
 
 def _storable(x: Any) -> bool:

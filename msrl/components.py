@@ -8,6 +8,7 @@ lives in the state pytrees the compiler threads through the training loop.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -105,8 +106,9 @@ class Environment:
         raise NotImplementedError
 
     def stats(self, state: PyTree) -> dict[str, Any]:
-        """Episode statistics, summable over replicas: ``return_sum`` (of the last completed episode of
-        every env that completed one), ``finished`` (how many such envs) and ``episodes`` (completed)."""
+        """Episode statistics, summable over replicas: ``return_sum`` and ``length_sum`` (of the last completed
+        episode of every env that completed one), ``finished`` (how many such envs) and ``episodes``
+        (completed)."""
         raise NotImplementedError
 
     def close(self, state: PyTree) -> None:
@@ -118,10 +120,13 @@ class Environment:
 
 
 def episode_metrics(stats: list[dict[str, Any]]) -> dict[str, float]:
-    """Merge :meth:`Environment.stats` of several replicas: the mean return of the last completed episodes."""
+    """Merge :meth:`Environment.stats` of several replicas: the mean return and length of the last completed
+    episodes."""
     finished = sum(float(s["finished"]) for s in stats)
     total = sum(float(s["return_sum"]) for s in stats)
+    length = sum(float(s.get("length_sum", math.nan)) for s in stats)
     out = {"episode_return": total / finished if finished else float("nan"),
+           "episode_length": length / finished if finished else float("nan"),
            "episodes": sum(float(s["episodes"]) for s in stats)}
     if any("nonfinite" in s for s in stats):  # non-finite numbers in the envs' observations or returns
         out["env_nonfinite"] = sum(float(s.get("nonfinite", 0)) for s in stats)

@@ -53,7 +53,7 @@ EQUAL, REFUSED, DESIGN, SILENT, ERROR = ("equal to fused", "refused", "different
                                          "ERROR")
 VERDICTS = (EQUAL, REFUSED, DESIGN, SILENT, ERROR)
 FAILURES = (SILENT, ERROR)
-RUN = {"seed": 0, "total_env_steps": 100_000, "progress": False, "tensorboard": False, "checkpoint_every": 0,
+RUN = {"seed": 0, "total_env_steps": 100_000, "progress": False, "tensorboard": False, "checkpoint_every_steps": 0,
        "compile_cache": False}
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom_algorithm.py"
 

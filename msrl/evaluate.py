@@ -27,7 +27,7 @@ def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
     path = checkpoint.latest(run_dir)
     if path is None:
-        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every > 0)")
+        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every_steps > 0)")
     cfg = load_config(run_dir / "config.yaml")
     states, meta = checkpoint.load(path)
     env = make_env(cfg.env.id, **cfg.env.kwargs)

@@ -43,8 +43,25 @@ def build(cfg: ExperimentConfig):
     return compile_program(algorithm, cfg.policy, env, num_envs)
 
 
+# a logged row's columns: these first, then the loop's own metrics (under "train/" in TensorBoard)
+FIRST_COLUMNS = ("iteration", "env_steps", "episode_return", "episode_length", "sps", "wall_time")
+SNAPSHOTS = ("episode_return", "episode_length", "episodes")  # the state at a row's end, not a mean over it
+MAX_ROWS = 1000  # rows a run writes at most unless run.log_every_steps says otherwise
+TB_GROUP = {"episode_return": "charts", "episode_length": "charts", "episodes": "charts", "sps": "perf",
+            "wall_time": "perf"}
+
+
+def merge_rows(rows: list[dict[str, float]]) -> dict[str, float]:
+    """One metrics row of several iterations: the episode statistics at the last one, every other metric
+    averaged over them."""
+    out = {k: sum(r[k] for r in rows) / len(rows) for k in rows[-1] if k not in SNAPSHOTS}
+    out.update({k: rows[-1][k] for k in SNAPSHOTS if k in rows[-1]})
+    out.update(iteration=rows[-1]["iteration"], env_steps=rows[-1]["env_steps"], wall_time=rows[-1]["wall_time"])
+    return out
+
+
 class _Logger:
-    """metrics.csv (one row per iteration), TensorBoard events, and the rich progress bar."""
+    """metrics.csv (one row per logged interval), TensorBoard events, Weights & Biases, and the progress bar."""
 
     def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int, resume_at: int | None = None):
         self.run_dir, self.cfg = run_dir, cfg
@@ -58,11 +75,14 @@ class _Logger:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
             self.writer.writeheader()
             self.writer.writerows(kept)
-        self.tb = None
+        self.tb = self.wandb = None
         if cfg.run.tensorboard:
             from tensorboardX import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tb"))
+            self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.dump(), sort_keys=False) + "```")
+        if cfg.run.wandb is not None:
+            self.wandb = _wandb_run(run_dir, cfg)
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
         self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
         if cfg.run.progress and not sys.stdout.isatty():
@@ -80,37 +100,63 @@ class _Logger:
 
     def log(self, row: dict[str, float]) -> None:
         if self.writer is None:
-            first = ["iteration", "env_steps", "episode_return", "sps", "wall_time"]
-            self.writer = csv.DictWriter(self.csv_file, fieldnames=first + [k for k in row if k not in first],
-                                         extrasaction="ignore")
+            self.writer = csv.DictWriter(self.csv_file, extrasaction="ignore",
+                                         fieldnames=[*FIRST_COLUMNS, *(k for k in row if k not in FIRST_COLUMNS)])
             self.writer.writeheader()
         self.writer.writerow(row)
+        scalars = {f"{TB_GROUP.get(k, 'train')}/{k}": v for k, v in row.items()
+                   if k not in ("iteration", "env_steps") and math.isfinite(v)}
         if self.tb is not None:
-            for k, v in row.items():
-                if k not in ("iteration", "env_steps") and math.isfinite(v):
-                    self.tb.add_scalar(k, v, int(row["env_steps"]))
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, int(row["env_steps"]))
+        if self.wandb is not None:
+            self.wandb.log({**scalars, "iteration": row["iteration"]}, step=int(row["env_steps"]))
 
     def update(self, row: dict[str, float]) -> None:
         self.csv_file.flush()
+        ret = "-" if math.isnan(row["episode_return"]) else f"{row['episode_return']:.1f}"
         if self.plain is not None and (time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total):
             self.plain = time.monotonic()
-            ret = row["episode_return"]
-            print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  return "
-                  f"{'-' if math.isnan(ret) else f'{ret:.1f}'}", flush=True)
+            print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  "
+                  f"return {ret}", flush=True)
         if self.progress is not None:
-            ret = row["episode_return"]
-            self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"],
-                                 ret="-" if math.isnan(ret) else f"{ret:.1f}")
+            self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"], ret=ret)
 
-    def close(self) -> None:
+    def close(self, final_return: float = math.nan) -> None:
         if self.progress is not None:
             self.progress.stop()
         if self.tb is not None:
+            if math.isfinite(final_return):
+                self.tb.add_hparams(_flat(self.cfg.dump()), {"hparam/episode_return": final_return}, name="hparams")
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
         self.csv_file.close()
 
 
-RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb")  # what a run directory holds
+def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
+    """A config's scalar values under dotted keys (TensorBoard's hparams take nothing else)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, (bool, int, float, str)):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _wandb_run(run_dir: Path, cfg: ExperimentConfig) -> Any:
+    """A Weights & Biases run with the config (``run.wandb``), its files under ``RUN_DIR/wandb``."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'") from None
+    w = cfg.run.wandb
+    return wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.resolve().name, tags=w.tags,
+                      mode=w.mode, dir=str(run_dir), config=cfg.dump(), reinit="create_new")
+
+
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", "wandb")  # what a run directory holds
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -142,6 +188,16 @@ def _fresh_run_dir(cfg: ExperimentConfig) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def intervals(run: Any, iterations: int, steps_per_iter: int) -> tuple[int, int]:
+    """Iterations between logged rows and between checkpoints (a multiple of the former; 0: none)."""
+    if run.log_every_steps is not None:
+        log_every = max(1, round(run.log_every_steps / steps_per_iter))
+    else:
+        log_every = max(1, -(-iterations // MAX_ROWS))
+    every = max(1, run.checkpoint_every_steps // steps_per_iter) if run.checkpoint_every_steps else 0
+    return log_every, -(-every // log_every) * log_every
 
 
 class _Signals:
@@ -249,7 +305,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
-    elapsed0, last_return, row = 0.0, float("nan"), {}
+    elapsed0, last_return = 0.0, float("nan")
     try:
         if resume:
             session.restore(checkpoint.restore(session.snapshot(skip), states, path), iteration=meta["iteration"])
@@ -259,9 +315,24 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     except BaseException:
         session.close()
         raise
-    every = cfg.run.checkpoint_every
-    start = time.perf_counter() - elapsed0
-    stop, history = [], []  # stop: set by on_iteration or a signal; history: every row of this call
+    log_every, every = intervals(cfg.run, iterations, steps_per_iter)
+    start, last_time = time.perf_counter() - elapsed0, elapsed0
+    stop, history = [], []  # stop: set by on_iteration or a signal; history: every logged row of this call
+    pending: list[dict] = []  # iterations since the last logged row
+    last = {"env_steps": session.iteration * steps_per_iter, "wall_time": elapsed0}  # the last logged row
+
+    def emit() -> None:
+        nonlocal last
+        row = merge_rows(pending)
+        pending.clear()
+        span = row["wall_time"] - last["wall_time"]
+        row["sps"] = (row["env_steps"] - last["env_steps"]) / span if span > 0 else math.nan
+        logger.log(row)
+        history.append(row)
+        last = row
+        if on_iteration is not None and on_iteration(dict(row)) and not stop:
+            stop.append(row["iteration"])
+
     signals = _Signals()
     try:
         signals.__enter__()
@@ -269,20 +340,22 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
             done = session.iteration
             segment = iterations - done if not every else min(iterations - done, every - done % every)
             for rows in session.stream(segment, per_dispatch, lambda: bool(stop or signals.received)):
-                elapsed = time.perf_counter() - start
-                for r in rows:
+                # a dispatch's iterations share its wall time evenly (they run inside one call)
+                before, now = last_time, time.perf_counter() - start
+                for i, r in enumerate(rows):
                     _check_finite(r, r["iteration"], cfg.env.id, steps_per_iter, run_dir)
                     if math.isfinite(r["episode_return"]):
                         last_return = r["episode_return"]
-                    row = {"iteration": r["iteration"], "env_steps": r["env_steps"],
-                           "sps": r["env_steps"] / elapsed, "wall_time": elapsed, **r}
-                    logger.log(row)
-                    history.append(row)
-                    if on_iteration is not None and on_iteration(dict(row)) and not stop:
-                        stop.append(r["iteration"])
-                logger.update(row)
+                    pending.append({**r, "wall_time": before + (now - before) * (i + 1) / len(rows)})
+                    if r["iteration"] % log_every == 0 or r["iteration"] == iterations:
+                        emit()
+                last_time = now
+                if history:
+                    logger.update({**last, "env_steps": rows[-1]["env_steps"]})
             if signals.received:
                 stop.append("signal")
+            if stop and pending:  # a stopped run logs the iterations it did after its last row
+                emit()
             if every or signals.received:
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
@@ -290,7 +363,7 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
                     "episode_return": last_return, "config": cfg.dump()})
     finally:
         signals.__exit__()
-        logger.close()
+        logger.close(last_return)
         session.close()
     elapsed = time.perf_counter() - start
     summary = {
@@ -323,7 +396,7 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
         raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
                             f"{iteration} (env steps {(iteration - 1) * steps_per_iter}..{iteration * steps_per_iter}); "
                             f"training stopped{_last_good(run_dir)}")
-    bad = [k for k, v in row.items() if k != "episode_return" and not math.isfinite(v)]
+    bad = [k for k, v in row.items() if k not in ("episode_return", "episode_length") and not math.isfinite(v)]
     if bad:
         raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
                             f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")

@@ -22,7 +22,7 @@ from msrl.runner import train
 import loops  # noqa: F401 - registers gymnasium's MsrlShifty-v0
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_steps=0"]
 
 
 @pytest.mark.parametrize("mode, expect", [

@@ -25,6 +25,8 @@ class HostEnvState:
     running_return: np.ndarray
     last_return: np.ndarray
     episodes: np.ndarray
+    running_length: np.ndarray
+    last_length: np.ndarray
     ids: np.ndarray  # global indices
     dtypes: list[np.dtype]  # of each env's first observation: it must not change
     steps: int = 0
@@ -69,9 +71,10 @@ class GymnasiumEnv(Environment):
             seed = int(np.random.SeedSequence([*words, int(i)]).generate_state(1)[0])
             first.append(env.reset(seed=seed)[0])
             envs.append(env)
-        zeros = np.zeros(len(envs), np.float32)
+        zeros, counts = np.zeros(len(envs), np.float32), np.zeros(len(envs), np.int32)
         state = HostEnvState(envs, np.zeros((len(envs), *self.spec.obs_shape), np.float32), zeros, zeros.copy(),
-                             np.zeros(len(envs), np.int32), np.asarray(env_ids), [np.asarray(o).dtype for o in first])
+                             counts, counts.copy(), counts.copy(), np.asarray(env_ids),
+                             [np.asarray(o).dtype for o in first])
         for i, o in enumerate(first):
             state.obs[i] = self._checked(state, i, o)
         return state
@@ -82,6 +85,7 @@ class GymnasiumEnv(Environment):
     def reset(self, state: HostEnvState):
         state.obs = np.stack([env.reset()[0] for env in state.envs]).astype(np.float32)
         state.running_return[:] = 0
+        state.running_length[:] = 0
         return state, state.obs
 
     def step(self, state: HostEnvState, action: Any):
@@ -107,6 +111,9 @@ class GymnasiumEnv(Environment):
         state.last_return = np.where(done, ret, state.last_return)
         state.running_return = np.where(done, 0.0, ret).astype(np.float32)
         state.episodes = state.episodes + done
+        length = state.running_length + 1
+        state.last_length = np.where(done, length, state.last_length)
+        state.running_length = np.where(done, 0, length).astype(np.int32)
         state.obs = obs.astype(np.float32)
         return state, (state.obs, reward, done)
 
@@ -124,7 +131,7 @@ class GymnasiumEnv(Environment):
     def stats(self, state: HostEnvState):
         finished = state.episodes > 0
         return {"return_sum": float(state.last_return[finished].sum()), "finished": int(finished.sum()),
-                "episodes": int(state.episodes.sum())}
+                "length_sum": int(state.last_length[finished].sum()), "episodes": int(state.episodes.sum())}
 
     def close(self, state: HostEnvState) -> None:
         for env in state.envs:
@@ -153,4 +160,5 @@ class _ShapeOnly(Environment):
         return state, (state, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_))
 
     def stats(self, state):
-        return {"return_sum": jnp.zeros(()), "finished": jnp.zeros((), jnp.int32), "episodes": jnp.zeros((), jnp.int32)}
+        return {"return_sum": jnp.zeros(()), "finished": jnp.zeros((), jnp.int32), "length_sum": jnp.zeros((), jnp.int32),
+                "episodes": jnp.zeros((), jnp.int32)}

@@ -27,6 +27,8 @@ class EnvState:
     running_return: jax.Array  # [N] return of the episode in progress
     last_return: jax.Array  # [N] return of the last completed episode
     episodes: jax.Array  # [N] completed episodes
+    running_length: jax.Array  # [N] steps of the episode in progress
+    last_length: jax.Array  # [N] steps of the last completed episode
 
 
 class FunctionalEnv(Environment):
@@ -43,8 +45,8 @@ class FunctionalEnv(Environment):
     def init(self, key: jax.Array, env_ids: jax.Array) -> EnvState:
         keys, reset_keys = split_keys(per_env_keys(key, env_ids))
         obs, inner = self._reset(reset_keys)
-        zeros = jnp.zeros(keys.shape[0], jnp.float32)
-        return EnvState(inner, obs, keys, zeros, zeros, jnp.zeros(keys.shape[0], jnp.int32))
+        zeros, counts = jnp.zeros(keys.shape[0], jnp.float32), jnp.zeros(keys.shape[0], jnp.int32)
+        return EnvState(inner, obs, keys, zeros, zeros, counts, counts, counts)
 
     def observe(self, state: EnvState):
         return state, state.obs
@@ -52,15 +54,15 @@ class FunctionalEnv(Environment):
     def reset(self, state: EnvState):
         keys, reset_keys = split_keys(state.keys)
         obs, inner = self._reset(reset_keys)
-        zeros = jnp.zeros_like(state.running_return)
-        return state.replace(inner=inner, obs=obs, keys=keys, running_return=zeros), obs
+        return state.replace(inner=inner, obs=obs, keys=keys, running_return=jnp.zeros_like(state.running_return),
+                             running_length=jnp.zeros_like(state.running_length)), obs
 
     def step(self, state: EnvState, action: jax.Array):
         if isinstance(self.spec.action_space, Box):
             action = jnp.clip(action, self.spec.action_space.low, self.spec.action_space.high)
         keys, step_keys = split_keys(state.keys)
         obs, inner, reward, done = self._step(step_keys, state.inner, action)
-        ret = state.running_return + reward
+        ret, length = state.running_return + reward, state.running_length + 1
         state = EnvState(
             inner,
             obs,
@@ -68,6 +70,8 @@ class FunctionalEnv(Environment):
             jnp.where(done, 0.0, ret),
             jnp.where(done, ret, state.last_return),
             state.episodes + done.astype(jnp.int32),
+            jnp.where(done, 0, length),
+            jnp.where(done, length, state.last_length),
         )
         return state, (obs, reward, done)
 
@@ -76,6 +80,7 @@ class FunctionalEnv(Environment):
         bad = sum(jnp.sum(~jnp.isfinite(x)) for x in jax.tree.leaves(state.obs)) + \
             jnp.sum(~jnp.isfinite(state.running_return))
         return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
+                "length_sum": jnp.sum(jnp.where(finished, state.last_length, 0)),
                 "episodes": state.episodes.sum(), "nonfinite": bad}
 
 
