@@ -258,7 +258,28 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     run in ``run_dir`` (a used run directory is refused otherwise). ``on_iteration(row)`` is called with
     every metrics row; when it returns true the run stops after the iterations already started
     (``summary["stopped_early"]``). SIGINT/SIGTERM stop it the same way, then checkpoint, write the summary
-    and raise :class:`msrl.errors.Interrupted` naming the command that resumes it."""
+    and raise :class:`msrl.errors.Interrupted` naming the command that resumes it. A run directory this call
+    made is removed again if the run fails before it logged a row or saved a checkpoint."""
+    made: list[Path] = []
+    try:
+        return _train(cfg, overrides, run_dir, resume, on_iteration, overwrite, made, **sections)
+    except BaseException:
+        for run_dir in made:
+            _remove_if_unused(run_dir)
+        raise
+
+
+def _remove_if_unused(run_dir: Path) -> None:
+    import shutil
+
+    metrics = run_dir / "metrics.csv"
+    if checkpoint.latest(run_dir) is None and (not metrics.exists() or len(metrics.read_bytes().splitlines()) <= 1):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
+           resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
+           made: list[Path] | None = None, **sections: Any) -> TrainResult:
     if cfg is None and resume and run_dir is not None:
         cfg = Path(run_dir) / "config.yaml"
         if not cfg.is_file():
@@ -276,6 +297,8 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         checkpoint.check_same_config(meta["config"], cfg.dump(), path)
     run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
     prepare_run_dir(run_dir, resume, overwrite)
+    if made is not None and not run_dir.exists():
+        made.append(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -130,3 +130,11 @@ def test_train_takes_sections_or_a_dict_and_returns_the_rows(tmp_path):
     assert msrl.train(config, policy={"name": "single_learner_coarse", "actors": 2},
                       run_dir=tmp_path / "b")["policy"] == "single_learner_coarse"
     assert "policy" not in config  # the caller's dict is not changed
+
+
+def test_a_run_that_fails_before_its_first_row_leaves_no_folder(tmp_path, capsys):
+    assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0", "--run-dir", str(tmp_path / "new")]) == 2
+    assert "gymnax:NoSuchEnv-v0" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made stays
+    assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0", "--run-dir", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir()
