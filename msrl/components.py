@@ -81,6 +81,57 @@ class MultiAgentSpec(EnvSpec):
                              jnp.zeros(self.state_shape, self.obs_dtype))
 
 
+@jax.tree_util.register_pytree_node_class
+class EnvStep:
+    """What ``msrl.env_step(action)`` returns, per environment. It unpacks as ``next_obs, reward, done``.
+
+    - ``terminated``: the episode reached a terminal state (no value beyond it: do not bootstrap);
+    - ``truncated``: the episode was cut short, by a time limit say (bootstrap from ``final_obs``);
+    - ``done``: either of them. Environments reset themselves, so where ``done``, ``obs`` is already the next
+      episode's first observation, and ``final_obs`` is the one the ended episode reached (``obs`` elsewhere).
+    """
+
+    def __init__(self, obs: Any, reward: Any, terminated: Any, truncated: Any, final_obs: Any = None):
+        self.obs, self.reward, self.terminated, self.truncated = obs, reward, terminated, truncated
+        self._final_obs = final_obs
+
+    @property
+    def done(self) -> Any:
+        return self.terminated | self.truncated
+
+    @property
+    def final_obs(self) -> Any:
+        if self._final_obs is None:
+            from msrl.errors import MsrlError
+
+            raise MsrlError("this environment does not report the final observation of an episode (its step "
+                            "returns (obs, reward, done)); EnvStep.final_obs needs one that does")
+        return self._final_obs
+
+    def __iter__(self):
+        return iter((self.obs, self.reward, self.done))
+
+    def tree_flatten(self):
+        return (self.obs, self.reward, self.terminated, self.truncated, self._final_obs), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: Any, children: Any) -> "EnvStep":
+        return cls(*children)
+
+    def __repr__(self) -> str:
+        return f"EnvStep(obs={self.obs!r}, reward={self.reward!r}, terminated={self.terminated!r}, " \
+               f"truncated={self.truncated!r})"
+
+
+def as_env_step(out: Any) -> EnvStep:
+    """An environment's step result as an :class:`EnvStep`: a plain ``(obs, reward, done)`` counts every end
+    as terminal."""
+    if isinstance(out, EnvStep):
+        return out
+    obs, reward, done = out
+    return EnvStep(obs, reward, done, done & False)
+
+
 # --------------------------------------------------------------------------------------------- components
 class Environment:
     """A functional, jittable batch of environments (gymnax protocol, auto-reset).
@@ -102,8 +153,14 @@ class Environment:
     def reset(self, state: PyTree) -> tuple[PyTree, jax.Array]:
         raise NotImplementedError
 
-    def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, tuple[jax.Array, jax.Array, jax.Array]]:
+    def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep | tuple[jax.Array, jax.Array, jax.Array]]:
+        """``(state, EnvStep)``, or ``(state, (obs, reward, done))`` for an env that tells no truncation."""
         raise NotImplementedError
+
+    def transition(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep]:
+        """``step``, its result as an :class:`EnvStep` (what ``msrl.env_step`` calls)."""
+        state, out = self.step(state, action)
+        return state, as_env_step(out)
 
     def stats(self, state: PyTree) -> dict[str, Any]:
         """Episode statistics, summable over replicas: ``return_sum`` and ``length_sum`` (of the last completed

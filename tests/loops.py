@@ -452,3 +452,64 @@ class Shifty(gymnasium.Env):
 
 
 gymnasium.register(id="MsrlShifty-v0", entry_point=Shifty)
+
+
+# ------------------------------------------------------------------------------------------- EnvStep fields
+class Full(NamedTuple):
+    obs: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+    next_obs: jax.Array
+
+
+class AnyActor(msrl.Actor):
+    """Uniform random actions of any action space, from per-env keys."""
+
+    def __init__(self, space):
+        self.space = space
+
+    def act(self, state, params, obs):
+        keys, use = split_keys(state["keys"])
+        if isinstance(self.space, msrl.Discrete):
+            action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.space.n))(use)
+        else:
+            action = jax.vmap(lambda k: jax.random.uniform(k, self.space.shape, minval=-2.0, maxval=2.0))(use)
+        return {"keys": keys}, msrl.ActOutput(action=action)
+
+
+class FieldsLearner(SumLearner):
+    """``w`` sums every field of the transitions it is given (so it differs if any field does)."""
+
+    def learn(self, state, batch):
+        w = state["w"] + batch.reward.mean() + batch.terminated.mean() + 2 * batch.truncated.mean() \
+            + 3 * (batch.final_obs - batch.next_obs).mean()
+        return {"w": w, "updates": state["updates"] + 1}, {"w": w, "truncations": batch.truncated.sum() * 1.0}
+
+
+class StepFieldsConfig(msrl.AlgorithmConfig):
+    name: str = "step_fields"
+    steps: int = 16
+
+
+@msrl.register_algorithm("step_fields")
+class StepFields(msrl.Algorithm):
+    """The loop an off-policy algorithm writes: EnvStep's terminated, truncated and final_obs."""
+
+    Config = StepFieldsConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.actor = AnyActor(ctx.env_spec.action_space)
+        self.learner = FieldsLearner()
+        self.buffer = msrl.TrajectoryBuffer(cfg.steps)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            step = msrl.env_step(out.action)
+            msrl.buffer_insert(Full(obs, step.reward, step.terminated, step.truncated, step.final_obs, step.obs))
+            obs = step.obs
+        return msrl.agent_learn(msrl.buffer_get())

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from msrl.components import Box, Discrete, Environment, EnvSpec
+from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
 from msrl.errors import ConfigError, TrainingError
 
 
@@ -95,17 +95,21 @@ class GymnasiumEnv(Environment):
         n = len(state.envs)
         obs = np.empty((n, *self.spec.obs_shape), np.float32)
         reward = np.empty(n, np.float32)
-        done = np.empty(n, np.bool_)
+        terminated, truncated = np.empty(n, np.bool_), np.empty(n, np.bool_)
+        final = np.empty((n, *self.spec.obs_shape), np.float32)
         for i, env in enumerate(state.envs):  # auto-reset in the same step, as gymnax does
-            o, r, terminated, truncated, _ = env.step(action[i].item() if action.ndim == 1 else action[i])
-            done[i] = terminated or truncated
-            obs[i] = self._checked(state, i, env.reset()[0] if done[i] else o)
+            o, r, terminated[i], truncated[i], _ = env.step(action[i].item() if action.ndim == 1 else action[i])
+            terminated[i] &= not truncated[i]  # cut by a time limit: bootstrap, even if also terminal
+            final[i] = self._checked(state, i, o)
+            obs[i] = self._checked(state, i, env.reset()[0]) if terminated[i] or truncated[i] else final[i]
             reward[i] = r
-        if not (np.isfinite(obs).all() and np.isfinite(reward).all()):
-            i = int(np.flatnonzero(~(np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(reward)))[0])
+        done = terminated | truncated
+        if not (np.isfinite(obs).all() and np.isfinite(final).all() and np.isfinite(reward).all()):
+            good = np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(final).reshape(n, -1).all(1)
+            i = int(np.flatnonzero(~(good & np.isfinite(reward)))[0])
             raise TrainingError(f"{self._where(state, i)} returned a non-finite "
-                                f"{'reward' if np.isfinite(obs[i]).all() else 'observation'}: "
-                                f"{reward[i] if np.isfinite(obs[i]).all() else obs[i]}")
+                                f"{'reward' if good[i] else 'observation'}: "
+                                f"{reward[i] if good[i] else (obs[i] if not np.isfinite(obs[i]).all() else final[i])}")
         state.steps += 1
         ret = state.running_return + reward
         state.last_return = np.where(done, ret, state.last_return)
@@ -115,7 +119,7 @@ class GymnasiumEnv(Environment):
         state.last_length = np.where(done, length, state.last_length)
         state.running_length = np.where(done, 0, length).astype(np.int32)
         state.obs = obs.astype(np.float32)
-        return state, (state.obs, reward, done)
+        return state, EnvStep(state.obs, reward, terminated, truncated, final)
 
     def _where(self, state: HostEnvState, i: int) -> str:
         return f"environment {self.spec.id} #{state.ids[i]} at step {state.steps}"  # counted from 0
@@ -157,7 +161,7 @@ class _ShapeOnly(Environment):
 
     def step(self, state, action):
         n = state.shape[0]
-        return state, (state, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_))
+        return state, EnvStep(state, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_), jnp.zeros(n, jnp.bool_), state)
 
     def stats(self, state):
         return {"return_sum": jnp.zeros(()), "finished": jnp.zeros((), jnp.int32), "length_sum": jnp.zeros((), jnp.int32),

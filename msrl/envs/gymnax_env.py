@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from msrl.components import Box, Discrete, Environment, EnvSpec, per_env_keys, split_keys
+from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep, per_env_keys, split_keys
 from msrl.errors import ConfigError
 
 
@@ -38,8 +38,9 @@ class FunctionalEnv(Environment):
         """``(obs, inner)`` of freshly reset environments, one per key."""
         raise NotImplementedError
 
-    def _step(self, keys: jax.Array, inner: Any, action: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
-        """``(obs, inner, reward [N] float32, done [N] bool)``; an env whose episode ended is reset."""
+    def _step(self, keys: jax.Array, inner: Any, action: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array, Any, Any]:
+        """``(obs, inner, reward [N] float32, terminated [N] bool, truncated [N] bool, final_obs)``; an env whose
+        episode ended is reset (``final_obs``: its observation before, or None if the library does not say)."""
         raise NotImplementedError
 
     def init(self, key: jax.Array, env_ids: jax.Array) -> EnvState:
@@ -61,7 +62,8 @@ class FunctionalEnv(Environment):
         if isinstance(self.spec.action_space, Box):
             action = jnp.clip(action, self.spec.action_space.low, self.spec.action_space.high)
         keys, step_keys = split_keys(state.keys)
-        obs, inner, reward, done = self._step(step_keys, state.inner, action)
+        obs, inner, reward, terminated, truncated, final_obs = self._step(step_keys, state.inner, action)
+        done = terminated | truncated
         ret, length = state.running_return + reward, state.running_length + 1
         state = EnvState(
             inner,
@@ -73,7 +75,7 @@ class FunctionalEnv(Environment):
             jnp.where(done, 0, length),
             jnp.where(done, length, state.last_length),
         )
-        return state, (obs, reward, done)
+        return state, EnvStep(obs, reward, terminated, truncated, final_obs)
 
     def stats(self, state: EnvState):
         finished = state.episodes > 0
@@ -115,7 +117,9 @@ class GymnaxEnv(FunctionalEnv):
         return jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
 
     def _step(self, keys, inner, action):
-        obs, inner, reward, terminated, truncated, _ = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+        obs, inner, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
             keys, inner, action, self.params
         )
-        return obs, inner, reward.astype(jnp.float32), jnp.logical_or(terminated, truncated)
+        truncated = jnp.asarray(truncated, bool)  # a time limit reached is a truncation, even where the env
+        terminated = jnp.asarray(terminated, bool) & ~truncated  # also calls it terminal (gymnax's Pendulum)
+        return obs, inner, reward.astype(jnp.float32), terminated, truncated, info["final_observation"]
