@@ -227,7 +227,12 @@ class Learner:
 
     @property
     def tx(self) -> optax.GradientTransformation:
-        return optax.chain(*self.grad_transforms, self.optimizer())
+        return self.chain(self.optimizer())
+
+    def chain(self, optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+        """``optimizer`` after the policy's ``grad_transforms``: a learner with several optimizers (an actor's,
+        a critic's) builds each with it, so that a policy's transforms apply to every part."""
+        return optax.chain(*self.grad_transforms, optimizer)
 
     def init(self, key: jax.Array) -> PyTree:
         raise NotImplementedError
