@@ -84,6 +84,30 @@ class ActorCritic(nn.Module):
         return head, value
 
 
+def mlp(x: jnp.ndarray, hidden: Sequence[int]) -> jnp.ndarray:
+    """ReLU layers of the given widths."""
+    for h in hidden:
+        x = nn.relu(nn.Dense(h)(x))
+    return x
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(obs, action) MLPs (the clipped double-Q of SAC and TD3)."""
+
+    obs_ndim: int
+    hidden: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs, action):
+        x = jnp.concatenate([flatten(obs, self.obs_ndim), action], axis=-1)
+        return tuple(nn.Dense(1)(mlp(x, self.hidden))[..., 0] for _ in range(2))
+
+
+def squash_of(space) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(scale, center)`` that map tanh's (-1, 1) onto a Box action space."""
+    return (jnp.asarray((space.high - space.low) / 2, jnp.float32), jnp.asarray((space.high + space.low) / 2, jnp.float32))
+
+
 class ActorCriticOutput(NamedTuple):
     action: jax.Array
     log_prob: jax.Array

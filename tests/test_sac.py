@@ -1,5 +1,5 @@
-"""SAC (built-in): learns Pendulum fused, bootstraps a truncated episode from its final observation and not a
-terminated one; its conformance cells are in docs/conformance.md (``python -m msrl.conformance --only sac_builtin``)."""
+"""SAC and TD3 (built-in): learn Pendulum fused, bootstrap a truncated episode from its final observation and
+not a terminated one; their conformance cells: ``python -m msrl.conformance --only sac_builtin td3_builtin``."""
 
 from __future__ import annotations
 
@@ -42,3 +42,33 @@ def test_the_critic_bootstraps_a_truncated_episode_and_not_a_terminated_one():
     assert y[1] != -1.0  # truncated: the reward plus the discounted soft value of the final observation
     moved = target([True, False], final + 1.0)
     assert moved[0] == -1.0 and moved[1] != y[1]  # ... which the truncated target reads
+
+
+TD3 = EXAMPLES / "td3_pendulum.yaml"
+
+
+def test_td3_learns_pendulum_fused(tmp_path):
+    msrl.train(TD3, ["run.seed=0", "run.total_env_steps=32000", *SMALL, *QUICK], run_dir=tmp_path,
+               on_iteration=reached(-250, window=400))
+    assert_reaches(tmp_path, -250, within=32000, window=400)
+
+
+def test_td3_bootstraps_a_truncated_episode_and_not_a_terminated_one():
+    learner = build(load_config(TD3, ["algorithm.hidden=[16]"])).components["learner"]
+    state = learner.init(jax.random.PRNGKey(0))
+    obs, final = jnp.zeros((2, 3)), jnp.array([[1.0, 0.0, 0.5], [1.0, 0.0, 0.5]])
+
+    def target(next_obs):
+        t = Transition(obs, jnp.zeros((2, 1)), jnp.array([-1.0, -1.0]), jnp.array([True, False]), next_obs)
+        return np.asarray(learner.target(state["target"], t, jax.random.PRNGKey(1)))
+
+    y, moved = target(final), target(final + 1.0)
+    assert y[0] == moved[0] == -1.0 and y[1] != -1.0 and moved[1] != y[1]
+
+
+def test_continuous_learners_refuse_discrete_actions():
+    import pytest
+
+    for config in (SAC, TD3):
+        with pytest.raises(msrl.ConfigError, match="continuous"):
+            build(load_config(config, ["env.id=gymnax:CartPole-v1"]))

@@ -18,7 +18,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import flatten
+from msrl.rl import TwinQ, flatten, mlp, squash_of
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -50,12 +50,6 @@ class Transition(NamedTuple):
     next_obs: jax.Array  # the observation after the action (the final one where the episode ended)
 
 
-def mlp(x: jax.Array, hidden: Sequence[int]) -> jax.Array:
-    for h in hidden:
-        x = nn.relu(nn.Dense(h)(x))
-    return x
-
-
 class TanhGaussian(nn.Module):
     """The policy: a Gaussian in an unbounded space squashed by tanh into the action box."""
 
@@ -69,18 +63,6 @@ class TanhGaussian(nn.Module):
         mean = nn.Dense(self.action_dim)(x)
         log_std = jnp.tanh(nn.Dense(self.action_dim)(x))
         return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
-
-
-class TwinQ(nn.Module):
-    """Two independent Q(obs, action) networks."""
-
-    obs_ndim: int
-    hidden: Sequence[int]
-
-    @nn.compact
-    def __call__(self, obs, action):
-        x = jnp.concatenate([flatten(obs, self.obs_ndim), action], axis=-1)
-        return tuple(nn.Dense(1)(mlp(x, self.hidden))[..., 0] for _ in range(2))
 
 
 class Squash(NamedTuple):
@@ -217,8 +199,7 @@ class SAC(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions hold less than one step "
                                    f"of {ctx.num_envs} envs")
         space = spec.action_space
-        squash = Squash(jnp.asarray((space.high - space.low) / 2, jnp.float32),
-                        jnp.asarray((space.high + space.low) / 2, jnp.float32))
+        squash = Squash(*squash_of(space))
         hidden = tuple(cfg.hidden)
         actor = TanhGaussian(space.shape[0], len(spec.obs_shape), hidden)
         critic = TwinQ(len(spec.obs_shape), hidden)
