@@ -72,3 +72,19 @@ def test_continuous_learners_refuse_discrete_actions():
     for config in (SAC, TD3):
         with pytest.raises(msrl.ConfigError, match="continuous"):
             build(load_config(config, ["env.id=gymnax:CartPole-v1"]))
+
+
+def test_sac_on_mujoco_halfcheetah_through_gymnasium_under_replay_server(tmp_path):
+    """The `mujoco` extra: Gymnasium's HalfCheetah-v5 (MuJoCo) stepped on the host by 2 actor replicas that
+    hold the replay shards, one learner (replay_server on threads). Its episodes end only by truncation."""
+    import pytest
+
+    pytest.importorskip("mujoco")  # the test extra installs it (the `mujoco` extra)
+    summary = msrl.train(SAC, [*QUICK, "env.id=gymnasium:HalfCheetah-v5", "env.num_envs=4",
+                               'env.kwargs={"max_episode_steps": 40}', "policy.name=replay_server", "policy.actors=2",
+                               "policy.backend=threads", "algorithm.hidden=[32]", "algorithm.batch_size=32",
+                               "algorithm.learning_starts=64", "run.total_env_steps=400"], run_dir=tmp_path)
+    rows = summary.rows
+    assert rows[-1]["env_steps"] == 400 and rows[-1]["episodes"] == 4 * (100 // 40)
+    assert rows[-1]["episode_length"] == 40 and np.isfinite(rows[-1]["critic_loss"])
+    assert all(np.isfinite(r["actor_loss"]) for r in rows)
