@@ -108,6 +108,20 @@ def squash_of(space) -> tuple[jnp.ndarray, jnp.ndarray]:
     return (jnp.asarray((space.high - space.low) / 2, jnp.float32), jnp.asarray((space.high + space.low) / 2, jnp.float32))
 
 
+def several_updates(update, state, sample, updates: int):
+    """``updates`` calls of ``update(state, sample) -> (state, metrics)`` in turn, each on an equal slice of
+    ``sample``'s items (a :class:`msrl.Sample` of ``updates x batch`` entries); returns the last state and the
+    metrics averaged over the updates."""
+    slices = jax.tree.map(lambda x: x.reshape((updates, -1, *x.shape[1:])), (sample.item, sample.indices, sample.weights))
+
+    def one(state, part):
+        item, indices, weights = part
+        return update(state, sample._replace(item=item, indices=indices, weights=weights))
+
+    state, metrics = jax.lax.scan(one, state, slices)
+    return state, jax.tree.map(jnp.mean, metrics)
+
+
 class ActorCriticOutput(NamedTuple):
     action: jax.Array
     log_prob: jax.Array

@@ -18,7 +18,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import TwinQ, flatten, mlp, squash_of
+from msrl.rl import TwinQ, flatten, mlp, several_updates, squash_of
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -134,6 +134,10 @@ class SACLearner(msrl.Learner):
     def policy_params(self, state):
         return state["params"]["actor"]
 
+    def learn(self, state, sample: msrl.Sample):
+        """``updates`` updates, each on its slice of ``sample``; their metrics averaged."""
+        return several_updates(self.update, state, sample, self.cfg.updates)
+
     def _step(self, name, loss, state, params, *args):
         """One step of ``name``'s optimizer on ``loss(params[name], *args) -> (loss, aux)``."""
         grads, aux = jax.grad(loss, has_aux=True)(params[name], *args)
@@ -163,7 +167,7 @@ class SACLearner(msrl.Learner):
     def _alpha_loss(self, log_alpha, entropy):
         return -log_alpha * (self.target_entropy - entropy), {}
 
-    def learn(self, state, sample: msrl.Sample):
+    def update(self, state, sample: msrl.Sample):
         """One update once the buffer holds learning_starts transitions: the critic, then the actor on the
         new critic, then the temperature; the target critic follows by Polyak averaging."""
         cfg, t, params = self.cfg, sample.item, state["params"]
@@ -216,6 +220,5 @@ class SAC(msrl.Algorithm):
             step = msrl.env_step(out.action)
             msrl.buffer_insert(Transition(obs, out.action, step.reward, step.terminated, step.final_obs))
             obs = step.obs
-        for _ in range(self.cfg.updates):
-            metrics = msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size))
-        return metrics
+        # every update's batch in one sample: the learner makes the updates in turn and averages their metrics
+        return msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size * self.cfg.updates))

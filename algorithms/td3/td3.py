@@ -18,7 +18,7 @@ from pydantic import Field
 
 import msrl
 from msrl.algorithms.sac.sac import Transition
-from msrl.rl import TwinQ, flatten, mlp, squash_of
+from msrl.rl import TwinQ, flatten, mlp, several_updates, squash_of
 
 
 class TD3Config(msrl.AlgorithmConfig):
@@ -97,6 +97,10 @@ class TD3Learner(msrl.Learner):
     def policy_params(self, state):
         return state["params"]["actor"]
 
+    def learn(self, state, sample: msrl.Sample):
+        """``updates`` updates, each on its slice of ``sample``; their metrics averaged."""
+        return several_updates(self.update, state, sample, self.cfg.updates)
+
     def target(self, target, t: Transition, key):
         """The reward plus (unless terminated) the discounted smaller target Q of the next observation, at the
         target policy's action with clipped noise."""
@@ -120,7 +124,7 @@ class TD3Learner(msrl.Learner):
         updates, opt = self.txs[name].update(grads, state["opt_state"][name], params[name])
         return optax.apply_updates(params[name], updates), opt, aux
 
-    def learn(self, state, sample: msrl.Sample):
+    def update(self, state, sample: msrl.Sample):
         """A critic update once the buffer holds learning_starts transitions; every policy_delay-th one also
         updates the actor (on the new critic) and moves the targets."""
         cfg, t, params = self.cfg, sample.item, state["params"]
@@ -169,6 +173,5 @@ class TD3(msrl.Algorithm):
             step = msrl.env_step(out.action)
             msrl.buffer_insert(Transition(obs, out.action, step.reward, step.terminated, step.final_obs))
             obs = step.obs
-        for _ in range(self.cfg.updates):
-            metrics = msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size))
-        return metrics
+        # every update's batch in one sample: the learner makes the updates in turn and averages their metrics
+        return msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size * self.cfg.updates))
