@@ -10,6 +10,7 @@ import pytest
 import msrl
 from msrl.components import episode_metrics
 from msrl.envs import make_env
+from helpers import EXAMPLES, QUICK
 
 IDS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Breakout-MinAtar"]
 
@@ -120,3 +121,21 @@ def test_env_step_fields_cross_every_cut(env_id, kwargs, policies):
             rows = s.run(30)
             results.append((float(s.params()["w"]), sum(r["truncations"] for r in rows)))
     assert results[0][1] > 0 and all(r == results[0] for r in results), results
+
+
+def test_brax_env_runs_inside_the_fused_program(tmp_path):
+    """Brax physics (`brax:` ids) jitted with PPO into one program; an episode cut by its length is a
+    truncation, and the final observation is the one before the reset."""
+    pytest.importorskip("brax")  # the test extra installs it (the `brax` extra)
+    env = make_env("brax:inverted_pendulum", episode_length=5)
+    state = env.init(jax.random.PRNGKey(0), np.arange(2))
+    step = jax.jit(env.transition)
+    for t in range(1, 11):
+        state, out = step(state, jnp.zeros((2, 1)))
+        assert np.asarray(out.truncated).all() == (t % 5 == 0) and not np.asarray(out.terminated).any()
+    assert not np.allclose(np.asarray(out.final_obs), np.asarray(out.obs))
+    summary = msrl.train(EXAMPLES / "ppo_cartpole.yaml", [*QUICK, "env.id=brax:inverted_pendulum", "env.num_envs=4",
+                                                          'env.kwargs={"episode_length": 16}', "algorithm.rollout_len=16",
+                                                          "algorithm.hidden=[16]", "run.total_env_steps=256"],
+                         run_dir=tmp_path)
+    assert summary.rows[-1]["episodes"] >= 16 and summary.rows[-1]["episode_length"] <= 16  # (the pole also falls)
