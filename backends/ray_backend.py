@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import subprocess
 import sys
 import time
 import warnings
@@ -131,7 +132,10 @@ class FragmentWorker:
         recipe, key, seed, env_ids, expected = self.args
         if group is not None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            jax.distributed.initialize(group["coordinator"], num_processes=group["size"], process_id=key[1])
+            # the coordinator listens on the address its peers are given (not on every interface, jax's default):
+            # 127.0.0.1 in a private cluster
+            jax.distributed.initialize(group["coordinator"], num_processes=group["size"], process_id=key[1],
+                                       coordinator_bind_address=group["coordinator"] if key[1] == 0 else None)
         program = compile_program(*cloudpickle.loads(recipe))
         if fingerprint(program) != expected:
             raise TrainingError("this process compiled the training loop differently from the driver (are msrl and "
@@ -142,10 +146,11 @@ class FragmentWorker:
         """An address (this node, a free port) where this replica can coordinate its SPMD group."""
         import socket
 
-        with socket.socket() as s:
-            s.bind(("", 0))
+        ip = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
+            s.bind((ip, 0))
             port = s.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
+        return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
     def where(self) -> tuple[str, int]:
         return ray.get_runtime_context().get_node_id(), os.getpid()
@@ -314,30 +319,75 @@ class RayRuntime(ReplicaRuntime):
         for service in self.program.services.values():
             service.target = None
         if self.owns_connection:
-            ray.shutdown()
+            shutdown()
             self.owns_connection = False
 
 
 def _connect(policy: Any, program: Any) -> bool:
     """Join the running Ray session, ``policy.ray_address``, or start a private cluster on this machine
-    (dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
-    import logging
-
+    (loopback only, dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
     if ray.is_initialized():
         return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if policy.ray_address:
         _check_reachable(policy.ray_address)
-        kwargs = {"address": policy.ray_address}
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            ray.init(address=policy.ray_address, **QUIET)
     else:
         need = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values())
-        kwargs = {"address": "local", "num_cpus": max(os.cpu_count() or 1, int(np.ceil(need))),
-                  "include_dashboard": policy.ray_dashboard}
-    with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
-        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        ray.init(**kwargs, **quiet)
+        init_local(max(os.cpu_count() or 1, int(np.ceil(need))), dashboard=policy.ray_dashboard)
     return True
+
+
+QUIET = {"logging_level": 40, "log_to_driver": False, "configure_logging": True}  # 40: logging.ERROR
+
+
+def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
+    """``ray.init`` of a private cluster on this machine whose every process listens on 127.0.0.1 only.
+
+    Ray binds its gRPC servers (GCS, raylet, workers), object manager, runtime-env agent and metrics ports
+    to the node's IP address, and binds them to loopback only when that address is 127.0.0.1. Ray picks
+    127.0.0.1 in its local-only mode, the one it uses on macOS and Windows (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    =0``); on Linux it otherwise resolves even an explicit ``_node_ip_address="127.0.0.1"`` to the machine's
+    outward address. Ray reads that variable once, when it is imported, so the switch is set in the module
+    that holds it, only while this cluster starts (joining another cluster later still uses the real address).
+    """
+    import psutil
+    from ray._private import ray_constants
+
+    global _WATCHDOG
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
+    before_children = {p.pid for p in psutil.Process().children()}
+    before = (os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER)
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                     **{**QUIET, **kwargs})
+    finally:
+        if before[0] is None:
+            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+        else:
+            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = before[0]
+        ray_constants.ENABLE_RAY_CLUSTER = before[1]
+    roots = [str(p.pid) for p in psutil.Process().children() if p.pid not in before_children]
+    _WATCHDOG = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "ray_watchdog.py"),
+                                  str(os.getpid()), *roots], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+_WATCHDOG: Any = None  # the private cluster's watchdog (backends/ray_watchdog.py): kills it if this process dies
+
+
+def shutdown() -> None:
+    """``ray.shutdown``, and the watchdog of a private cluster this process started reaps what is left of it."""
+    global _WATCHDOG
+    ray.shutdown()
+    if _WATCHDOG is not None:
+        _WATCHDOG.stdin.close()
+        _WATCHDOG = None
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
