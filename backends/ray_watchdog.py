@@ -6,12 +6,13 @@ Ray's head processes share the fate of the driver that started them, but its age
 60 s timeout), and a worker busy in native code may take a while to notice. This script imports nothing but
 psutil, so it starts in a fraction of a second and costs ~20 MB.
 
-    python ray_watchdog.py DRIVER_PID ROOT_PID...
+    python ray_watchdog.py DRIVER_PID [OTHER_CHILD_PID...]
 
-ROOT_PID: the cluster's processes the driver started (GCS, raylet, monitors); their descendants (workers,
-agents) are tracked as they appear. Its stdin is a pipe from the driver: end of file means the driver is gone
-or closed it (after ``ray.shutdown``); either way, what is still running of the cluster is killed (after a
-grace period when the driver is alive and shutting the cluster down itself).
+It tracks the children the driver starts after it (OTHER_CHILD_PID: the driver's children before it, not
+the cluster's) and all their descendants, until the driver writes a line on its stdin (the cluster is up):
+from then on only the descendants of those children (workers, agents) are added. End of file on stdin
+means the driver is gone or closed it (after ``ray.shutdown``); either way, what is still running of the
+cluster is killed (after a grace period while the driver lives and shuts the cluster down itself).
 """
 
 from __future__ import annotations
@@ -28,28 +29,35 @@ POLL_S = 0.25
 GRACE_S = 10.0  # a clean ray.shutdown stops its processes within this
 
 
-def main(driver_pid: int, roots: list[int]) -> None:
+def main(driver_pid: int, others: set[int]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    others.add(os.getpid())
     known: dict[int, psutil.Process] = {}
-    for pid in roots:
-        try:
-            known[pid] = psutil.Process(pid)
-        except psutil.NoSuchProcess:
-            pass
     try:
         driver = psutil.Process(driver_pid)
     except psutil.NoSuchProcess:
-        driver = None
-    while driver is not None and driver.is_running() and driver.status() != psutil.STATUS_ZOMBIE:
+        return
+    up = False
+    while _running(driver):
+        if not up:
+            try:
+                for child in driver.children():
+                    if child.pid not in others:
+                        known.setdefault(child.pid, child)
+            except psutil.Error:
+                break
         _track(known)
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
-        if ready and not os.read(sys.stdin.fileno(), 4096):  # end of file: shut down, or the driver died
-            break
+        if ready:
+            if not os.read(sys.stdin.fileno(), 4096):  # end of file: shut down, or the driver died
+                break
+            up = True
     _track(known)
-    alive = driver is not None and driver.is_running() and driver.status() != psutil.STATUS_ZOMBIE
     victims = [p for p in known.values() if _running(p)]
-    if alive:  # ray.shutdown() is stopping them: give it a moment
-        _, victims = psutil.wait_procs(victims, timeout=GRACE_S)
+    deadline = time.monotonic() + GRACE_S
+    while victims and _running(driver) and time.monotonic() < deadline:  # ray.shutdown() is stopping them
+        time.sleep(POLL_S)
+        victims = [p for p in victims if _running(p)]
     for p in victims:
         try:
             p.kill()
@@ -76,4 +84,4 @@ def _track(known: dict[int, psutil.Process]) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), [int(a) for a in sys.argv[2:]])
+    main(int(sys.argv[1]), {int(a) for a in sys.argv[2:]})

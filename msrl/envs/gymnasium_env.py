@@ -8,6 +8,7 @@ stateful vector env itself plus episode counters. Environment ``i`` is seeded fr
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import jax
@@ -28,6 +29,8 @@ class HostEnvState:
     ids: np.ndarray  # global indices
     dtypes: list[np.dtype]  # of each env's first observation: it must not change
     steps: int = 0
+    busy: int | None = None  # the environment inside step() (or its reset) now, by position
+    beat: float = 0.0  # time.monotonic() when the last environment step started or ended
 
 
 class GymnasiumEnv(Environment):
@@ -93,10 +96,12 @@ class GymnasiumEnv(Environment):
         reward = np.empty(n, np.float32)
         done = np.empty(n, np.bool_)
         for i, env in enumerate(state.envs):  # auto-reset in the same step, as gymnax does
+            state.busy, state.beat = i, time.monotonic()
             o, r, terminated, truncated, _ = env.step(action[i].item() if action.ndim == 1 else action[i])
             done[i] = terminated or truncated
             obs[i] = self._checked(state, i, env.reset()[0] if done[i] else o)
             reward[i] = r
+        state.busy, state.beat = None, time.monotonic()
         if not (np.isfinite(obs).all() and np.isfinite(reward).all()):
             i = int(np.flatnonzero(~(np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(reward)))[0])
             raise TrainingError(f"{self._where(state, i)} returned a non-finite "
@@ -109,6 +114,12 @@ class GymnasiumEnv(Environment):
         state.episodes = state.episodes + done
         state.obs = obs.astype(np.float32)
         return state, (state.obs, reward, done)
+
+    def busy(self, state: HostEnvState) -> tuple[str | None, float]:
+        """For the stall watch: the environment inside a step now, in words (None: none), and when the last
+        environment step started or ended (``time.monotonic()``)."""
+        i = state.busy
+        return (f"{self._where(state, i)} has not returned from step()" if i is not None else None), state.beat
 
     def _where(self, state: HostEnvState, i: int) -> str:
         return f"environment {self.spec.id} #{state.ids[i]} at step {state.steps}"  # counted from 0
