@@ -304,7 +304,18 @@ class RayRuntime(ReplicaRuntime):
         return found
 
     def _call(self, keys, method: str, *args: Any) -> dict:
-        return dict(zip(keys, ray.get([self.workers[k].call.remote(method, *args) for k in keys]), strict=True))
+        refs = {k: self.workers[k].call.remote(method, *args) for k in keys}
+        out = {}
+        for key, ref in refs.items():
+            try:
+                out[key] = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:  # the driver's own report
+                raise (e.cause if e.cause is not None else TrainingError(str(e))) from None
+            except ray.exceptions.RayError as e:  # its process, its node or the cluster is gone
+                self.close()
+                raise TrainingError(f"fragment {key[0]!r} replica {key[1]} could not be reached ({method}): "
+                                    f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from None
+        return out
 
     def _recover(self, key: tuple[str, int], target: int, error: Exception) -> Any:
         """A replica's process died: wait for Ray to restart it, then resume it at the first iteration its
@@ -371,6 +382,7 @@ def _connect(policy: Any, program: Any) -> bool:
     return True
 
 
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's local-only mode (node address 127.0.0.1)
 QUIET = {"logging_level": 40, "log_to_driver": False, "configure_logging": True}  # 40: logging.ERROR
 
 
@@ -389,8 +401,6 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
     import signal
     import threading
 
-    from ray._private import ray_constants
-
     global _WATCHDOG
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
     # started first, so that a cluster half started when this process dies is reaped too
@@ -402,8 +412,10 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
                                  stderr=subprocess.DEVNULL, start_new_session=True)
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
-    before = (os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER)
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    from ray._private import ray_constants  # where Ray keeps the switch (tests/test_ray.py checks the result)
+
+    before = (os.environ.get(LOCAL_ONLY), getattr(ray_constants, "ENABLE_RAY_CLUSTER", True))
+    os.environ[LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
     try:
         with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
             warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
@@ -419,9 +431,9 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
         raise
     finally:
         if before[0] is None:
-            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+            os.environ.pop(LOCAL_ONLY, None)
         else:
-            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = before[0]
+            os.environ[LOCAL_ONLY] = before[0]
         ray_constants.ENABLE_RAY_CLUSTER = before[1]
         if main and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)

@@ -294,7 +294,7 @@ def _train(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta
         note = (f"saved a checkpoint of it: {saved}" if saved is not None else
                 "no checkpoint of it could be saved (its state is lost or mid-iteration); " +
                 (f"the last checkpoint is {last}" if last is not None else "there is no checkpoint"))
-        text = f"{str(e).rstrip()}. The last complete iteration is {done} of {iterations}; {note}"
+        text = f"{str(e).rstrip().rstrip('.')}. The last complete iteration is {done} of {iterations}; {note}"
         if signals.received:
             from msrl.errors import Interrupted
 
@@ -336,7 +336,7 @@ def _train(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "config": cfg.dump()})
+                    "episode_return": last_return, "config": cfg.dump()}, on_fault=fault)
     finally:
         logger.close()
         session.close()
@@ -377,12 +377,19 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
                             f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")
 
 
-def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict) -> None:
-    """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest)."""
+def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict,
+                     on_fault: Callable[[TrainingError], Exception] | None = None) -> None:
+    """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest).
+    ``on_fault``: what to raise instead when the runtime cannot give its state (a replica or the cluster is gone)."""
     import jax
     import numpy as np
 
-    snap = session.snapshot(skip)
+    try:
+        snap = session.snapshot(skip)
+    except TrainingError as e:
+        if on_fault is None:
+            raise
+        raise on_fault(e) from None
     for frag, replicas in snap.items():
         for state in replicas:
             for path, x in jax.tree_util.tree_leaves_with_path({k: state[k] for k in ("learner", "params") if k in state}):

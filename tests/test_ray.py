@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -290,25 +291,79 @@ def test_a_private_cluster_listens_on_loopback_only_and_dies_with_a_killed_drive
     assert not left, f"alive 10 s after the driver's SIGKILL: {left}"
 
 
-def test_sigint_on_ray_checkpoints_and_resume_finishes(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_on_ray_checkpoints_and_resume_finishes(tmp_path, sig):
+    """SIGINT or SIGTERM to a ray driver: the dispatch under way finishes, a checkpoint and the summary are
+    written, exit 130 naming the resume command, no native stack dump, no process left; resuming finishes."""
     run = tmp_path / "run"
     proc = start_cli(run, "policy.name=single_learner_coarse", "policy.actors=2", "run.total_env_steps=65536",
                      "run.iterations_per_dispatch=8", "run.checkpoint_every=1000")
     wait_for_progress(proc)
     pids = [p.pid for p in family(proc.pid)]
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert f"Continue with: msrl train --resume {run}" in err and "Traceback" not in err, err[-3000:]
     assert "*** SIG" not in err and "Stack trace" not in err  # no native crash report
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["interrupted"] == "SIGINT" and 8 <= summary["iterations"] and summary["env_steps"] < 65536
+    assert summary["interrupted"] == sig.name and 8 <= summary["iterations"] and summary["env_steps"] < 65536
     assert list((run / "checkpoints").glob("ckpt_*"))
     deadline = time.time() + 10
     while time.time() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)]
+    if sig == signal.SIGTERM:
+        return
     from msrl.cli import main
 
     assert main(["train", "--resume", str(run), "run.progress=false"]) == 0
     assert json.loads((run / "summary.json").read_text())["env_steps"] == 65536
+
+
+def test_a_lost_raylet_ends_the_run_naming_the_fragment_and_the_last_checkpoint(tmp_path):
+    """SIGKILL of the private cluster's raylet mid-run: a one-line error naming the replica that could not be
+    reached, the last complete iteration and the last checkpoint (the replicas' state is gone with it); exit
+    2; nothing left running 10 s later."""
+    import psutil
+
+    run = tmp_path / "run"
+    proc = start_cli(run, "policy.name=single_learner_coarse", "policy.actors=2", "run.total_env_steps=400000",
+                     "run.iterations_per_dispatch=4", "run.checkpoint_every=4")
+    wait_for_progress(proc)
+    deadline = time.time() + 60
+    while not list((run / "checkpoints").glob("ckpt_*.msgpack")) and time.time() < deadline:
+        time.sleep(0.1)
+    procs = family(proc.pid)
+    [raylet] = [p for p in procs if p.name() == "raylet"]
+    raylet.kill()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-3000:]
+    [line] = [x for x in err.splitlines() if x.startswith("msrl: error:")]
+    assert re.fullmatch(rf"msrl: error: (fragment '(learner|actor)' replica \d (could not be reached|died)|the Ray "
+                        rf"cluster failed while fragment).*\. The last complete iteration is \d+ of 781; no "
+                        rf"checkpoint of it could be saved \(its state is lost or mid-iteration\); the last "
+                        rf"checkpoint is {re.escape(str(run))}/checkpoints/ckpt_\d+\.msgpack", line), line
+    deadline = time.time() + 10
+    while time.time() < deadline and any(alive(p.pid) for p in procs):
+        time.sleep(0.2)
+    assert not [(p.pid, p.name()) for p in procs if alive(p.pid)]
+    assert psutil.pid_exists(os.getpid())
+
+
+def test_a_hung_env_on_ray_stalls_the_run_naming_env_and_step(tmp_path):
+    """run.stall_timeout_s on ray: an actor whose Gymnasium env never returns from step() ends the run 3-10 s
+    after it hung, naming the replica, the env and its step."""
+    flag, run = tmp_path / "hung", tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", "--import", str(ROOT / "tests" / "loops.py"),
+                             str(ROOT / "examples" / "ppo_cartpole_threads.yaml"), "env.id=gymnasium:MsrlHang-v0",
+                             "env.kwargs.after=200", f"env.kwargs.flag={flag}", "policy.backend=ray",
+                             "policy.actor_backend=ray", "run.stall_timeout_s=3", "run.total_env_steps=4096",
+                             "run.tensorboard=false", "run.progress=false", "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    _, err = proc.communicate(timeout=300)
+    took = time.time() - float(flag.read_text())
+    assert proc.returncode == 2, err[-3000:]
+    assert re.search(r"msrl: error: fragment 'actor' replica [01] made no progress for [3-9] s in iteration 2: "
+                     r"environment gymnasium:MsrlHang-v0 #[04] at step 200 has not returned from step\(\) "
+                     r"\(run.stall_timeout_s=3\)\. The last complete iteration is 1 of 4", err), err[-3000:]
+    assert 3 <= took <= 12, took  # the error, then the cluster's shutdown
