@@ -36,8 +36,7 @@ from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
 from msrl.compiler.ir import walk
 from msrl.errors import ConfigError, TrainingError
 from msrl.registry import USER_MODULES
-from msrl.runtime.driver import (POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport,
-                                 fragment_fn)
+from msrl.runtime.driver import POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
 _INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
 

@@ -410,7 +410,7 @@ def _init_ray() -> bool:
     one runs."""
     import ray
 
-    from backends.ray_backend import init_local
+    from msrl.backends.ray_backend import init_local
 
     if ray.is_initialized():
         return False
@@ -535,7 +535,7 @@ def run_matrix(loops: list[str] | None = None, columns: list[str] | None = None,
                 outcomes[(name, col.id)] = run_config(LOOPS[name].config(col.policy), k, timeout)
                 judge(name, col)
         if not ray_problem and started_ray:
-            from backends.ray_backend import shutdown
+            from msrl.backends.ray_backend import shutdown
 
             shutdown()
     dev_cols = [c.id for c in columns if c.where == "devices"]

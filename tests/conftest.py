@@ -11,8 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 def ray_cluster():
     """One private local Ray cluster for the whole test session (loopback only, no dashboard)."""
     import ray
-
-    from backends.ray_backend import init_local, shutdown
+    from msrl.backends.ray_backend import init_local, shutdown
 
     init_local(num_cpus=4)
     yield

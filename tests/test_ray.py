@@ -16,11 +16,10 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers import CARTPOLE, assert_reaches, final_params, max_diff, reached
 
 import msrl
 from msrl.config import load_config
-
-from helpers import CARTPOLE, assert_reaches, reached, final_params, max_diff
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,8 +173,9 @@ def test_more_resources_than_the_cluster_has_is_a_config_error():
 
 
 def test_an_address_where_nothing_answers_fails_fast_and_clearly():
-    import ray
     import socket
+
+    import ray
 
     with socket.socket() as s:  # a port on this machine that nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -194,8 +194,7 @@ def test_an_address_where_nothing_answers_fails_fast_and_clearly():
 
 def _restart_shared_cluster():
     import ray
-
-    from backends.ray_backend import init_local
+    from msrl.backends.ray_backend import init_local
 
     if not ray.is_initialized():
         init_local(num_cpus=4)

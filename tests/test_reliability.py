@@ -1,4 +1,4 @@
-"""Reliability: environments that change or break mid-run, and actors killed over and over (chaos)."""
+"""Reliability: environments that change, break or hang mid-run, and actors killed over and over (chaos)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from msrl.envs import register_env
 from msrl.envs.gymnax_env import GymnaxEnv
 from msrl.runner import train
 
-import loops  # noqa: F401 - registers gymnasium's MsrlShifty-v0
+import loops  # registers gymnasium's MsrlShifty-v0 and MsrlHang-v0
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]

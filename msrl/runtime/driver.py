@@ -65,7 +65,7 @@ def stall_report(found: dict[Key, tuple[str, float, str, int]], limit: float, or
         return f"{name(silent[0])} did not answer for {limit:g} s (its process is stuck)"
     stuck = [k for k in order if k in found and found[k][0] in ("step", "env") and found[k][1] > limit]
     if stuck:
-        doing, stale, words, iteration = found[stuck[0]]
+        _, stale, words, iteration = found[stuck[0]]
         return f"{name(stuck[0])} made no progress for {stale:.0f} s in iteration {iteration}: {words}"
     running = [k for k in order if k in found and found[k][0] != "idle"]
     if running and all(found[k][0] == "wait" and found[k][1] > limit for k in running):
