@@ -413,19 +413,15 @@ def _log(msg: str) -> None:
 
 
 def _init_ray() -> bool:
-    """Start the one local Ray cluster every Ray cell shares (4 CPUs, no dashboard); False if one runs."""
-    import logging
-    import warnings
-
+    """Start the one local Ray cluster every Ray cell shares (4 CPUs, loopback only, no dashboard); False if
+    one runs."""
     import ray
 
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from msrl.backends.ray_backend import init_local
+
     if ray.is_initialized():
         return False
-    with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
-        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
-                 log_to_driver=False)
+    init_local(num_cpus=4)
     return True
 
 
@@ -546,9 +542,9 @@ def run_matrix(loops: list[str] | None = None, columns: list[str] | None = None,
                 outcomes[(name, col.id)] = run_config(LOOPS[name].config(col.policy), k, timeout)
                 judge(name, col)
         if not ray_problem and started_ray:
-            import ray
+            from msrl.backends.ray_backend import shutdown
 
-            ray.shutdown()
+            shutdown()
     dev_cols = [c.id for c in columns if c.where == "devices"]
     dev_loops = [n for n in loops if n not in setup_problem]
     if dev_cols and dev_loops:

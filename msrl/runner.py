@@ -17,7 +17,7 @@ from msrl import checkpoint
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, load_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import ALGORITHMS
 
 TARGET_STEPS_PER_DISPATCH = 16_384
@@ -202,11 +202,13 @@ def intervals(run: Any, iterations: int, steps_per_iter: int) -> tuple[int, int]
 
 class _Signals:
     """SIGINT and SIGTERM while training: the first asks the run to stop after the iterations already
-    started (it then checkpoints and writes its summary); a second one exits at once."""
+    started (it then checkpoints and writes its summary); a second one exits at once. While the run starts
+    (``starting``: compiling, starting the backend) either one stops it at once (KeyboardInterrupt)."""
 
     def __init__(self) -> None:
         self.received: str | None = None
         self.old: dict[int, Any] = {}
+        self.starting = True
 
     def __enter__(self) -> "_Signals":
         import signal
@@ -221,7 +223,7 @@ class _Signals:
         import signal
         import sys
 
-        if self.received is not None:
+        if self.received is not None or self.starting:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
         print(f"\nmsrl: {self.received}: finishing the iterations under way, then saving a checkpoint "
@@ -232,6 +234,7 @@ class _Signals:
 
         for sig, handler in self.old.items():
             signal.signal(sig, handler)
+        self.old = {}
 
 
 class TrainResult(dict):
@@ -306,9 +309,19 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     if cfg.run.compile_cache:
         enable_compile_cache(os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache"))
 
+    stage = (lambda text: print(f"msrl: {text}", file=sys.stderr, flush=True)) if cfg.run.progress else (lambda _: None)
+    signals = _Signals().__enter__()  # from here on SIGTERM, like SIGINT, ends the run cleanly
+    try:
+        return _run(cfg, run_dir, resume, states if resume else None, meta if resume else None,
+                    path if resume else None, on_iteration, stage, signals)
+    finally:
+        signals.__exit__()
+
+
+def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: Any, path: Any,
+         on_iteration: Callable[[dict], Any] | None, stage: Callable[[str], None], signals: _Signals) -> TrainResult:
     from msrl.runtime.session import Session
 
-    stage = (lambda text: print(f"msrl: {text}", file=sys.stderr, flush=True)) if cfg.run.progress else (lambda _: None)
     stage(f"compiling {cfg.algorithm.name}'s loop under {cfg.policy.name} ({cfg.env.id})")
     program = build(cfg)
     steps_per_iter = program.env_steps_per_iteration
@@ -324,7 +337,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
           f"{', '.join(f'{f.name} x{f.spec.replicas}' for f in program.fragments.values())}"
           + (" (XLA compiles the program now)" if cfg.policy.backend == "jax" else
              " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
-    session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch)
+    session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch,
+                      stall_timeout_s=cfg.run.stall_timeout_s)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
@@ -356,13 +370,48 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         if on_iteration is not None and on_iteration(dict(row)) and not stop:
             stop.append(row["iteration"])
 
-    signals = _Signals()
+    signals.starting = False
+
+    def fault(e: TrainingError) -> MsrlError:
+        """A failed dispatch (a replica failed, stalled or died, the cluster failed): the error, naming the last
+        complete iteration and the checkpoint saved of it, or the last one there is."""
+        done, saved = session.iteration, None
+        if session.runtime.at_rest():  # the state is that of the last complete iteration: keep it
+            try:
+                _save_checkpoint(session, run_dir, cfg, skip, {
+                    "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
+                    "episode_return": last_return, "config": cfg.dump()})
+                saved = checkpoint.latest(run_dir)
+            except Exception:  # noqa: BLE001 - the report below says there is none of this iteration
+                saved = None
+        newest = checkpoint.latest(run_dir)
+        note = (f"saved a checkpoint of it: {saved}" if saved is not None else
+                "no checkpoint of it could be saved (its state is lost or mid-iteration); " +
+                (f"the last checkpoint is {newest}" if newest is not None else "there is no checkpoint"))
+        text = f"{str(e).rstrip().rstrip('.')}. The last complete iteration is {done} of {iterations}; {note}"
+        if signals.received:
+            from msrl.errors import Interrupted
+
+            return Interrupted(f"{signals.received}: {text}" + (f". Continue with: msrl train --resume {run_dir}"
+                                                                 if newest is not None else ""))
+        return TrainingError(text)
+
+    def stream(segment: int):
+        rows_of = session.stream(segment, per_dispatch, lambda: bool(stop or signals.received))
+        while True:
+            try:
+                rows = next(rows_of)
+            except StopIteration:
+                return
+            except TrainingError as e:
+                raise fault(e) from None
+            yield rows
+
     try:
-        signals.__enter__()
         while session.iteration < iterations and not stop:
             done = session.iteration
             segment = iterations - done if not every else min(iterations - done, every - done % every)
-            for rows in session.stream(segment, per_dispatch, lambda: bool(stop or signals.received)):
+            for rows in stream(segment):
                 # a dispatch's iterations share its wall time evenly (they run inside one call)
                 before, now = last_time, time.perf_counter() - start
                 for i, r in enumerate(rows):
@@ -383,9 +432,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "config": cfg.dump()})
+                    "episode_return": last_return, "config": cfg.dump()}, on_fault=fault)
     finally:
-        signals.__exit__()
         logger.close(last_return)
         session.close()
     elapsed = time.perf_counter() - start
@@ -425,12 +473,19 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
                             f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")
 
 
-def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict) -> None:
-    """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest)."""
+def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict,
+                     on_fault: Callable[[TrainingError], Exception] | None = None) -> None:
+    """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest).
+    ``on_fault``: what to raise instead when the runtime cannot give its state (a replica or the cluster is gone)."""
     import jax
     import numpy as np
 
-    snap = session.snapshot(skip)
+    try:
+        snap = session.snapshot(skip)
+    except TrainingError as e:
+        if on_fault is None:
+            raise
+        raise on_fault(e) from None
     for frag, replicas in snap.items():
         for state in replicas:
             for path, x in jax.tree_util.tree_leaves_with_path({k: state[k] for k in ("learner", "params") if k in state}):

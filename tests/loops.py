@@ -6,6 +6,8 @@ CompileError points at exactly that file:line.
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -513,3 +515,33 @@ class StepFields(msrl.Algorithm):
             msrl.buffer_insert(Full(obs, step.reward, step.terminated, step.truncated, step.final_obs, step.obs))
             obs = step.obs
         return msrl.agent_learn(msrl.buffer_get())
+
+
+HANG_RELEASE = threading.Event()  # set to let hung environments return (a test's cleanup)
+
+
+class Hang(gymnasium.Env):
+    """CartPole-shaped; its ``after``-th step (counted from 0) never returns (until HANG_RELEASE is set). When
+    it hangs it writes ``time.time()`` to the file ``flag``, if given."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, after: int = 50, flag: str = ""):
+        self.after, self.flag, self.t = after, flag, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        if self.t == self.after:
+            if self.flag:
+                with open(self.flag, "w") as f:
+                    f.write(str(time.time()))
+            HANG_RELEASE.wait()
+        self.t += 1
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+gymnasium.register(id="MsrlHang-v0", entry_point=Hang)

@@ -80,7 +80,7 @@ SIZE_KEYS = ["algorithm.rollout_len", "algorithm.epochs", "algorithm.minibatches
              "policy.max_actor_restarts"]
 FLOAT_KEYS = ["algorithm.lr", "algorithm.gamma", "algorithm.gae_lambda", "algorithm.clip_eps", "algorithm.ent_coef",
               "algorithm.vf_coef", "algorithm.max_grad_norm", "policy.resources.actor.num_cpus",
-              "policy.resources.learner.num_gpus"]
+              "policy.resources.learner.num_gpus", "run.stall_timeout_s"]
 OTHER_KEYS = ["algorithm.name", "algorithm.anneal_lr", "algorithm.hidden", "algorithm.activation", "env.id",
               "env.kwargs", "policy.name", "policy.backend", "policy.actor_backend", "policy.learner_backend",
               "policy.resources", "policy.ray_address", "policy.ray_dashboard", "run.progress", "run.tensorboard",

@@ -8,6 +8,7 @@ stateful vector env itself plus episode counters. Environment ``i`` is seeded fr
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import jax
@@ -30,6 +31,8 @@ class HostEnvState:
     ids: np.ndarray  # global indices
     dtypes: list[np.dtype]  # of each env's first observation: it must not change
     steps: int = 0
+    busy: int | None = None  # the environment inside step() (or its reset) now, by position
+    beat: float = 0.0  # time.monotonic() when the last environment step started or ended
 
 
 class GymnasiumEnv(Environment):
@@ -98,11 +101,13 @@ class GymnasiumEnv(Environment):
         terminated, truncated = np.empty(n, np.bool_), np.empty(n, np.bool_)
         final = np.empty((n, *self.spec.obs_shape), np.float32)
         for i, env in enumerate(state.envs):  # auto-reset in the same step, as gymnax does
+            state.busy, state.beat = i, time.monotonic()
             o, r, terminated[i], truncated[i], _ = env.step(action[i].item() if action.ndim == 1 else action[i])
             terminated[i] &= not truncated[i]  # cut by a time limit: bootstrap, even if also terminal
             final[i] = self._checked(state, i, o)
             obs[i] = self._checked(state, i, env.reset()[0]) if terminated[i] or truncated[i] else final[i]
             reward[i] = r
+        state.busy, state.beat = None, time.monotonic()
         done = terminated | truncated
         if not (np.isfinite(obs).all() and np.isfinite(final).all() and np.isfinite(reward).all()):
             good = np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(final).reshape(n, -1).all(1)
@@ -120,6 +125,12 @@ class GymnasiumEnv(Environment):
         state.running_length = np.where(done, 0, length).astype(np.int32)
         state.obs = obs.astype(np.float32)
         return state, EnvStep(state.obs, reward, terminated, truncated, final)
+
+    def busy(self, state: HostEnvState) -> tuple[str | None, float]:
+        """For the stall watch: the environment inside a step now, in words (None: none), and when the last
+        environment step started or ended (``time.monotonic()``)."""
+        i = state.busy
+        return (f"{self._where(state, i)} has not returned from step()" if i is not None else None), state.beat
 
     def _where(self, state: HostEnvState, i: int) -> str:
         return f"environment {self.spec.id} #{state.ids[i]} at step {state.steps}"  # counted from 0
