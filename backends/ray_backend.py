@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import subprocess
 import sys
 import time
 import warnings
@@ -35,7 +36,7 @@ from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
 from msrl.compiler.ir import walk
 from msrl.errors import ConfigError, TrainingError
 from msrl.registry import USER_MODULES
-from msrl.runtime.driver import POLL_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
+from msrl.runtime.driver import POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
 _INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
 
@@ -131,7 +132,10 @@ class FragmentWorker:
         recipe, key, seed, env_ids, expected = self.args
         if group is not None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            jax.distributed.initialize(group["coordinator"], num_processes=group["size"], process_id=key[1])
+            # the coordinator listens on the address its peers are given (not on every interface, jax's default):
+            # 127.0.0.1 in a private cluster
+            jax.distributed.initialize(group["coordinator"], num_processes=group["size"], process_id=key[1],
+                                       coordinator_bind_address=group["coordinator"] if key[1] == 0 else None)
         program = compile_program(*cloudpickle.loads(recipe))
         if fingerprint(program) != expected:
             raise TrainingError("this process compiled the training loop differently from the driver (are msrl and "
@@ -142,10 +146,11 @@ class FragmentWorker:
         """An address (this node, a free port) where this replica can coordinate its SPMD group."""
         import socket
 
-        with socket.socket() as s:
-            s.bind(("", 0))
+        ip = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
+            s.bind((ip, 0))
             port = s.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
+        return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
     def where(self) -> tuple[str, int]:
         return ray.get_runtime_context().get_node_id(), os.getpid()
@@ -259,32 +264,73 @@ class RayRuntime(ReplicaRuntime):
         outputs: dict[tuple[str, int], list] = {}
         try:
             while running:
-                (ref,), _ = ray.wait(list(running), num_returns=1)
-                key = running.pop(ref)
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=WATCH_S)
+                if not ready:  # the stall watch
+                    self.watch(sorted(set(running.values()), key=self.keys.index))
+                    continue
+                key = running.pop(ready[0])
                 try:
-                    outputs.setdefault(key, []).extend(ray.get(ref))
+                    outputs.setdefault(key, []).extend(ray.get(ready[0]))
                 except ray.exceptions.RayActorError as e:  # its process died
                     running[self._recover(key, target, e)] = key
                 except ray.exceptions.RayTaskError as e:  # the driver's own report (msrl.runtime.driver)
                     raise (e.cause if e.cause is not None else TrainingError(str(e))) from None
-        except BaseException:
+        except BaseException as e:
             self.close()
+            if isinstance(e, ray.exceptions.RayError) and not isinstance(e, ray.exceptions.RayTaskError):
+                # the cluster itself failed under the replicas (a lost raylet or GCS)
+                who = ", ".join(f"{k[0]!r} replica {k[1]}" for k in sorted(set(running.values()) or self.keys,
+                                                                           key=self.keys.index))
+                raise TrainingError(f"the Ray cluster failed while fragment {who} ran: {type(e).__name__}: "
+                                    f"{(str(e).strip().splitlines() or [''])[0]}") from None
             raise
         return outputs
 
+    def _activities(self, keys: list) -> dict:
+        """Each replica's activity; None for one that does not answer within the stall limit (a dead one is
+        left out: its ``run`` reference reports it)."""
+        refs = {k: self.workers[k].call.remote("activity") for k in keys}
+        limit = min(self.stall_timeout_s or STOP_GRACE_S, STOP_GRACE_S if self.stopping() else 5.0)
+        found: dict = {}
+        deadline = time.monotonic() + limit
+        for k, ref in refs.items():
+            try:
+                found[k] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                found[k] = None
+            except ray.exceptions.RayError:
+                pass
+        return found
+
     def _call(self, keys, method: str, *args: Any) -> dict:
-        return dict(zip(keys, ray.get([self.workers[k].call.remote(method, *args) for k in keys]), strict=True))
+        refs = {k: self.workers[k].call.remote(method, *args) for k in keys}
+        out = {}
+        for key, ref in refs.items():
+            try:
+                out[key] = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:  # the driver's own report
+                raise (e.cause if e.cause is not None else TrainingError(str(e))) from None
+            except ray.exceptions.RayError as e:  # its process, its node or the cluster is gone
+                self.close()
+                raise TrainingError(f"fragment {key[0]!r} replica {key[1]} could not be reached ({method}): "
+                                    f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from None
+        return out
 
     def _recover(self, key: tuple[str, int], target: int, error: Exception) -> Any:
         """A replica's process died: wait for Ray to restart it, then resume it at the first iteration its
         receivers lack; its new ``run`` reference."""
         name, replica = key
         why = self.unrestartable[name]
+        limit = self.stall_timeout_s or float("inf")
+        deadline = time.monotonic() + limit
         while why is None:
             try:
-                node, pid = ray.get(self.workers[key].where.remote())
+                node, pid = ray.get(self.workers[key].where.remote(),
+                                    timeout=None if limit == float("inf") else max(1.0, deadline - time.monotonic()))
                 break
-            except ray.exceptions.ActorUnavailableError:  # restarting
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as e:  # restarting
+                if time.monotonic() > deadline:
+                    why, error = f"Ray did not restart it within run.stall_timeout_s={limit:g} s", e
                 time.sleep(POLL_S)
             except ray.exceptions.RayActorError as e:
                 why, error = f"Ray gave up on it after policy.max_actor_restarts={self.policy.max_actor_restarts}", e
@@ -314,30 +360,96 @@ class RayRuntime(ReplicaRuntime):
         for service in self.program.services.values():
             service.target = None
         if self.owns_connection:
-            ray.shutdown()
+            shutdown()
             self.owns_connection = False
 
 
 def _connect(policy: Any, program: Any) -> bool:
     """Join the running Ray session, ``policy.ray_address``, or start a private cluster on this machine
-    (dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
-    import logging
-
+    (loopback only, dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
     if ray.is_initialized():
         return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if policy.ray_address:
         _check_reachable(policy.ray_address)
-        kwargs = {"address": policy.ray_address}
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            ray.init(address=policy.ray_address, **QUIET)
     else:
         need = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values())
-        kwargs = {"address": "local", "num_cpus": max(os.cpu_count() or 1, int(np.ceil(need))),
-                  "include_dashboard": policy.ray_dashboard}
-    with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
-        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        ray.init(**kwargs, **quiet)
+        init_local(max(os.cpu_count() or 1, int(np.ceil(need))), dashboard=policy.ray_dashboard)
     return True
+
+
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's local-only mode (node address 127.0.0.1)
+QUIET = {"logging_level": 40, "log_to_driver": False, "configure_logging": True}  # 40: logging.ERROR
+
+
+def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
+    """``ray.init`` of a private cluster on this machine whose every process listens on 127.0.0.1 only, and
+    dies with this process (a watchdog, :mod:`backends.ray_watchdog`, kills what is left of it).
+
+    Ray binds its gRPC servers (GCS, raylet, workers), object manager, runtime-env agent and metrics ports
+    to the node's IP address, and binds them to loopback only when that address is 127.0.0.1. Ray picks
+    127.0.0.1 in its local-only mode, the one it uses on macOS and Windows (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    =0``); on Linux it otherwise resolves even an explicit ``_node_ip_address="127.0.0.1"`` to the machine's
+    outward address. Ray reads that variable once, when it is imported, so the switch is set in the module
+    that holds it, only while this cluster starts (joining another cluster later still uses the real address).
+    ``ray.init`` makes SIGTERM exit the process; the handler that was there before is put back.
+    """
+    import signal
+    import threading
+
+    global _WATCHDOG
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
+    # started first, so that a cluster half started when this process dies is reaped too
+    import psutil
+
+    others = [str(c.pid) for c in psutil.Process().children()]
+    _WATCHDOG = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "ray_watchdog.py"),
+                                  str(os.getpid()), *others], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    from ray._private import ray_constants  # where Ray keeps the switch (tests/test_ray.py checks the result)
+
+    before = (os.environ.get(LOCAL_ONLY), getattr(ray_constants, "ENABLE_RAY_CLUSTER", True))
+    os.environ[LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
+            warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                     **{**QUIET, **kwargs})
+    except SystemExit as e:  # Ray's SIGTERM handler, while the cluster started: stop as on SIGINT
+        shutdown()
+        if e.code == signal.SIGTERM:
+            raise KeyboardInterrupt from None
+        raise
+    except BaseException:
+        shutdown()
+        raise
+    finally:
+        if before[0] is None:
+            os.environ.pop(LOCAL_ONLY, None)
+        else:
+            os.environ[LOCAL_ONLY] = before[0]
+        ray_constants.ENABLE_RAY_CLUSTER = before[1]
+        if main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+    _WATCHDOG.stdin.write(f"{ray.get_runtime_context().get_node_id()}\n".encode())  # the cluster is up
+    _WATCHDOG.stdin.flush()
+
+
+_WATCHDOG: Any = None  # the private cluster's watchdog (backends/ray_watchdog.py): kills it if this process dies
+
+
+def shutdown() -> None:
+    """``ray.shutdown``, and the watchdog of a private cluster this process started reaps what is left of it."""
+    global _WATCHDOG
+    ray.shutdown()
+    if _WATCHDOG is not None:
+        _WATCHDOG.stdin.close()
+        _WATCHDOG = None
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:

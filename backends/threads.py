@@ -11,10 +11,11 @@ its state lives there, it computes there, and what it receives is put there (``d
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from msrl.backend import Backend, replica_env_ids
-from msrl.runtime.driver import POLL_S, Mailbox, ReplicaDriver, ReplicaRuntime, Transport
+from msrl.runtime.driver import POLL_S, WATCH_S, Mailbox, ReplicaDriver, ReplicaRuntime, Transport
 
 
 class InProcess(Transport):
@@ -33,7 +34,7 @@ class ThreadsRuntime(ReplicaRuntime):
         splits = {name: replica_env_ids(program.num_envs, frag) for name, frag in program.fragments.items()}
         self.drivers = {key: ReplicaDriver(program, key, seed, splits[key[0]][key[1]], transport, self.mailboxes[key],
                                            (devices or {}).get(key)) for key in self.keys}
-        self.threads: list[threading.Thread] = []
+        self.threads: dict[tuple[str, int], threading.Thread] = {}
         for service in program.services.values():  # one object, shared by every replica thread
             service.target = service.make(seed)
 
@@ -48,16 +49,24 @@ class ThreadsRuntime(ReplicaRuntime):
                 for box in self.mailboxes.values():
                     box.stop()
 
-        self.threads = [threading.Thread(target=work, args=(key,), daemon=True, name=f"msrl-{key[0]}-{key[1]}")
-                        for key in self.keys]
-        for t in self.threads:
+        self.threads = {key: threading.Thread(target=work, args=(key,), daemon=True, name=f"msrl-{key[0]}-{key[1]}")
+                        for key in self.keys}
+        for t in self.threads.values():
             t.start()
         try:
-            for t in self.threads:
-                while t.is_alive():
-                    t.join(timeout=POLL_S)
-        except KeyboardInterrupt:
-            self.close()
+            watched, failed = time.monotonic(), None
+            while alive := [k for k, t in self.threads.items() if t.is_alive()]:
+                self.threads[alive[0]].join(timeout=POLL_S)
+                if errors:  # the others stop within a poll interval, unless stuck in a host env's step
+                    failed = failed or time.monotonic()
+                    if time.monotonic() - failed > 2.0:
+                        break
+                elif time.monotonic() - watched >= WATCH_S:
+                    watched = time.monotonic()
+                    self.watch(alive)
+        except BaseException:  # a stall or KeyboardInterrupt: stop the others (a stuck one stays behind)
+            for box in self.mailboxes.values():
+                box.stop()
             raise
         if errors:  # the first replica's, when several failed: the same report whichever thread came first
             raise errors[min(errors, key=self.keys.index)]
@@ -66,14 +75,21 @@ class ThreadsRuntime(ReplicaRuntime):
     def _call(self, keys, method: str, *args: Any) -> dict:
         return {key: getattr(self.drivers[key], method)(*args) for key in keys}
 
+    def at_rest(self) -> bool:
+        return all(not t.is_alive() for t in self.threads.values()) and \
+            all(d.iteration == self.iteration for d in self.drivers.values())
+
     def close(self) -> None:
-        """Stop every replica (blocked ones wake up within a poll interval) and release host envs."""
+        """Stop every replica (blocked ones wake up within a poll interval) and release host envs. A replica
+        stuck in a host environment's step cannot be stopped: it is left behind (its thread is a daemon) after
+        a second, with its environments."""
         for box in self.mailboxes.values():
             box.stop()
-        for t in self.threads:
-            t.join()
-        for driver in self.drivers.values():
-            if "env" in driver.state:
+        deadline = time.monotonic() + 1.0
+        for t in self.threads.values():
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        for key, driver in self.drivers.items():
+            if "env" in driver.state and not (key in self.threads and self.threads[key].is_alive()):
                 self.program.env.close(driver.state["env"])
         self.drivers = {}
         for service in self.program.services.values():

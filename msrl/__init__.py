@@ -16,7 +16,7 @@ from msrl.api import (
     env_step,
 )
 from msrl.backend import Backend, Runtime
-from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, Learner, MultiAgentObs,
+from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, EnvStep, Learner, MultiAgentObs,
                              MultiAgentSpec, ReplayBuffer, split_keys)
 from msrl.config import INT32_MAX
 from msrl.errors import CompileError, ConfigError, Interrupted, MsrlError, TrainingError
@@ -69,7 +69,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "INT32_MAX", "Interrupted", "PARAMETERS", "Service", "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "CompileError", "ConfigError", "Context",
+    "INT32_MAX", "Interrupted", "PARAMETERS", "Service", "ActOutput", "Actor", "Algorithm", "AlgorithmConfig", "Backend", "Box", "EnvStep", "CompileError", "ConfigError", "Context",
     "CommSpec", "Discrete", "DistributedPolicy", "LearnerPlan", "Link", "Loop", "Plan", "all_reduce_mean", "component_keys", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError",
     "MultiAgentObs", "MultiAgentSpec", "Policy", "PrioritizedBuffer", "ReplayBuffer",
     "Runtime", "Sample", "Session", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",

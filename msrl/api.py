@@ -61,9 +61,10 @@ def env_reset():
     """Reset every environment; returns the first observations."""
 
 
-@_api("env", "step", ("env",), ("env",), "(next_obs, reward, done)")
+@_api("env", "transition", ("env",), ("env",), "EnvStep")
 def env_step(action):
-    """Step every environment (auto-reset on episode end); returns ``(next_obs, reward, done)``."""
+    """Step every environment (auto-reset on episode end). Returns an :class:`msrl.EnvStep`, which unpacks as
+    ``next_obs, reward, done`` and also has ``.terminated``, ``.truncated`` and ``.final_obs``."""
 
 
 @_api("actor", "act", ("actor", "params"), ("actor",), "ActOutput")

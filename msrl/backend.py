@@ -11,6 +11,9 @@ class Runtime:
     iteration (``episode_return``, ``episodes`` and the loop's own metrics, as Python floats)."""
 
     compile_seconds: float | None = None  # XLA compile time ahead of the run; None: compiled lazily in it
+    # a replica (a host env's step, a collective) making no progress this long ends the run (0: never); set by
+    # the Session; backends of replicas watch for it (msrl.runtime.driver.ReplicaRuntime.watch)
+    stall_timeout_s: float = 0.0
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         raise NotImplementedError
@@ -36,6 +39,11 @@ class Runtime:
     def restore(self, snapshot: dict[str, list[dict[str, Any]]]) -> None:
         """Set the component states found in ``snapshot`` (as :meth:`snapshot` returns them); others stay."""
         raise NotImplementedError
+
+    def at_rest(self) -> bool:
+        """Whether the state held now is that of the end of the last finished dispatch (after a failed one:
+        whether a snapshot now is a consistent checkpoint). False when unknown."""
+        return False
 
     def close(self) -> None:
         pass

@@ -177,7 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from msrl.plot import plot_runs
 
-    print(f"wrote {plot_runs(args.run_dirs, args.output, smooth=args.smooth)}")
+    print(f"wrote {plot_runs(args.run_dirs, args.output, smooth=args.smooth, aggregate=args.aggregate)}")
     return 0
 
 
@@ -235,7 +235,9 @@ def make_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="learning curves of run directories (return vs env steps and wall time)")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     pl.add_argument("-o", "--output", default="curves.png", help="image file (default curves.png)")
-    pl.add_argument("--smooth", type=int, default=1, metavar="K", help="moving average over K iterations")
+    pl.add_argument("--smooth", type=int, default=1, metavar="K", help="moving average over K rows")
+    pl.add_argument("--aggregate", action="store_true",
+                    help="one line per config (runs that differ only in run.*, e.g. seeds): mean ± std")
     pl.set_defaults(fn=cmd_plot)
 
     b = sub.add_parser("bench", help="run benchmarks/ (msrl vs peers) and print a table")

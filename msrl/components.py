@@ -8,6 +8,7 @@ lives in the state pytrees the compiler threads through the training loop.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -80,6 +81,57 @@ class MultiAgentSpec(EnvSpec):
                              jnp.zeros(self.state_shape, self.obs_dtype))
 
 
+@jax.tree_util.register_pytree_node_class
+class EnvStep:
+    """What ``msrl.env_step(action)`` returns, per environment. It unpacks as ``next_obs, reward, done``.
+
+    - ``terminated``: the episode reached a terminal state (no value beyond it: do not bootstrap);
+    - ``truncated``: the episode was cut short, by a time limit say (bootstrap from ``final_obs``);
+    - ``done``: either of them. Environments reset themselves, so where ``done``, ``obs`` is already the next
+      episode's first observation, and ``final_obs`` is the one the ended episode reached (``obs`` elsewhere).
+    """
+
+    def __init__(self, obs: Any, reward: Any, terminated: Any, truncated: Any, final_obs: Any = None):
+        self.obs, self.reward, self.terminated, self.truncated = obs, reward, terminated, truncated
+        self._final_obs = final_obs
+
+    @property
+    def done(self) -> Any:
+        return self.terminated | self.truncated
+
+    @property
+    def final_obs(self) -> Any:
+        if self._final_obs is None:
+            from msrl.errors import MsrlError
+
+            raise MsrlError("this environment does not report the final observation of an episode (its step "
+                            "returns (obs, reward, done)); EnvStep.final_obs needs one that does")
+        return self._final_obs
+
+    def __iter__(self):
+        return iter((self.obs, self.reward, self.done))
+
+    def tree_flatten(self):
+        return (self.obs, self.reward, self.terminated, self.truncated, self._final_obs), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: Any, children: Any) -> "EnvStep":
+        return cls(*children)
+
+    def __repr__(self) -> str:
+        return f"EnvStep(obs={self.obs!r}, reward={self.reward!r}, terminated={self.terminated!r}, " \
+               f"truncated={self.truncated!r})"
+
+
+def as_env_step(out: Any) -> EnvStep:
+    """An environment's step result as an :class:`EnvStep`: a plain ``(obs, reward, done)`` counts every end
+    as terminal."""
+    if isinstance(out, EnvStep):
+        return out
+    obs, reward, done = out
+    return EnvStep(obs, reward, done, done & False)
+
+
 # --------------------------------------------------------------------------------------------- components
 class Environment:
     """A functional, jittable batch of environments (gymnax protocol, auto-reset).
@@ -101,12 +153,19 @@ class Environment:
     def reset(self, state: PyTree) -> tuple[PyTree, jax.Array]:
         raise NotImplementedError
 
-    def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, tuple[jax.Array, jax.Array, jax.Array]]:
+    def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep | tuple[jax.Array, jax.Array, jax.Array]]:
+        """``(state, EnvStep)``, or ``(state, (obs, reward, done))`` for an env that tells no truncation."""
         raise NotImplementedError
 
+    def transition(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep]:
+        """``step``, its result as an :class:`EnvStep` (what ``msrl.env_step`` calls)."""
+        state, out = self.step(state, action)
+        return state, as_env_step(out)
+
     def stats(self, state: PyTree) -> dict[str, Any]:
-        """Episode statistics, summable over replicas: ``return_sum`` (of the last completed episode of
-        every env that completed one), ``finished`` (how many such envs) and ``episodes`` (completed)."""
+        """Episode statistics, summable over replicas: ``return_sum`` and ``length_sum`` (of the last completed
+        episode of every env that completed one), ``finished`` (how many such envs) and ``episodes``
+        (completed)."""
         raise NotImplementedError
 
     def close(self, state: PyTree) -> None:
@@ -118,10 +177,13 @@ class Environment:
 
 
 def episode_metrics(stats: list[dict[str, Any]]) -> dict[str, float]:
-    """Merge :meth:`Environment.stats` of several replicas: the mean return of the last completed episodes."""
+    """Merge :meth:`Environment.stats` of several replicas: the mean return and length of the last completed
+    episodes."""
     finished = sum(float(s["finished"]) for s in stats)
     total = sum(float(s["return_sum"]) for s in stats)
+    length = sum(float(s.get("length_sum", math.nan)) for s in stats)
     out = {"episode_return": total / finished if finished else float("nan"),
+           "episode_length": length / finished if finished else float("nan"),
            "episodes": sum(float(s["episodes"]) for s in stats)}
     if any("nonfinite" in s for s in stats):  # non-finite numbers in the envs' observations or returns
         out["env_nonfinite"] = sum(float(s.get("nonfinite", 0)) for s in stats)
@@ -165,7 +227,12 @@ class Learner:
 
     @property
     def tx(self) -> optax.GradientTransformation:
-        return optax.chain(*self.grad_transforms, self.optimizer())
+        return self.chain(self.optimizer())
+
+    def chain(self, optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+        """``optimizer`` after the policy's ``grad_transforms``: a learner with several optimizers (an actor's,
+        a critic's) builds each with it, so that a policy's transforms apply to every part."""
+        return optax.chain(*self.grad_transforms, optimizer)
 
     def init(self, key: jax.Array) -> PyTree:
         raise NotImplementedError

@@ -7,7 +7,7 @@ policy brings its own keys. Unknown keys and bad values raise :class:`ConfigErro
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -30,6 +30,19 @@ class EnvConfig(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
 
 
+class WandbConfig(BaseModel):
+    """``run.wandb``: the metrics rows also go to a Weights & Biases run (``mode: offline`` needs no network;
+    ``wandb sync`` uploads it later)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str
+    entity: str | None = None
+    name: str | None = Field(None, description="the W&B run's name (default: the run directory's)")
+    tags: list[str] = Field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] = "online"
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -40,10 +53,17 @@ class RunConfig(BaseModel):
     progress: bool = True
     tensorboard: bool = True
     compile_cache: bool = Field(True, description="JAX persistent compilation cache beside the run directory")
-    checkpoint_every: int = Field(100, ge=0, description="iterations between checkpoints (and one at the end); "
-                                  "0: none")
+    log_every_steps: int | None = Field(
+        None, gt=0, description="env steps between metrics rows, rounded to whole iterations (None: every "
+        "iteration, or fewer so that a run writes at most 1000 rows)")
+    checkpoint_every_steps: int = Field(100_000, ge=0, description="env steps between checkpoints, rounded to "
+                                        "whole logged rows (and one at the end); 0: none")
     keep_checkpoints: int = Field(3, gt=0, description="how many of the latest checkpoints to keep")
     checkpoint_buffer: bool = Field(True, description="store the buffers' content in checkpoints")
+    wandb: WandbConfig | None = Field(None, description="log to Weights & Biases too (pip install 'msrl[wandb]')")
+    stall_timeout_s: float = Field(600.0, ge=0, description="seconds a replica, a host environment's step or a "
+                                   "collective may make no progress before the run stops with an error naming it; "
+                                   "0: wait forever")
 
 
 class ExperimentConfig(BaseModel):

@@ -53,7 +53,7 @@ EQUAL, REFUSED, DESIGN, SILENT, ERROR = ("equal to fused", "refused", "different
                                          "ERROR")
 VERDICTS = (EQUAL, REFUSED, DESIGN, SILENT, ERROR)
 FAILURES = (SILENT, ERROR)
-RUN = {"seed": 0, "total_env_steps": 100_000, "progress": False, "tensorboard": False, "checkpoint_every": 0,
+RUN = {"seed": 0, "total_env_steps": 100_000, "progress": False, "tensorboard": False, "checkpoint_every_steps": 0,
        "compile_cache": False}
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom_algorithm.py"
 
@@ -113,6 +113,13 @@ LOOPS: dict[str, Loop] = {loop.name: loop for loop in [
                "async-w2/threads": _MAPPO_SKIP, "async-w1/ray": _MAPPO_SKIP, "async-w2/ray": _MAPPO_SKIP}),
     Loop("reinforce", "REINFORCE (examples/custom_algorithm.py, imported by path)",
          {"name": "reinforce", "rollout_len": 16, "hidden": 32}, setup=_custom_algorithm),
+    Loop("sac_builtin", "SAC (built-in) on Pendulum",
+         {"name": "sac", "rollout_len": 2, "batch_size": 32, "buffer_size": 1024, "learning_starts": 8, "updates": 2,
+          "hidden": [32]},
+         env={"id": "gymnax:Pendulum-v1"}),
+    Loop("td3_builtin", "TD3 (built-in) on Pendulum",
+         {"name": "td3", "rollout_len": 2, "batch_size": 32, "buffer_size": 1024, "learning_starts": 8, "updates": 2,
+          "hidden": [32]}, env={"id": "gymnax:Pendulum-v1"}),
     Loop("sac", "SAC-shaped: local replay, twin critics, Polyak targets, 3 optimizers (conformance_loops)",
          {"name": "conf_sac"}, setup=_conformance_loops),
     Loop("recurrent", "Recurrent actor: GRU state per env, reset at episode starts (conformance_loops)",
@@ -406,19 +413,15 @@ def _log(msg: str) -> None:
 
 
 def _init_ray() -> bool:
-    """Start the one local Ray cluster every Ray cell shares (4 CPUs, no dashboard); False if one runs."""
-    import logging
-    import warnings
-
+    """Start the one local Ray cluster every Ray cell shares (4 CPUs, loopback only, no dashboard); False if
+    one runs."""
     import ray
 
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from msrl.backends.ray_backend import init_local
+
     if ray.is_initialized():
         return False
-    with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
-        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
-                 log_to_driver=False)
+    init_local(num_cpus=4)
     return True
 
 
@@ -539,9 +542,9 @@ def run_matrix(loops: list[str] | None = None, columns: list[str] | None = None,
                 outcomes[(name, col.id)] = run_config(LOOPS[name].config(col.policy), k, timeout)
                 judge(name, col)
         if not ray_problem and started_ray:
-            import ray
+            from msrl.backends.ray_backend import shutdown
 
-            ray.shutdown()
+            shutdown()
     dev_cols = [c.id for c in columns if c.where == "devices"]
     dev_loops = [n for n in loops if n not in setup_problem]
     if dev_cols and dev_loops:

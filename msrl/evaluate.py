@@ -29,7 +29,7 @@ def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
     good = checkpoint.latest_good(run_dir)
     if good is None:
-        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every > 0)")
+        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every_steps > 0)")
     path, states, meta = good
     meta = {**meta, "checkpoint": str(path)}
     cfg = load_config(run_dir / "config.yaml")

@@ -52,16 +52,45 @@ def moving_average(y: np.ndarray, k: int) -> np.ndarray:
     return (csum[hi] - csum[lo]) / (hi - lo)
 
 
-def _label(run_dir: Path, name: str) -> str:
+def _config(run_dir: Path) -> dict | None:
     try:
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        return cfg if isinstance(cfg, dict) else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _label(run_dir: Path, name: str) -> str:
+    try:
+        cfg = _config(run_dir)
         return f"{name} ({cfg['algorithm']['name']}, {cfg['policy']['name']})"
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return name
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> Path:
-    """Plot episode return against env steps and against wall time, one line per run; returns ``out``."""
+def _group_key(run_dir: Path) -> str:
+    """What runs that differ only by seed share: their config without ``run`` (or the folder's parent)."""
+    cfg = _config(run_dir)
+    if cfg is None:
+        return str(run_dir.resolve().parent)
+    return yaml.safe_dump({k: v for k, v in cfg.items() if k != "run"}, sort_keys=True)
+
+
+def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200) -> dict[str, np.ndarray]:
+    """Several runs' curves on one grid of env steps (up to where the shortest ends): the mean and standard
+    deviation of their returns, and their mean wall time, interpolated linearly between logged rows."""
+    lo = max(c["env_steps"][0] for c in curves)
+    hi = min(c["env_steps"][-1] for c in curves)
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([hi], float)
+    ret = np.stack([np.interp(grid, c["env_steps"], c["episode_return"]) for c in curves])
+    wall = np.stack([np.interp(grid, c["env_steps"], c["wall_time"]) for c in curves])
+    return {"env_steps": grid, "mean": ret.mean(0), "std": ret.std(0), "wall_time": wall.mean(0)}
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggregate: bool = False) -> Path:
+    """Plot episode return against env steps and against wall time, one line per run; returns ``out``.
+    ``aggregate``: one line per group of runs with the same config but for ``run`` (seeds, say): their mean,
+    with a band of ± one standard deviation."""
     from matplotlib.figure import Figure  # a bare Figure renders with Agg: no pyplot, no display
 
     if smooth < 1:
@@ -70,16 +99,30 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> P
         raise ConfigError("", "no run directory given")
     dirs = [Path(d) for d in run_dirs]
     curves = [read_curve(d) for d in dirs]
+    for c in curves:
+        c["episode_return"] = moving_average(c["episode_return"], smooth)
     names = [d.resolve().name for d in dirs]
     if len(set(names)) < len(names):  # same leaf name in different parents: show the paths as given
         names = [str(d) for d in dirs]
 
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     ax_steps, ax_time = fig.subplots(1, 2, sharey=True)
-    for d, name, c in zip(dirs, names, curves):
-        y = moving_average(c["episode_return"], smooth)
-        line, = ax_steps.plot(c["env_steps"], y, label=_label(d, name))
-        ax_time.plot(c["wall_time"], y, color=line.get_color())
+    if aggregate:
+        groups: dict[str, list[int]] = {}
+        for i, d in enumerate(dirs):
+            groups.setdefault(_group_key(d), []).append(i)
+        for members in groups.values():
+            m = mean_curve([curves[i] for i in members])
+            shown = ", ".join(names[i] for i in members[:3]) + (", …" if len(members) > 3 else "")
+            label = f"{_label(dirs[members[0]], shown)}: mean ± std of {len(members)} runs"
+            line, = ax_steps.plot(m["env_steps"], m["mean"], label=label)
+            for ax, x in ((ax_steps, m["env_steps"]), (ax_time, m["wall_time"])):
+                ax.fill_between(x, m["mean"] - m["std"], m["mean"] + m["std"], color=line.get_color(), alpha=0.2)
+            ax_time.plot(m["wall_time"], m["mean"], color=line.get_color())
+    else:
+        for d, name, c in zip(dirs, names, curves):
+            line, = ax_steps.plot(c["env_steps"], c["episode_return"], label=_label(d, name))
+            ax_time.plot(c["wall_time"], c["episode_return"], color=line.get_color())
     ax_steps.set_xlabel("env steps")
     ax_time.set_xlabel("wall time (s)")
     ax_steps.set_ylabel("episode return" + (f" (mean of last {smooth})" if smooth > 1 else ""))
@@ -90,4 +133,3 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> P
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out
-

@@ -84,6 +84,44 @@ class ActorCritic(nn.Module):
         return head, value
 
 
+def mlp(x: jnp.ndarray, hidden: Sequence[int]) -> jnp.ndarray:
+    """ReLU layers of the given widths."""
+    for h in hidden:
+        x = nn.relu(nn.Dense(h)(x))
+    return x
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(obs, action) MLPs (the clipped double-Q of SAC and TD3)."""
+
+    obs_ndim: int
+    hidden: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs, action):
+        x = jnp.concatenate([flatten(obs, self.obs_ndim), action], axis=-1)
+        return tuple(nn.Dense(1)(mlp(x, self.hidden))[..., 0] for _ in range(2))
+
+
+def squash_of(space) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(scale, center)`` that map tanh's (-1, 1) onto a Box action space."""
+    return (jnp.asarray((space.high - space.low) / 2, jnp.float32), jnp.asarray((space.high + space.low) / 2, jnp.float32))
+
+
+def several_updates(update, state, sample, updates: int):
+    """``updates`` calls of ``update(state, sample) -> (state, metrics)`` in turn, each on an equal slice of
+    ``sample``'s items (a :class:`msrl.Sample` of ``updates x batch`` entries); returns the last state and the
+    metrics averaged over the updates."""
+    slices = jax.tree.map(lambda x: x.reshape((updates, -1, *x.shape[1:])), (sample.item, sample.indices, sample.weights))
+
+    def one(state, part):
+        item, indices, weights = part
+        return update(state, sample._replace(item=item, indices=indices, weights=weights))
+
+    state, metrics = jax.lax.scan(one, state, slices)
+    return state, jax.tree.map(jnp.mean, metrics)
+
+
 class ActorCriticOutput(NamedTuple):
     action: jax.Array
     log_prob: jax.Array

@@ -17,7 +17,7 @@ from msrl import checkpoint, resources
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, load_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import ALGORITHMS
 
 TARGET_STEPS_PER_DISPATCH = 16_384
@@ -43,8 +43,25 @@ def build(cfg: ExperimentConfig):
     return compile_program(algorithm, cfg.policy, env, num_envs)
 
 
+# a logged row's columns: these first, then the loop's own metrics (under "train/" in TensorBoard)
+FIRST_COLUMNS = ("iteration", "env_steps", "episode_return", "episode_length", "sps", "wall_time")
+SNAPSHOTS = ("episode_return", "episode_length", "episodes")  # the state at a row's end, not a mean over it
+MAX_ROWS = 1000  # rows a run writes at most unless run.log_every_steps says otherwise
+TB_GROUP = {"episode_return": "charts", "episode_length": "charts", "episodes": "charts", "sps": "perf",
+            "wall_time": "perf"}
+
+
+def merge_rows(rows: list[dict[str, float]]) -> dict[str, float]:
+    """One metrics row of several iterations: the episode statistics at the last one, every other metric
+    averaged over them."""
+    out = {k: sum(r[k] for r in rows) / len(rows) for k in rows[-1] if k not in SNAPSHOTS}
+    out.update({k: rows[-1][k] for k in SNAPSHOTS if k in rows[-1]})
+    out.update(iteration=rows[-1]["iteration"], env_steps=rows[-1]["env_steps"], wall_time=rows[-1]["wall_time"])
+    return out
+
+
 class _Logger:
-    """metrics.csv (one row per iteration), TensorBoard events, and the rich progress bar."""
+    """metrics.csv (one row per logged interval), TensorBoard events, Weights & Biases, and the progress bar."""
 
     def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int, resume_at: int | None = None):
         self.run_dir, self.cfg = run_dir, cfg
@@ -57,13 +74,16 @@ class _Logger:
         self.writer: csv.DictWriter | None = None
         if kept:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
-        self.tb = None
+        self.tb = self.wandb = None
         if cfg.run.tensorboard:
             from tensorboardX import SummaryWriter
 
             # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
             purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
             self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+            self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.dump(), sort_keys=False) + "```")
+        if cfg.run.wandb is not None:
+            self.wandb = _wandb_run(run_dir, cfg)
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
         self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
         if cfg.run.progress and not sys.stdout.isatty():
@@ -81,33 +101,37 @@ class _Logger:
 
     def log(self, row: dict[str, float]) -> None:
         if self.writer is None:
-            first = ["iteration", "env_steps", "episode_return", "sps", "wall_time"]
-            self.writer = csv.DictWriter(self.csv_file, fieldnames=first + [k for k in row if k not in first],
-                                         extrasaction="ignore")
+            self.writer = csv.DictWriter(self.csv_file, extrasaction="ignore",
+                                         fieldnames=[*FIRST_COLUMNS, *(k for k in row if k not in FIRST_COLUMNS)])
             self.writer.writeheader()
         self.writer.writerow(row)
+        scalars = {f"{TB_GROUP.get(k, 'train')}/{k}": v for k, v in row.items()
+                   if k not in ("iteration", "env_steps") and math.isfinite(v)}
         if self.tb is not None:
-            for k, v in row.items():
-                if k not in ("iteration", "env_steps") and math.isfinite(v):
-                    self.tb.add_scalar(k, v, int(row["env_steps"]))
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, int(row["env_steps"]))
+        if self.wandb is not None:
+            self.wandb.log({**scalars, "iteration": row["iteration"]}, step=int(row["env_steps"]))
 
     def update(self, row: dict[str, float]) -> None:
         self.csv_file.flush()
+        ret = "-" if math.isnan(row["episode_return"]) else f"{row['episode_return']:.1f}"
         if self.plain is not None and (time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total):
             self.plain = time.monotonic()
-            ret = row["episode_return"]
-            print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  return "
-                  f"{'-' if math.isnan(ret) else f'{ret:.1f}'}", flush=True)
+            print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  "
+                  f"return {ret}", flush=True)
         if self.progress is not None:
-            ret = row["episode_return"]
-            self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"],
-                                 ret="-" if math.isnan(ret) else f"{ret:.1f}")
+            self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"], ret=ret)
 
-    def close(self) -> None:
+    def close(self, final_return: float = math.nan) -> None:
         if self.progress is not None:
             self.progress.stop()
         if self.tb is not None:
+            if math.isfinite(final_return):
+                self.tb.add_hparams(_flat(self.cfg.dump()), {"hparam/episode_return": final_return}, name="hparams")
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
         self.csv_file.close()
 
 
@@ -124,7 +148,30 @@ def rewrite_csv(path: Path, rows: list[dict]) -> None:
     checkpoint.write_atomic(path, text.getvalue().encode())
 
 
-RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb")  # what a run directory holds
+
+def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
+    """A config's scalar values under dotted keys (TensorBoard's hparams take nothing else)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, (bool, int, float, str)):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _wandb_run(run_dir: Path, cfg: ExperimentConfig) -> Any:
+    """A Weights & Biases run with the config (``run.wandb``), its files under ``RUN_DIR/wandb``."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'") from None
+    w = cfg.run.wandb
+    return wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.resolve().name, tags=w.tags,
+                      mode=w.mode, dir=str(run_dir), config=cfg.dump(), reinit="create_new")
+
+
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", "wandb")  # what a run directory holds
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -158,13 +205,25 @@ def _fresh_run_dir(cfg: ExperimentConfig) -> Path:
     return path
 
 
+def intervals(run: Any, iterations: int, steps_per_iter: int) -> tuple[int, int]:
+    """Iterations between logged rows and between checkpoints (a multiple of the former; 0: none)."""
+    if run.log_every_steps is not None:
+        log_every = max(1, round(run.log_every_steps / steps_per_iter))
+    else:
+        log_every = max(1, -(-iterations // MAX_ROWS))
+    every = max(1, run.checkpoint_every_steps // steps_per_iter) if run.checkpoint_every_steps else 0
+    return log_every, -(-every // log_every) * log_every
+
+
 class _Signals:
     """SIGINT and SIGTERM while training: the first asks the run to stop after the iterations already
-    started (it then checkpoints and writes its summary); a second one exits at once."""
+    started (it then checkpoints and writes its summary); a second one exits at once. While the run starts
+    (``starting``: compiling, starting the backend) either one stops it at once (KeyboardInterrupt)."""
 
     def __init__(self) -> None:
         self.received: str | None = None
         self.old: dict[int, Any] = {}
+        self.starting = True
 
     def __enter__(self) -> "_Signals":
         import signal
@@ -179,7 +238,7 @@ class _Signals:
         import signal
         import sys
 
-        if self.received is not None:
+        if self.received is not None or self.starting:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
         print(f"\nmsrl: {self.received}: finishing the iterations under way, then saving a checkpoint "
@@ -190,6 +249,7 @@ class _Signals:
 
         for sig, handler in self.old.items():
             signal.signal(sig, handler)
+        self.old = {}
 
 
 class TrainResult(dict):
@@ -220,7 +280,29 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     and raise :class:`msrl.errors.Interrupted` naming the command that resumes it.
     A resume whose ``run.total_env_steps`` is less than its checkpoint's env steps is refused (a ConfigError
     naming ``run.total_env_steps``); exactly as many finishes at once, with the checkpoint's summary.
-    metrics.csv is cut back to the checkpoint by an atomic replace, and summary.json is written atomically."""
+    metrics.csv is cut back to the checkpoint by an atomic replace, and summary.json is written atomically.
+    A run directory this call made is removed again if the run fails before it logged a row or saved a
+    checkpoint."""
+    made: list[Path] = []
+    try:
+        return _train(cfg, overrides, run_dir, resume, on_iteration, overwrite, made, **sections)
+    except BaseException:
+        for run_dir in made:
+            _remove_if_unused(run_dir)
+        raise
+
+
+def _remove_if_unused(run_dir: Path) -> None:
+    import shutil
+
+    metrics = run_dir / "metrics.csv"
+    if checkpoint.latest(run_dir) is None and (not metrics.exists() or len(metrics.read_bytes().splitlines()) <= 1):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
+           resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
+           made: list[Path] | None = None, **sections: Any) -> TrainResult:
     if cfg is None and resume and run_dir is not None:
         cfg = Path(run_dir) / "config.yaml"
         if not cfg.is_file():
@@ -242,6 +324,8 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
                               f"at least {meta['env_steps']} (that many finishes at once)")
     run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
     prepare_run_dir(run_dir, resume, overwrite)
+    if made is not None and not run_dir.exists():
+        made.append(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -255,9 +339,19 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
             raise ConfigError("run.compile_cache", f"cannot create the compile cache {cache}: {e.strerror}; set "
                               "run.compile_cache=false or MSRL_COMPILE_CACHE=DIR") from None
 
+    stage = (lambda text: print(f"msrl: {text}", file=sys.stderr, flush=True)) if cfg.run.progress else (lambda _: None)
+    signals = _Signals().__enter__()  # from here on SIGTERM, like SIGINT, ends the run cleanly
+    try:
+        return _run(cfg, run_dir, resume, states if resume else None, meta if resume else None,
+                    path if resume else None, on_iteration, stage, signals)
+    finally:
+        signals.__exit__()
+
+
+def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: Any, path: Any,
+         on_iteration: Callable[[dict], Any] | None, stage: Callable[[str], None], signals: _Signals) -> TrainResult:
     from msrl.runtime.session import Session
 
-    stage = (lambda text: print(f"msrl: {text}", file=sys.stderr, flush=True)) if cfg.run.progress else (lambda _: None)
     stage(f"compiling {cfg.algorithm.name}'s loop under {cfg.policy.name} ({cfg.env.id})")
     program = build(cfg)
     steps_per_iter = program.env_steps_per_iteration
@@ -274,11 +368,12 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
           f"{', '.join(f'{f.name} x{f.spec.replicas}' for f in program.fragments.values())}"
           + (" (XLA compiles the program now)" if cfg.policy.backend == "jax" else
              " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
-    session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch)
+    session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch,
+                      stall_timeout_s=cfg.run.stall_timeout_s)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
-    elapsed0, last_return, row = 0.0, float("nan"), {}
+    elapsed0, last_return = 0.0, float("nan")
     try:
         if resume:
             session.restore(checkpoint.restore(session.snapshot(skip), states, path), iteration=meta["iteration"])
@@ -288,39 +383,90 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     except BaseException:
         session.close()
         raise
-    every = cfg.run.checkpoint_every
-    start = time.perf_counter() - elapsed0
-    stop, history = [], []  # stop: set by on_iteration or a signal; history: every row of this call
-    signals = _Signals()
+    log_every, every = intervals(cfg.run, iterations, steps_per_iter)
+    start, last_time = time.perf_counter() - elapsed0, elapsed0
+    stop, history = [], []  # stop: set by on_iteration or a signal; history: every logged row of this call
+    pending: list[dict] = []  # iterations since the last logged row
+    last = {"env_steps": session.iteration * steps_per_iter, "wall_time": elapsed0}  # the last logged row
+
+    def emit() -> None:
+        nonlocal last
+        row = merge_rows(pending)
+        pending.clear()
+        span = row["wall_time"] - last["wall_time"]
+        row["sps"] = (row["env_steps"] - last["env_steps"]) / span if span > 0 else math.nan
+        logger.log(row)
+        history.append(row)
+        last = row
+        if on_iteration is not None and on_iteration(dict(row)) and not stop:
+            stop.append(row["iteration"])
+
+    signals.starting = False
+
+    def fault(e: TrainingError) -> MsrlError:
+        """A failed dispatch (a replica failed, stalled or died, the cluster failed): the error, naming the last
+        complete iteration and the checkpoint saved of it, or the last one there is."""
+        done, saved = session.iteration, None
+        if session.runtime.at_rest():  # the state is that of the last complete iteration: keep it
+            try:
+                _save_checkpoint(session, run_dir, cfg, skip, {
+                    "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
+                    "episode_return": last_return, "config": cfg.dump()})
+                saved = checkpoint.latest(run_dir)
+            except Exception:  # noqa: BLE001 - the report below says there is none of this iteration
+                saved = None
+        newest = checkpoint.latest(run_dir)
+        note = (f"saved a checkpoint of it: {saved}" if saved is not None else
+                "no checkpoint of it could be saved (its state is lost or mid-iteration); " +
+                (f"the last checkpoint is {newest}" if newest is not None else "there is no checkpoint"))
+        text = f"{str(e).rstrip().rstrip('.')}. The last complete iteration is {done} of {iterations}; {note}"
+        if signals.received:
+            from msrl.errors import Interrupted
+
+            return Interrupted(f"{signals.received}: {text}" + (f". Continue with: msrl train --resume {run_dir}"
+                                                                 if newest is not None else ""))
+        return TrainingError(text)
+
+    def stream(segment: int):
+        rows_of = session.stream(segment, per_dispatch, lambda: bool(stop or signals.received))
+        while True:
+            try:
+                rows = next(rows_of)
+            except StopIteration:
+                return
+            except TrainingError as e:
+                raise fault(e) from None
+            yield rows
+
     try:
-        signals.__enter__()
         while session.iteration < iterations and not stop:
             done = session.iteration
             segment = iterations - done if not every else min(iterations - done, every - done % every)
-            for rows in session.stream(segment, per_dispatch, lambda: bool(stop or signals.received)):
-                elapsed = time.perf_counter() - start
-                for r in rows:
+            for rows in stream(segment):
+                # a dispatch's iterations share its wall time evenly (they run inside one call)
+                before, now = last_time, time.perf_counter() - start
+                for i, r in enumerate(rows):
                     _check_finite(r, r["iteration"], cfg.env.id, steps_per_iter, run_dir)
                     if math.isfinite(r["episode_return"]):
                         last_return = r["episode_return"]
-                    row = {"iteration": r["iteration"], "env_steps": r["env_steps"],
-                           "sps": r["env_steps"] / elapsed, "wall_time": elapsed, **r}
-                    logger.log(row)
-                    history.append(row)
-                    if on_iteration is not None and on_iteration(dict(row)) and not stop:
-                        stop.append(r["iteration"])
-                logger.update(row)
+                    pending.append({**r, "wall_time": before + (now - before) * (i + 1) / len(rows)})
+                    if r["iteration"] % log_every == 0 or r["iteration"] == iterations:
+                        emit()
+                last_time = now
+                if history:
+                    logger.update({**last, "env_steps": rows[-1]["env_steps"]})
             if signals.received:
                 stop.append("signal")
+            if stop and pending:  # a stopped run logs the iterations it did after its last row
+                emit()
             if every or signals.received:
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "config": cfg.dump()})
+                    "episode_return": last_return, "config": cfg.dump()}, on_fault=fault)
     finally:
-        signals.__exit__()
         try:
-            logger.close()  # may fail (a full disk): the session closes all the same
+            logger.close(last_return)  # may fail (a full disk): the session closes all the same
         finally:
             session.close()
     elapsed = time.perf_counter() - start
@@ -354,18 +500,25 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
         raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
                             f"{iteration} (env steps {(iteration - 1) * steps_per_iter}..{iteration * steps_per_iter}); "
                             f"training stopped{_last_good(run_dir)}")
-    bad = [k for k, v in row.items() if k != "episode_return" and not math.isfinite(v)]
+    bad = [k for k, v in row.items() if k not in ("episode_return", "episode_length") and not math.isfinite(v)]
     if bad:
         raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
                             f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")
 
 
-def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict) -> None:
-    """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest)."""
+def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict,
+                     on_fault: Callable[[TrainingError], Exception] | None = None) -> None:
+    """Save, unless the learner's state went non-finite (the last good checkpoint then stays the latest).
+    ``on_fault``: what to raise instead when the runtime cannot give its state (a replica or the cluster is gone)."""
     import jax
     import numpy as np
 
-    snap = session.snapshot(skip)
+    try:
+        snap = session.snapshot(skip)
+    except TrainingError as e:
+        if on_fault is None:
+            raise
+        raise on_fault(e) from None
     for frag, replicas in snap.items():
         for state in replicas:
             for path, x in jax.tree_util.tree_leaves_with_path({k: state[k] for k in ("learner", "params") if k in state}):

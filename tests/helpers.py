@@ -15,7 +15,7 @@ from msrl.config import load_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CARTPOLE = str(EXAMPLES / "ppo_cartpole.yaml")
-QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_steps=0"]
 
 
 def final_params(overrides: list[str], iterations: int = 5, config: str | Path = CARTPOLE):

@@ -6,6 +6,8 @@ CompileError points at exactly that file:line.
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -452,3 +454,94 @@ class Shifty(gymnasium.Env):
 
 
 gymnasium.register(id="MsrlShifty-v0", entry_point=Shifty)
+
+
+# ------------------------------------------------------------------------------------------- EnvStep fields
+class Full(NamedTuple):
+    obs: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+    next_obs: jax.Array
+
+
+class AnyActor(msrl.Actor):
+    """Uniform random actions of any action space, from per-env keys."""
+
+    def __init__(self, space):
+        self.space = space
+
+    def act(self, state, params, obs):
+        keys, use = split_keys(state["keys"])
+        if isinstance(self.space, msrl.Discrete):
+            action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.space.n))(use)
+        else:
+            action = jax.vmap(lambda k: jax.random.uniform(k, self.space.shape, minval=-2.0, maxval=2.0))(use)
+        return {"keys": keys}, msrl.ActOutput(action=action)
+
+
+class FieldsLearner(SumLearner):
+    """``w`` sums every field of the transitions it is given (so it differs if any field does)."""
+
+    def learn(self, state, batch):
+        w = state["w"] + batch.reward.mean() + batch.terminated.mean() + 2 * batch.truncated.mean() \
+            + 3 * (batch.final_obs - batch.next_obs).mean()
+        return {"w": w, "updates": state["updates"] + 1}, {"w": w, "truncations": batch.truncated.sum() * 1.0}
+
+
+class StepFieldsConfig(msrl.AlgorithmConfig):
+    name: str = "step_fields"
+    steps: int = 16
+
+
+@msrl.register_algorithm("step_fields")
+class StepFields(msrl.Algorithm):
+    """The loop an off-policy algorithm writes: EnvStep's terminated, truncated and final_obs."""
+
+    Config = StepFieldsConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.actor = AnyActor(ctx.env_spec.action_space)
+        self.learner = FieldsLearner()
+        self.buffer = msrl.TrajectoryBuffer(cfg.steps)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            step = msrl.env_step(out.action)
+            msrl.buffer_insert(Full(obs, step.reward, step.terminated, step.truncated, step.final_obs, step.obs))
+            obs = step.obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+HANG_RELEASE = threading.Event()  # set to let hung environments return (a test's cleanup)
+
+
+class Hang(gymnasium.Env):
+    """CartPole-shaped; its ``after``-th step (counted from 0) never returns (until HANG_RELEASE is set). When
+    it hangs it writes ``time.time()`` to the file ``flag``, if given."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, after: int = 50, flag: str = ""):
+        self.after, self.flag, self.t = after, flag, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        if self.t == self.after:
+            if self.flag:
+                with open(self.flag, "w") as f:
+                    f.write(str(time.time()))
+            HANG_RELEASE.wait()
+        self.t += 1
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+gymnasium.register(id="MsrlHang-v0", entry_point=Hang)

@@ -65,7 +65,7 @@ def test_holder_drops_gradients_older_than_max_staleness():
 
 def test_resume_restores_the_holder_exactly(tmp_path):
     overrides = [*ONE, "run.progress=false", "run.tensorboard=false", "run.total_env_steps=2400",
-                 "run.checkpoint_every=20", "run.iterations_per_dispatch=5", "run.keep_checkpoints=5"]
+                 "run.checkpoint_every_steps=800", "run.iterations_per_dispatch=5", "run.keep_checkpoints=5"]
     train(A2C, overrides, run_dir=tmp_path / "straight")
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     for later in sorted((tmp_path / "resumed" / "checkpoints").glob("ckpt_*"))[1:]:

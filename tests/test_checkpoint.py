@@ -46,7 +46,7 @@ def final_leaves(run_dir: Path) -> tuple[list, dict]:
 
 
 def test_fused_resume_after_sigkill_ends_identical(tmp_path):
-    overrides = [*QUIET, "run.total_env_steps=61440", "run.checkpoint_every=20", "run.iterations_per_dispatch=4"]
+    overrides = [*QUIET, "run.total_env_steps=61440", "run.checkpoint_every_steps=10240", "run.iterations_per_dispatch=4"]
     killed_run(CARTPOLE, overrides, tmp_path / "resumed", after=40)
     train(tmp_path / "resumed" / "config.yaml", [], run_dir=tmp_path / "resumed", resume=True)
     train(CARTPOLE, overrides, run_dir=tmp_path / "straight")
@@ -59,7 +59,7 @@ def test_fused_resume_after_sigkill_ends_identical(tmp_path):
 
 def test_threads_coarse_resume_continues(tmp_path):
     overrides = [*QUIET, "policy.name=single_learner_coarse", "policy.actors=2", "run.total_env_steps=40960",
-                 "run.checkpoint_every=10", "run.iterations_per_dispatch=2"]
+                 "run.checkpoint_every_steps=5120", "run.iterations_per_dispatch=2"]
     killed_run(CARTPOLE, overrides, tmp_path, after=20)
     summary = train(tmp_path / "config.yaml", [], run_dir=tmp_path, resume=True)
     assert summary["iterations"] == 80
@@ -72,7 +72,7 @@ def test_threads_coarse_resume_continues(tmp_path):
 
 
 def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):
-    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every=5"], run_dir=tmp_path)
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every_steps=2560"], run_dir=tmp_path)
     with pytest.raises(msrl.ConfigError, match=r"algorithm\.lr.*trained with algorithm\.lr=0\.001"):
         train(CARTPOLE, [*QUIET, "algorithm.lr=0.01"], run_dir=tmp_path, resume=True)
     with pytest.raises(msrl.ConfigError, match=r"env\.num_envs"):
@@ -96,7 +96,7 @@ def test_checkpoints_are_never_unpickled(tmp_path):
 
 def test_nan_guard_names_the_iteration_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = {"algorithm": {"name": "growth", "lr": 1e9}, "env": {"id": "gymnax:CartPole-v1", "num_envs": 2},
-           "policy": {"name": "fused"}, "run": {"total_env_steps": 80, "checkpoint_every": 2,
+           "policy": {"name": "fused"}, "run": {"total_env_steps": 80, "checkpoint_every_steps": 16,
                                                   "iterations_per_dispatch": 1, "progress": False}}
     (tmp_path / "growth.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(msrl.TrainingError, match=r"iteration 5: metric 'loss' is nan.*last good checkpoint: .*ckpt_000000004"):
@@ -110,14 +110,14 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
 
     from msrl.cli import main
 
-    train(CARTPOLE, [*QUIET, "run.total_env_steps=102400", "run.checkpoint_every=50"], run_dir=tmp_path / "fused")
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=102400", "run.checkpoint_every_steps=25600"], run_dir=tmp_path / "fused")
     assert main(["eval", str(tmp_path / "fused"), "--episodes", "4"]) == 0
     mean = float(capsys.readouterr().out.split()[1])
     assert mean >= 150  # greedy CartPole after 100k steps of PPO (random play scores ~20)
     assert main(["eval", str(tmp_path / "fused"), "--render", str(tmp_path / "x")]) == 2  # gymnax: no renderer
     assert "--render" in capsys.readouterr().err
 
-    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every=1"],
+    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every_steps=1024"],
           run_dir=tmp_path / "host")
     assert main(["eval", str(tmp_path / "host"), "--episodes", "2", "--render", str(tmp_path / "frames")]) == 0
     frames = sorted((tmp_path / "frames").glob("frame_*.png"))
@@ -149,7 +149,7 @@ def test_a_bad_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, c
     from msrl.cli import main
     from msrl.runner import _last_good
 
-    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every=5"], run_dir=tmp_path)
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every_steps=2560"], run_dir=tmp_path)
     newest, older = tmp_path / "checkpoints" / "ckpt_000000010.msgpack", tmp_path / "checkpoints" / "ckpt_000000005.msgpack"
     _spoil(newest, how)
     with pytest.raises(msrl.TrainingError, match=why):
@@ -211,7 +211,7 @@ train(None, [], run_dir=sys.argv[1], resume=True)
 
 
 def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path):
-    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every=5", "run.compile_cache=false"],
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every_steps=2560", "run.compile_cache=false"],
           run_dir=tmp_path)
     (tmp_path / "checkpoints" / "ckpt_000000010.msgpack").unlink()  # resume from 5: rows 6-10 are cut
     before = (tmp_path / "metrics.csv").read_text()
@@ -251,7 +251,7 @@ def _events(folder: Path) -> list:
 
 
 def test_a_resume_tells_tensorboard_to_drop_the_events_after_the_checkpoint(tmp_path):
-    train(CARTPOLE, ["run.progress=false", "run.total_env_steps=5120", "run.checkpoint_every=5"], run_dir=tmp_path)
+    train(CARTPOLE, ["run.progress=false", "run.total_env_steps=5120", "run.checkpoint_every_steps=2560"], run_dir=tmp_path)
     (tmp_path / "checkpoints" / "ckpt_000000010.msgpack").unlink()  # resume from 5: iterations 6-10 again
     train(None, [], run_dir=tmp_path, resume=True)
     events = _events(tmp_path / "tb")

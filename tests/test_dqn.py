@@ -18,7 +18,7 @@ from msrl.envs import make_env
 from helpers import assert_reaches, reached
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dqn_cartpole.yaml"
-QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+QUICK = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_steps=0"]
 
 
 def test_dqn_cartpole_reaches_475_within_200k_steps(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import msrl
 from msrl.components import episode_metrics
 from msrl.envs import make_env
+from helpers import EXAMPLES, QUICK
 
 IDS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Breakout-MinAtar"]
 
@@ -30,7 +31,7 @@ def test_gymnax_env_steps_and_resets(name):
         state, (obs, reward, done) = step(state, action)
     assert obs.shape == (4, *spec.obs_shape) and reward.shape == (4,) and done.dtype == jnp.bool_
     assert np.isfinite(np.asarray(obs)).all()
-    assert set(env.stats(state)) == {"return_sum", "finished", "episodes", "nonfinite"}
+    assert set(env.stats(state)) == {"return_sum", "length_sum", "finished", "episodes", "nonfinite"}
     assert int(env.stats(state)["nonfinite"]) == 0
 
 
@@ -66,3 +67,75 @@ def test_bad_env_ids_are_config_errors():
         make_env("gymnax:CartPole-v9")
     with pytest.raises(msrl.ConfigError, match="env.kwargs"):
         make_env("gymnax:CartPole-v1", no_such_kwarg=1)
+
+
+def test_env_step_tells_termination_from_truncation_with_the_final_observation():
+    """Pendulum's episodes end only by its 200-step limit (truncated, never terminated); CartPole's pole falls
+    (terminated). Where an episode ends, obs is the next episode's first and final_obs the ended one's last."""
+    import jax
+
+    from msrl.envs import make_env
+
+    for env_id, ends in (("gymnax:Pendulum-v1", "truncated"), ("gymnax:CartPole-v1", "terminated"),
+                         ("gymnasium:CartPole-v1", "terminated")):
+        env = make_env(env_id)
+        state = env.init(jax.random.PRNGKey(0), np.arange(2))
+        step = jax.jit(env.transition) if env.jittable else env.transition
+        zero = np.zeros((2, *env.spec.action_space.shape), np.float32) if not env.spec.discrete else np.zeros(2, np.int32)
+        seen = 0
+        for t in range(1, 401):
+            state, out = step(state, zero)
+            obs, reward, done = out  # the classic unpacking still works
+            assert np.array_equal(done, np.asarray(out.terminated) | np.asarray(out.truncated))
+            ended = np.asarray(getattr(out, ends))
+            other = np.asarray(out.truncated if ends == "terminated" else out.terminated)
+            assert not other.any(), (env_id, t)
+            if ended.any():
+                seen += 1
+                assert not np.allclose(np.asarray(out.final_obs)[ended], np.asarray(obs)[ended])
+            # (XLA may round the two copies differently by an ulp)
+            np.testing.assert_allclose(np.asarray(out.final_obs)[~done], np.asarray(obs)[~done], rtol=1e-6, atol=1e-6)
+            if ends == "truncated":
+                assert ended.all() == (t % 200 == 0)
+        assert seen >= 2, env_id
+
+
+@pytest.mark.parametrize("env_id, kwargs, policies", [
+    ("gymnax:Pendulum-v1", {}, ["policy.name=fused", "policy.name=single_learner_coarse policy.actors=2",
+                                "policy.name=single_learner_fine policy.actors=2"]),
+    ("gymnasium:CartPole-v1", {"max_episode_steps": 12}, ["policy.name=single_learner_coarse policy.actors=2",
+                                                          "policy.name=single_learner_fine policy.actors=1"]),
+])
+def test_env_step_fields_cross_every_cut(env_id, kwargs, policies):
+    """A loop reading terminated, truncated and final_obs computes the same under every policy."""
+    import json
+
+    import loops  # noqa: F401 - registers "step_fields"
+    from msrl.config import load_config
+
+    results = []
+    for p in policies:
+        cfg = load_config({"algorithm": {"name": "step_fields"}, "env": {"id": env_id, "num_envs": 2, "kwargs": kwargs}},
+                          [*p.split(), "run.seed=3"] + ([f"env.kwargs={json.dumps(kwargs)}"] if kwargs else []))
+        with msrl.Session(cfg, iterations_per_dispatch=30) as s:
+            rows = s.run(30)
+            results.append((float(s.params()["w"]), sum(r["truncations"] for r in rows)))
+    assert results[0][1] > 0 and all(r == results[0] for r in results), results
+
+
+def test_brax_env_runs_inside_the_fused_program(tmp_path):
+    """Brax physics (`brax:` ids) jitted with PPO into one program; an episode cut by its length is a
+    truncation, and the final observation is the one before the reset."""
+    pytest.importorskip("brax")  # the test extra installs it (the `brax` extra)
+    env = make_env("brax:inverted_pendulum", episode_length=5)
+    state = env.init(jax.random.PRNGKey(0), np.arange(2))
+    step = jax.jit(env.transition)
+    for t in range(1, 11):
+        state, out = step(state, jnp.zeros((2, 1)))
+        assert np.asarray(out.truncated).all() == (t % 5 == 0) and not np.asarray(out.terminated).any()
+    assert not np.allclose(np.asarray(out.final_obs), np.asarray(out.obs))
+    summary = msrl.train(EXAMPLES / "ppo_cartpole.yaml", [*QUICK, "env.id=brax:inverted_pendulum", "env.num_envs=4",
+                                                          'env.kwargs={"episode_length": 16}', "algorithm.rollout_len=16",
+                                                          "algorithm.hidden=[16]", "run.total_env_steps=256"],
+                         run_dir=tmp_path)
+    assert summary.rows[-1]["episodes"] >= 16 and summary.rows[-1]["episode_length"] <= 16  # (the pole also falls)

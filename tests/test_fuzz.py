@@ -76,11 +76,11 @@ SCHEMA = {  # the keys each section may have (algorithm, policy: those of any re
 }
 SIZE_KEYS = ["algorithm.rollout_len", "algorithm.epochs", "algorithm.minibatches", "env.num_envs",
              "policy.actors", "policy.envs_per_actor", "run.total_env_steps", "run.seed",
-             "run.iterations_per_dispatch", "run.checkpoint_every", "run.keep_checkpoints",
+             "run.iterations_per_dispatch", "run.checkpoint_every_steps", "run.keep_checkpoints",
              "policy.max_actor_restarts"]
 FLOAT_KEYS = ["algorithm.lr", "algorithm.gamma", "algorithm.gae_lambda", "algorithm.clip_eps", "algorithm.ent_coef",
               "algorithm.vf_coef", "algorithm.max_grad_norm", "policy.resources.actor.num_cpus",
-              "policy.resources.learner.num_gpus"]
+              "policy.resources.learner.num_gpus", "run.stall_timeout_s"]
 OTHER_KEYS = ["algorithm.name", "algorithm.anneal_lr", "algorithm.hidden", "algorithm.activation", "env.id",
               "env.kwargs", "policy.name", "policy.backend", "policy.actor_backend", "policy.learner_backend",
               "policy.resources", "policy.ray_address", "policy.ray_dashboard", "run.progress", "run.tensorboard",

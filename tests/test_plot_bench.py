@@ -13,13 +13,14 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+import yaml
 from rich.console import Console
 
 import msrl
 from msrl.bench import BENCHMARKS, Benchmark, benchmarks_dir, last_json, run_benchmarks, table
 from msrl.cli import main
 from msrl.errors import ConfigError
-from msrl.plot import moving_average, plot_runs
+from msrl.plot import _group_key, mean_curve, moving_average, plot_runs, read_curve
 
 CARTPOLE = str(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml")
 
@@ -162,3 +163,36 @@ def test_default_benchmarks_are_the_checkouts_scripts():
     d = benchmarks_dir()
     assert d == Path(__file__).resolve().parent.parent / "benchmarks"
     assert all((d / b.script).is_file() for b in BENCHMARKS)
+
+
+def test_plot_aggregates_seeds_into_mean_and_std(runs, tmp_path, capsys):
+    """Runs that differ only in run.* (here the seed) are one line: the mean of their returns, with a band
+    of ± one standard deviation; another config is another line."""
+    a = runs[0]
+    shifted = tmp_path / "seed1"
+    shutil.copytree(a, shifted)
+    cfg = yaml.safe_load((a / "config.yaml").read_text())
+    (shifted / "config.yaml").write_text(yaml.safe_dump({**cfg, "run": {**cfg["run"], "seed": 1}}))
+    with open(a / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(shifted / "metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**r, "episode_return": str(float(r["episode_return"]) + 10) if r["episode_return"] else ""}
+                         for r in rows)
+    other = tmp_path / "other"
+    shutil.copytree(a, other)
+    (other / "config.yaml").write_text(yaml.safe_dump({**cfg, "algorithm": {**cfg["algorithm"], "lr": 0.5}}))
+
+    assert _group_key(a) == _group_key(shifted) != _group_key(other)
+    m = mean_curve([read_curve(a), read_curve(shifted)])
+    base = np.interp(m["env_steps"], read_curve(a)["env_steps"], read_curve(a)["episode_return"])
+    np.testing.assert_allclose(m["mean"], base + 5, rtol=1e-6)
+    np.testing.assert_allclose(m["std"], 5, rtol=1e-6)
+    out = tmp_path / "agg.png"
+    assert main(["plot", str(a), str(shifted), str(other), "--aggregate", "-o", str(out)]) == 0
+    image = matplotlib.image.imread(out)[..., :3]
+    blue = np.array((0x1f, 0x77, 0xb4)) / 255  # the first group's line; its band is that colour, faded
+    band = 0.8 * np.ones(3) + 0.2 * blue
+    assert np.all(np.abs(image - blue) < 0.02, axis=-1).sum() > 100
+    assert np.all(np.abs(image - band) < 0.03, axis=-1).sum() > 100

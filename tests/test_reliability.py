@@ -1,4 +1,4 @@
-"""Reliability: environments that change or break mid-run, and actors killed over and over (chaos)."""
+"""Reliability: environments that change, break or hang mid-run, and actors killed over and over (chaos)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,10 +22,10 @@ from msrl.envs import register_env
 from msrl.envs.gymnax_env import GymnaxEnv
 from msrl.runner import train
 
-import loops  # noqa: F401 - registers gymnasium's MsrlShifty-v0
+import loops  # registers gymnasium's MsrlShifty-v0 and MsrlHang-v0
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_steps=0"]
 
 
 @pytest.mark.parametrize("mode, expect", [
@@ -201,7 +203,7 @@ def test_out_of_memory_and_a_full_disk_are_one_line_errors(tmp_path):
         raise ValueError("other")
 
     # a real full disk: summary.json's temp file leads to /dev/full (ENOSPC on write)
-    train(EXAMPLES / "ppo_cartpole.yaml", [*QUIET[:2], "run.total_env_steps=1024", "run.checkpoint_every=1"],
+    train(EXAMPLES / "ppo_cartpole.yaml", [*QUIET[:2], "run.total_env_steps=1024", "run.checkpoint_every_steps=512"],
           run_dir=tmp_path / "run")
     (tmp_path / "run" / "summary.json").unlink()
     (tmp_path / "run" / "summary.json.tmp").symlink_to("/dev/full")
@@ -217,3 +219,48 @@ def test_eval_refuses_a_number_of_episodes_out_of_range(tmp_path, capsys, episod
 
     assert main(["eval", str(tmp_path), "--episodes", episodes]) == 2
     assert f"--episodes: must be between 1 and 100,000, got {episodes}" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- stalls
+def test_a_hung_host_env_step_stops_the_run_naming_env_and_step(tmp_path):
+    """run.stall_timeout_s=3: an env whose step never returns ends a threads run with a TrainingError naming the
+    replica, the env and its step, 3-10 s after it hung."""
+    flag = tmp_path / "hung"
+    try:
+        with pytest.raises(msrl.TrainingError) as info:
+            train(EXAMPLES / "ppo_cartpole_threads.yaml",
+                  [*QUIET, "env.id=gymnasium:MsrlHang-v0", "env.kwargs.after=200", f"env.kwargs.flag={flag}",
+                   "run.stall_timeout_s=3", "run.total_env_steps=4096"], run_dir=tmp_path / "run")
+        took = time.time() - float(flag.read_text())
+    finally:
+        loops.HANG_RELEASE.set()  # let the stuck threads go
+    assert re.fullmatch(r"fragment 'actor' replica [01] made no progress for [3-9] s in iteration 2: environment "
+                        r"gymnasium:MsrlHang-v0 #[04] at step 200 has not returned from step\(\) "
+                        r"\(run.stall_timeout_s=3\)\. The last complete iteration is 1 of 4; no checkpoint of it "
+                        r"could be saved \(its state is lost or mid-iteration\); there is no checkpoint",
+                        str(info.value)), str(info.value)
+    assert 3 <= took <= 10, took
+
+
+def test_sigint_ends_a_threads_run_with_a_hung_env_within_5_s(tmp_path):
+    flag, run = tmp_path / "hung", tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", "--import", str(Path(loops.__file__)),
+                             str(EXAMPLES / "ppo_cartpole_threads.yaml"), "env.id=gymnasium:MsrlHang-v0",
+                             "env.kwargs.after=200", f"env.kwargs.flag={flag}", "run.tensorboard=false",
+                             "run.total_env_steps=4096", "run.checkpoint_every_steps=1024", "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not flag.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    sent = time.time()
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert time.time() - sent <= 5, err[-3000:]
+    assert proc.returncode == 130, err[-3000:]
+    assert "environment gymnasium:MsrlHang-v0" in err and "has not returned from step()" in err, err[-3000:]
+    assert f"the last checkpoint is {run}/checkpoints/ckpt_" in err and f"--resume {run}" in err, err[-3000:]

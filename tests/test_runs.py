@@ -23,13 +23,13 @@ SHORT = [*QUICK[:2], "run.total_env_steps=4096"]
 
 def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every=2", "--run-dir", str(run)]) == 0
+    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=1024", "--run-dir", str(run)]) == 0
     first = json.loads((run / "summary.json").read_text())
     assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run)]) == 2
     assert f"{run} already holds a run; continue it with --resume {run}, or replace it with --overwrite" \
         in capsys.readouterr().err
     # the replacement is the only run there: its checkpoints, its rows, and eval reads it
-    assert main(["train", CARTPOLE, *SHORT, "run.total_env_steps=2048", "run.checkpoint_every=1", "--overwrite",
+    assert main(["train", CARTPOLE, *SHORT, "run.total_env_steps=2048", "run.checkpoint_every_steps=512", "--overwrite",
                  "--run-dir", str(run)]) == 0
     second = json.loads((run / "summary.json").read_text())
     assert (first["iterations"], second["iterations"]) == (8, 4)
@@ -44,7 +44,7 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
 
 def test_resume_with_the_run_dir_alone(tmp_path):
     run = tmp_path / "run"
-    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every=4", "--run-dir", str(run)]) == 0
+    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(run)]) == 0
     assert main(["train", "--resume", str(run), "run.total_env_steps=6144"]) == 0  # the run's own config
     assert json.loads((run / "summary.json").read_text())["iterations"] == 12
 
@@ -60,7 +60,7 @@ def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
 @pytest.mark.parametrize("sig, policy", [(signal.SIGINT, []), (signal.SIGTERM, []),
                                          (signal.SIGINT, ["policy.name=single_learner_coarse", "policy.actors=2"])])
 def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tmp_path, sig, policy):
-    overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every=400",
+    overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every_steps=204800",
                  *policy]
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *overrides, "--run-dir", str(run)],
@@ -90,7 +90,7 @@ def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, o
     import jax
 
     steps = 4096 if config == CARTPOLE else 2048
-    msrl.train(config, [*SHORT, f"run.total_env_steps={steps}", "run.checkpoint_every=1000", *overrides],
+    msrl.train(config, [*SHORT, f"run.total_env_steps={steps}", *overrides],
                run_dir=tmp_path)
     policy = msrl.load(tmp_path)
     state = policy.env.init(jax.random.PRNGKey(0), np.arange(3))
@@ -130,3 +130,11 @@ def test_train_takes_sections_or_a_dict_and_returns_the_rows(tmp_path):
     assert msrl.train(config, policy={"name": "single_learner_coarse", "actors": 2},
                       run_dir=tmp_path / "b")["policy"] == "single_learner_coarse"
     assert "policy" not in config  # the caller's dict is not changed
+
+
+def test_a_run_that_fails_before_its_first_row_leaves_no_folder(tmp_path, capsys):
+    assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0", "--run-dir", str(tmp_path / "new")]) == 2
+    assert "gymnax:NoSuchEnv-v0" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made stays
+    assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0", "--run-dir", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir()

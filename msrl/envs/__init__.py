@@ -1,4 +1,4 @@
-"""Environments by id: ``gymnax:CartPole-v1``, ``jaxmarl:MPE_simple_spread_v3`` and so on. Other prefixes
+"""Environments by id: ``gymnax:CartPole-v1``, ``jaxmarl:MPE_simple_spread_v3``, ``brax:ant`` and so on. Other prefixes
 register with :func:`register_env`."""
 
 from __future__ import annotations
@@ -51,3 +51,10 @@ def _jaxmarl(name: str, **kwargs) -> Environment:
     from msrl.envs.jaxmarl_env import JaxMarlEnv
 
     return JaxMarlEnv(name, **kwargs)
+
+
+@register_env("brax")
+def _brax(name: str, **kwargs) -> Environment:
+    from msrl.envs.brax_env import BraxEnv
+
+    return BraxEnv(name, **kwargs)

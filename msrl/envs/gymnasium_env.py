@@ -8,13 +8,14 @@ stateful vector env itself plus episode counters. Environment ``i`` is seeded fr
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from msrl.components import Box, Discrete, Environment, EnvSpec
+from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
 from msrl.errors import ConfigError, TrainingError
 
 
@@ -25,9 +26,13 @@ class HostEnvState:
     running_return: np.ndarray
     last_return: np.ndarray
     episodes: np.ndarray
+    running_length: np.ndarray
+    last_length: np.ndarray
     ids: np.ndarray  # global indices
     dtypes: list[np.dtype]  # of each env's first observation: it must not change
     steps: int = 0
+    busy: int | None = None  # the environment inside step() (or its reset) now, by position
+    beat: float = 0.0  # time.monotonic() when the last environment step started or ended
 
 
 class GymnasiumEnv(Environment):
@@ -69,9 +74,10 @@ class GymnasiumEnv(Environment):
             seed = int(np.random.SeedSequence([*words, int(i)]).generate_state(1)[0])
             first.append(env.reset(seed=seed)[0])
             envs.append(env)
-        zeros = np.zeros(len(envs), np.float32)
+        zeros, counts = np.zeros(len(envs), np.float32), np.zeros(len(envs), np.int32)
         state = HostEnvState(envs, np.zeros((len(envs), *self.spec.obs_shape), np.float32), zeros, zeros.copy(),
-                             np.zeros(len(envs), np.int32), np.asarray(env_ids), [np.asarray(o).dtype for o in first])
+                             counts, counts.copy(), counts.copy(), np.asarray(env_ids),
+                             [np.asarray(o).dtype for o in first])
         for i, o in enumerate(first):
             state.obs[i] = self._checked(state, i, o)
         return state
@@ -82,6 +88,7 @@ class GymnasiumEnv(Environment):
     def reset(self, state: HostEnvState):
         state.obs = np.stack([env.reset()[0] for env in state.envs]).astype(np.float32)
         state.running_return[:] = 0
+        state.running_length[:] = 0
         return state, state.obs
 
     def step(self, state: HostEnvState, action: Any):
@@ -91,24 +98,39 @@ class GymnasiumEnv(Environment):
         n = len(state.envs)
         obs = np.empty((n, *self.spec.obs_shape), np.float32)
         reward = np.empty(n, np.float32)
-        done = np.empty(n, np.bool_)
+        terminated, truncated = np.empty(n, np.bool_), np.empty(n, np.bool_)
+        final = np.empty((n, *self.spec.obs_shape), np.float32)
         for i, env in enumerate(state.envs):  # auto-reset in the same step, as gymnax does
-            o, r, terminated, truncated, _ = env.step(action[i].item() if action.ndim == 1 else action[i])
-            done[i] = terminated or truncated
-            obs[i] = self._checked(state, i, env.reset()[0] if done[i] else o)
+            state.busy, state.beat = i, time.monotonic()
+            o, r, terminated[i], truncated[i], _ = env.step(action[i].item() if action.ndim == 1 else action[i])
+            terminated[i] &= not truncated[i]  # cut by a time limit: bootstrap, even if also terminal
+            final[i] = self._checked(state, i, o)
+            obs[i] = self._checked(state, i, env.reset()[0]) if terminated[i] or truncated[i] else final[i]
             reward[i] = r
-        if not (np.isfinite(obs).all() and np.isfinite(reward).all()):
-            i = int(np.flatnonzero(~(np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(reward)))[0])
+        state.busy, state.beat = None, time.monotonic()
+        done = terminated | truncated
+        if not (np.isfinite(obs).all() and np.isfinite(final).all() and np.isfinite(reward).all()):
+            good = np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(final).reshape(n, -1).all(1)
+            i = int(np.flatnonzero(~(good & np.isfinite(reward)))[0])
             raise TrainingError(f"{self._where(state, i)} returned a non-finite "
-                                f"{'reward' if np.isfinite(obs[i]).all() else 'observation'}: "
-                                f"{reward[i] if np.isfinite(obs[i]).all() else obs[i]}")
+                                f"{'reward' if good[i] else 'observation'}: "
+                                f"{reward[i] if good[i] else (obs[i] if not np.isfinite(obs[i]).all() else final[i])}")
         state.steps += 1
         ret = state.running_return + reward
         state.last_return = np.where(done, ret, state.last_return)
         state.running_return = np.where(done, 0.0, ret).astype(np.float32)
         state.episodes = state.episodes + done
+        length = state.running_length + 1
+        state.last_length = np.where(done, length, state.last_length)
+        state.running_length = np.where(done, 0, length).astype(np.int32)
         state.obs = obs.astype(np.float32)
-        return state, (state.obs, reward, done)
+        return state, EnvStep(state.obs, reward, terminated, truncated, final)
+
+    def busy(self, state: HostEnvState) -> tuple[str | None, float]:
+        """For the stall watch: the environment inside a step now, in words (None: none), and when the last
+        environment step started or ended (``time.monotonic()``)."""
+        i = state.busy
+        return (f"{self._where(state, i)} has not returned from step()" if i is not None else None), state.beat
 
     def _where(self, state: HostEnvState, i: int) -> str:
         return f"environment {self.spec.id} #{state.ids[i]} at step {state.steps}"  # counted from 0
@@ -124,7 +146,7 @@ class GymnasiumEnv(Environment):
     def stats(self, state: HostEnvState):
         finished = state.episodes > 0
         return {"return_sum": float(state.last_return[finished].sum()), "finished": int(finished.sum()),
-                "episodes": int(state.episodes.sum())}
+                "length_sum": int(state.last_length[finished].sum()), "episodes": int(state.episodes.sum())}
 
     def close(self, state: HostEnvState) -> None:
         for env in state.envs:
@@ -150,7 +172,8 @@ class _ShapeOnly(Environment):
 
     def step(self, state, action):
         n = state.shape[0]
-        return state, (state, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_))
+        return state, EnvStep(state, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_), jnp.zeros(n, jnp.bool_), state)
 
     def stats(self, state):
-        return {"return_sum": jnp.zeros(()), "finished": jnp.zeros((), jnp.int32), "episodes": jnp.zeros((), jnp.int32)}
+        return {"return_sum": jnp.zeros(()), "finished": jnp.zeros((), jnp.int32), "length_sum": jnp.zeros((), jnp.int32),
+                "episodes": jnp.zeros((), jnp.int32)}

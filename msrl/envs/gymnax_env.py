@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from msrl.components import Box, Discrete, Environment, EnvSpec, per_env_keys, split_keys
+from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep, per_env_keys, split_keys
 from msrl.errors import ConfigError
 
 
@@ -27,6 +27,8 @@ class EnvState:
     running_return: jax.Array  # [N] return of the episode in progress
     last_return: jax.Array  # [N] return of the last completed episode
     episodes: jax.Array  # [N] completed episodes
+    running_length: jax.Array  # [N] steps of the episode in progress
+    last_length: jax.Array  # [N] steps of the last completed episode
 
 
 class FunctionalEnv(Environment):
@@ -36,15 +38,16 @@ class FunctionalEnv(Environment):
         """``(obs, inner)`` of freshly reset environments, one per key."""
         raise NotImplementedError
 
-    def _step(self, keys: jax.Array, inner: Any, action: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
-        """``(obs, inner, reward [N] float32, done [N] bool)``; an env whose episode ended is reset."""
+    def _step(self, keys: jax.Array, inner: Any, action: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array, Any, Any]:
+        """``(obs, inner, reward [N] float32, terminated [N] bool, truncated [N] bool, final_obs)``; an env whose
+        episode ended is reset (``final_obs``: its observation before, or None if the library does not say)."""
         raise NotImplementedError
 
     def init(self, key: jax.Array, env_ids: jax.Array) -> EnvState:
         keys, reset_keys = split_keys(per_env_keys(key, env_ids))
         obs, inner = self._reset(reset_keys)
-        zeros = jnp.zeros(keys.shape[0], jnp.float32)
-        return EnvState(inner, obs, keys, zeros, zeros, jnp.zeros(keys.shape[0], jnp.int32))
+        zeros, counts = jnp.zeros(keys.shape[0], jnp.float32), jnp.zeros(keys.shape[0], jnp.int32)
+        return EnvState(inner, obs, keys, zeros, zeros, counts, counts, counts)
 
     def observe(self, state: EnvState):
         return state, state.obs
@@ -52,15 +55,16 @@ class FunctionalEnv(Environment):
     def reset(self, state: EnvState):
         keys, reset_keys = split_keys(state.keys)
         obs, inner = self._reset(reset_keys)
-        zeros = jnp.zeros_like(state.running_return)
-        return state.replace(inner=inner, obs=obs, keys=keys, running_return=zeros), obs
+        return state.replace(inner=inner, obs=obs, keys=keys, running_return=jnp.zeros_like(state.running_return),
+                             running_length=jnp.zeros_like(state.running_length)), obs
 
     def step(self, state: EnvState, action: jax.Array):
         if isinstance(self.spec.action_space, Box):
             action = jnp.clip(action, self.spec.action_space.low, self.spec.action_space.high)
         keys, step_keys = split_keys(state.keys)
-        obs, inner, reward, done = self._step(step_keys, state.inner, action)
-        ret = state.running_return + reward
+        obs, inner, reward, terminated, truncated, final_obs = self._step(step_keys, state.inner, action)
+        done = terminated | truncated
+        ret, length = state.running_return + reward, state.running_length + 1
         state = EnvState(
             inner,
             obs,
@@ -68,14 +72,17 @@ class FunctionalEnv(Environment):
             jnp.where(done, 0.0, ret),
             jnp.where(done, ret, state.last_return),
             state.episodes + done.astype(jnp.int32),
+            jnp.where(done, 0, length),
+            jnp.where(done, length, state.last_length),
         )
-        return state, (obs, reward, done)
+        return state, EnvStep(obs, reward, terminated, truncated, final_obs)
 
     def stats(self, state: EnvState):
         finished = state.episodes > 0
         bad = sum(jnp.sum(~jnp.isfinite(x)) for x in jax.tree.leaves(state.obs)) + \
             jnp.sum(~jnp.isfinite(state.running_return))
         return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
+                "length_sum": jnp.sum(jnp.where(finished, state.last_length, 0)),
                 "episodes": state.episodes.sum(), "nonfinite": bad}
 
 
@@ -110,7 +117,9 @@ class GymnaxEnv(FunctionalEnv):
         return jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
 
     def _step(self, keys, inner, action):
-        obs, inner, reward, terminated, truncated, _ = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+        obs, inner, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
             keys, inner, action, self.params
         )
-        return obs, inner, reward.astype(jnp.float32), jnp.logical_or(terminated, truncated)
+        truncated = jnp.asarray(truncated, bool)  # a time limit reached is a truncation, even where the env
+        terminated = jnp.asarray(terminated, bool) & ~truncated  # also calls it terminal (gymnax's Pendulum)
+        return obs, inner, reward.astype(jnp.float32), terminated, truncated, info["final_observation"]

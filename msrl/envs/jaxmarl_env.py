@@ -84,7 +84,8 @@ class JaxMarlEnv(FunctionalEnv):
             return obs, state, jnp.mean(jnp.stack([reward[a] for a in self.agents])), done["__all__"]
 
         obs, inner, reward, done = jax.vmap(one)(keys, inner, action)
-        return self._observation(obs), inner, reward.astype(jnp.float32), done
+        # JaxMARL reports no truncation: every end counts as terminal, and the final observation is not kept
+        return self._observation(obs), inner, reward.astype(jnp.float32), done, done & False, None
 
 
 def _parameters(cls: type) -> set[str]:

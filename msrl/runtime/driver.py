@@ -21,6 +21,7 @@ lifecycle; the driver's side of a runtime is :class:`ReplicaRuntime`.
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -35,11 +36,42 @@ from msrl.compiler.lower import materialize, user_frame
 from msrl.errors import CompileError, ConfigError, TrainingError
 
 POLL_S = 0.05
+WATCH_S = 0.5  # how often a runtime looks at its replicas' activities (the stall watch)
 Key = tuple[str, int]  # (fragment, replica)
+
+
+STOP_GRACE_S = 2.0  # after a stop request (SIGINT/SIGTERM), how long a replica may make no progress
 
 
 class Stopped(Exception):
     """Raised in a replica blocked on a receive when the run is being stopped."""
+
+
+class Stalled(TrainingError):
+    """A replica, a host environment's step or a collective made no progress for ``run.stall_timeout_s``."""
+
+
+def stall_report(found: dict[Key, tuple[str, float, str, int]], limit: float, order: list[Key]) -> str | None:
+    """Words for a stall among the replicas' activities ``found`` (:meth:`ReplicaDriver.activity`; a replica
+    missing from it did not answer), or None. A replica computing (in its step or a host environment's step)
+    with no progress for ``limit`` seconds is named first; else, if every running replica has waited that
+    long, they are named together. A replica's first step (XLA compiles it) is not timed, except for its
+    host environments' steps."""
+    def name(k: Key) -> str:
+        return f"fragment {k[0]!r} replica {k[1]}"
+
+    silent = [k for k in order if k in found and found[k] is None]
+    if silent:
+        return f"{name(silent[0])} did not answer for {limit:g} s (its process is stuck)"
+    stuck = [k for k in order if k in found and found[k][0] in ("step", "env") and found[k][1] > limit]
+    if stuck:
+        _, stale, words, iteration = found[stuck[0]]
+        return f"{name(stuck[0])} made no progress for {stale:.0f} s in iteration {iteration}: {words}"
+    running = [k for k in order if k in found and found[k][0] != "idle"]
+    if running and all(found[k][0] == "wait" and found[k][1] > limit for k in running):
+        return "every running replica has waited more than {:g} s: {}".format(
+            limit, "; ".join(f"{name(k)} in iteration {found[k][3]} {found[k][2]}" for k in running))
+    return None
 
 
 class Mailbox:
@@ -138,6 +170,8 @@ class ReplicaDriver:
         self.replicas = {f.name: f.spec.replicas for f in program.fragments.values()}
         self.comms = {c.id: c for c in program.plan.comms}
         self.iteration = 0
+        self.warm = False  # a step finished in this process: its jitted code is compiled
+        self.doing, self.since = "idle", time.monotonic()  # what it does (the stall watch reads it), since when
         self.counts: dict[str, int] = {}
         self.last: dict[str, Any] = {}  # comm id -> the last value received (comms that skip iterations)
         self.pending: dict[Key, list] = {}
@@ -168,6 +202,7 @@ class ReplicaDriver:
         try:
             for _ in range(iterations):
                 self.counts = {}
+                self._doing("step" if self.warm else "compile")
                 try:
                     if self.device is None:
                         self.state, result, stats = self.step(self.state)
@@ -181,11 +216,36 @@ class ReplicaDriver:
                 self.flush()
                 out.append((self.iteration, self.host(stats), self.host(result)))
                 self.iteration += 1
+                self.warm = True
         except Stopped:
             pass
         finally:
             _RUNNING.driver = None
+            self._doing("idle")
         return out
+
+    # ------------------------------------------------------------------------------ the stall watch
+    def _doing(self, what: str) -> None:
+        self.doing, self.since = what, time.monotonic()
+
+    def activity(self) -> tuple[str, float, str, int]:
+        """What this replica does ("idle", "compile", "step", "wait", or "env": inside a host environment's
+        step), for how many seconds it has made no progress at it, in words (naming the environment and its
+        step, or what it waits for), and the iteration it is in (counted from 1)."""
+        doing, stale, words = self.doing, time.monotonic() - self.since, ""
+        busy = getattr(self.program.env, "busy", None)
+        env = self.state.get("env") if isinstance(self.state, dict) else None
+        if doing in ("compile", "step") and busy is not None and env is not None:
+            words, last = busy(env)  # a host env: each of its environments' steps is progress
+            if words:
+                return "env", time.monotonic() - last, words, self.iteration + 1
+            stale = min(stale, time.monotonic() - last)
+        if doing == "wait":
+            words = self.waiting_for
+        elif doing in ("compile", "step"):
+            words = "its step has not finished" + (" (a collective of its replicas' group, or its own "
+                                                  "computation)" if self.frag.mode == "scan" else "")
+        return doing, stale, words, self.iteration + 1
 
     def failure(self, e: BaseException) -> BaseException:
         """What the caller is told of an error in this replica: bad input as itself, anything else a
@@ -240,8 +300,11 @@ class ReplicaDriver:
         count = self._count(cid)
         senders = (gather_senders(self.key[1], self.replicas[comm.src_fragment], self.replicas[self.key[0]])
                    if comm.op == "gather" else [self.key[1]] if comm.op == "send" else [0])
+        self.waiting_for = f"waiting for `{comm.var}` from fragment {comm.src_fragment!r}"
+        doing, self.doing, self.since = self.doing, "wait", time.monotonic()
         values = self.mailbox.take([(cid, s, self.iteration - comm.lag, count) for s in senders])
         values = [self.transport.fetch(v) for v in values]
+        self._doing(doing)
         value = (concat_along(values, self.program.comm_axes(comm), f"`{comm.var}` from {comm.src_fragment!r}")
                  if comm.op == "gather" else values[0])
         self.last[cid] = value = self.place(value)
@@ -289,6 +352,34 @@ class ReplicaRuntime(Runtime):
     def __init__(self, program: Any, seed: int):
         self.program, self.seed, self.iteration = program, seed, 0
         self.keys = replica_keys(program)
+        self.stopping: Any = lambda: False  # the caller's stop request (see stream)
+
+    def stream(self, iterations: int, chunk: int, stop: Any = lambda: False) -> Any:
+        self.stopping = stop  # a replica that makes no progress after a stop request ends the wait early
+        try:
+            yield from super().stream(iterations, chunk, stop)
+        finally:
+            self.stopping = lambda: False
+
+    def _activities(self, keys: list[Key]) -> dict[Key, tuple[str, float, str, int]]:
+        """:meth:`ReplicaDriver.activity` of the replicas ``keys`` (a backend may answer for fewer)."""
+        return self._call(keys, "activity")
+
+    def watch(self, running: list[Key]) -> None:
+        """Called now and then while the replicas ``running`` run: a :class:`Stalled` error when one made no
+        progress for ``stall_timeout_s`` (or for :data:`STOP_GRACE_S` once a stop was requested), or when all
+        of them have waited that long (each for another)."""
+        limit = self.stall_timeout_s
+        if self.stopping():
+            limit = min(limit, STOP_GRACE_S) if limit else STOP_GRACE_S
+        if not limit or not running:
+            return
+        found = self._activities(running)
+        report = stall_report(found, limit, self.keys)
+        if report is not None:
+            why = (f"it did not finish within {limit:g} s of the stop request" if self.stopping() else
+                   f"run.stall_timeout_s={self.stall_timeout_s:g}")
+            raise Stalled(f"{report} ({why})")
 
     def _run(self, iterations: int) -> dict[Key, list[tuple[int, Any, Any]]]:
         raise NotImplementedError

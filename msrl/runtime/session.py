@@ -17,10 +17,12 @@ from typing import Any, Callable, Iterator
 class Session:
     """A program running on its backend. Give a config (an :class:`msrl.config.ExperimentConfig`, or a
     YAML path with ``overrides``), or a compiled ``program`` (``msrl.compile``) with a ``seed``.
-    ``iterations_per_dispatch``: iterations a jitted program runs per call (default: one)."""
+    ``iterations_per_dispatch``: iterations a jitted program runs per call (default: one).
+    ``stall_timeout_s``: a replica making no progress this long raises a TrainingError (default: the config's
+    ``run.stall_timeout_s``; 0: never)."""
 
     def __init__(self, config: Any = None, overrides: list[str] | tuple = (), *, program: Any = None,
-                 seed: int | None = None, iterations_per_dispatch: int = 1):
+                 seed: int | None = None, iterations_per_dispatch: int = 1, stall_timeout_s: float | None = None):
         from msrl.config import ExperimentConfig, load_config
         from msrl.registry import BACKENDS
 
@@ -36,6 +38,11 @@ class Session:
         self.program, self.seed, self.iteration = program, int(seed or 0), 0
         self.runtime = BACKENDS.get(program.policy.backend)().build(program, self.seed,
                                                                     max(1, int(iterations_per_dispatch)))
+        if stall_timeout_s is None:
+            from msrl.config import RunConfig
+
+            stall_timeout_s = (self.config.run if self.config is not None else RunConfig()).stall_timeout_s
+        self.runtime.stall_timeout_s = float(stall_timeout_s)
 
     @property
     def env_steps_per_iteration(self) -> int:

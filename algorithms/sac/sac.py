@@ -1,0 +1,224 @@
+"""SAC written once against the msrl API; the distribution policy decides how it runs.
+
+The loop steps the environments, inserts every transition (with the true final observation of a truncated
+episode, and ``terminated`` alone cutting the bootstrap) into a replay buffer, then makes a few updates.
+The learner has three optimizers (critic, actor, temperature); each is built with :meth:`msrl.Learner.chain`,
+so a policy's gradient transforms (multi_learner's all-reduce) apply to every part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Literal, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from pydantic import Field
+
+import msrl
+from msrl.rl import TwinQ, flatten, mlp, several_updates, squash_of
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class SACConfig(msrl.AlgorithmConfig):
+    name: Literal["sac"] = "sac"
+    rollout_len: int = Field(1, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
+    updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
+    batch_size: int = Field(256, gt=0, le=msrl.INT32_MAX)
+    buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions")
+    learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX, description="transitions of uniformly random "
+                                 "actions before the policy acts and the first update")
+    actor_lr: float = Field(3e-4, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    alpha_lr: float = Field(3e-4, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    tau: float = Field(0.005, gt=0, le=1, description="target <- tau * critic + (1 - tau) * target, every update")
+    alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (None: learned)")
+    target_entropy: float | None = Field(None, description="of the learned temperature (None: -action size)")
+    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [256, 256], min_length=1,
+                                                      description="widths of the hidden layers")
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array  # a terminal state: no bootstrap (a truncated episode is bootstrapped)
+    next_obs: jax.Array  # the observation after the action (the final one where the episode ended)
+
+
+class TanhGaussian(nn.Module):
+    """The policy: a Gaussian in an unbounded space squashed by tanh into the action box."""
+
+    action_dim: int
+    obs_ndim: int
+    hidden: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs):
+        x = mlp(flatten(obs, self.obs_ndim), self.hidden)
+        mean = nn.Dense(self.action_dim)(x)
+        log_std = jnp.tanh(nn.Dense(self.action_dim)(x))
+        return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+
+
+class Squash(NamedTuple):
+    """Maps tanh's (-1, 1) onto the action box."""
+
+    scale: jax.Array
+    center: jax.Array
+
+    def sample(self, net: TanhGaussian, params, obs, key):
+        """An action for every observation (one key for the batch) and its log-probability."""
+        mean, log_std = net.apply(params, obs)
+        u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+        return self.squashed(mean, log_std, u)
+
+    def squashed(self, mean, log_std, u):
+        action = jnp.tanh(u)
+        gauss = -0.5 * (((u - mean) / jnp.exp(log_std)) ** 2 + 2 * log_std + jnp.log(2 * jnp.pi))
+        # log |d tanh(u) / du| = 2 (log 2 - u - softplus(-2u)), stable for large |u|
+        log_det = 2 * (jnp.log(2.0) - u - jax.nn.softplus(-2 * u)) + jnp.log(self.scale)
+        return action * self.scale + self.center, jnp.sum(gauss - log_det, axis=-1)
+
+
+class SACActor(msrl.Actor):
+    """Uniformly random actions for the first ``learning_starts`` transitions, then the policy's samples (one
+    key per environment)."""
+
+    def __init__(self, net: TanhGaussian, squash: Squash, space: msrl.Box, random_steps: int):
+        self.net, self.squash, self.space, self.random_steps = net, squash, space, random_steps
+
+    def init(self, key, env_ids):
+        return {**super().init(key, env_ids), "calls": jnp.zeros((), jnp.int32)}
+
+    def act(self, state, params, obs):
+        keys, use = msrl.split_keys(state["keys"])
+        mean, log_std = self.net.apply(params, obs)
+        noise = jax.vmap(lambda k: jax.random.normal(k, mean.shape[1:]))(use)
+        action, _ = self.squash.squashed(mean, log_std, mean + jnp.exp(log_std) * noise)
+        uniform = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 1), mean.shape[1:],
+                                                        minval=self.space.low, maxval=self.space.high))(use)
+        explore = state["calls"] < self.random_steps
+        return {**state, "keys": keys, "calls": state["calls"] + 1}, msrl.ActOutput(jnp.where(explore, uniform, action))
+
+    def greedy(self, params, obs):
+        mean, _ = self.net.apply(params, obs)
+        return jnp.tanh(mean) * self.squash.scale + self.squash.center
+
+
+class SACLearner(msrl.Learner):
+    def __init__(self, actor: TanhGaussian, critic: TwinQ, squash: Squash, cfg: SACConfig, example_obs,
+                 example_action, target_entropy: float):
+        self.actor, self.critic, self.squash, self.cfg = actor, critic, squash, cfg
+        self.obs, self.action, self.target_entropy = example_obs, example_action, target_entropy
+
+    # three optimizers, each after the policy's gradient transforms
+    @property
+    def txs(self) -> dict[str, optax.GradientTransformation]:
+        cfg = self.cfg
+        return {"actor": self.chain(optax.adam(cfg.actor_lr)), "critic": self.chain(optax.adam(cfg.critic_lr)),
+                "alpha": self.chain(optax.adam(cfg.alpha_lr))}
+
+    def init(self, key):
+        k_actor, k_critic, key = jax.random.split(key, 3)
+        params = {"actor": self.actor.init(k_actor, self.obs),
+                  "critic": self.critic.init(k_critic, self.obs, self.action),
+                  "alpha": jnp.zeros((), jnp.float32)}  # log alpha
+        return {"params": params, "target": params["critic"], "key": key,
+                "opt_state": {k: tx.init(params[k]) for k, tx in self.txs.items()}}
+
+    def policy_params(self, state):
+        return state["params"]["actor"]
+
+    def learn(self, state, sample: msrl.Sample):
+        """``updates`` updates, each on its slice of ``sample``; their metrics averaged."""
+        return several_updates(self.update, state, sample, self.cfg.updates)
+
+    def _step(self, name, loss, state, params, *args):
+        """One step of ``name``'s optimizer on ``loss(params[name], *args) -> (loss, aux)``."""
+        grads, aux = jax.grad(loss, has_aux=True)(params[name], *args)
+        updates, opt = self.txs[name].update(grads, state["opt_state"][name], params[name])
+        return {**params, name: optax.apply_updates(params[name], updates)}, opt, aux
+
+    def target(self, actor, target, alpha, t: Transition, key):
+        """The critics' regression target: the reward, plus (unless the episode terminated) the discounted soft
+        value of the next observation, a truncated episode's final one included."""
+        next_action, next_logp = self.squash.sample(self.actor, actor, t.next_obs, key)
+        q1, q2 = self.critic.apply(target, t.next_obs, next_action)
+        soft = jnp.minimum(q1, q2) - alpha * next_logp
+        return t.reward + self.cfg.gamma * (1.0 - t.terminated.astype(jnp.float32)) * soft
+
+    def _critic_loss(self, critic, actor, target, alpha, t: Transition, key):
+        y = jax.lax.stop_gradient(self.target(actor, target, alpha, t, key))
+        q1, q2 = self.critic.apply(critic, t.obs, t.action)
+        loss = jnp.mean((q1 - y) ** 2) + jnp.mean((q2 - y) ** 2)
+        return loss, {"critic_loss": loss, "q": jnp.mean(q1)}
+
+    def _actor_loss(self, actor, critic, alpha, obs, key):
+        action, logp = self.squash.sample(self.actor, actor, obs, key)
+        q1, q2 = self.critic.apply(critic, obs, action)
+        loss = jnp.mean(alpha * logp - jnp.minimum(q1, q2))
+        return loss, {"actor_loss": loss, "entropy": -jnp.mean(logp)}
+
+    def _alpha_loss(self, log_alpha, entropy):
+        return -log_alpha * (self.target_entropy - entropy), {}
+
+    def update(self, state, sample: msrl.Sample):
+        """One update once the buffer holds learning_starts transitions: the critic, then the actor on the
+        new critic, then the temperature; the target critic follows by Polyak averaging."""
+        cfg, t, params = self.cfg, sample.item, state["params"]
+        key, k_critic, k_actor = jax.random.split(state["key"], 3)
+        alpha = jnp.float32(cfg.alpha) if cfg.alpha is not None else jnp.exp(params["alpha"])
+        params, opt_c, m_c = self._step("critic", self._critic_loss, state, params, params["actor"], state["target"],
+                                        alpha, t, k_critic)
+        params, opt_a, m_a = self._step("actor", self._actor_loss, state, params, params["critic"], alpha, t.obs,
+                                        k_actor)
+        opt = {**state["opt_state"], "critic": opt_c, "actor": opt_a}
+        if cfg.alpha is None:
+            params, opt["alpha"], _ = self._step("alpha", self._alpha_loss, state, params, m_a["entropy"])
+        new = {"params": params, "target": optax.incremental_update(params["critic"], state["target"], cfg.tau),
+               "key": key, "opt_state": opt}
+        ready = sample.size >= max(cfg.learning_starts, 1)
+        new = jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, {**state, "key": key})
+        return new, {**m_c, **m_a, "alpha": alpha}
+
+
+class SAC(msrl.Algorithm):
+    Config = SACConfig
+
+    def __init__(self, cfg: SACConfig, ctx: msrl.Context):
+        super().__init__(cfg, ctx)
+        spec = ctx.env_spec
+        if isinstance(spec, msrl.MultiAgentSpec) or spec.discrete:
+            raise msrl.ConfigError("algorithm.name", f"SAC needs one agent with continuous (Box) actions; {spec.id} "
+                                   f"has {'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'discrete actions'}")
+        if cfg.learning_starts > cfg.buffer_size:
+            raise msrl.ConfigError("algorithm.learning_starts", f"{cfg.learning_starts} is more than buffer_size "
+                                   f"{cfg.buffer_size}: learning would never start")
+        if cfg.buffer_size < ctx.num_envs:
+            raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions hold less than one step "
+                                   f"of {ctx.num_envs} envs")
+        space = spec.action_space
+        squash = Squash(*squash_of(space))
+        hidden = tuple(cfg.hidden)
+        actor = TanhGaussian(space.shape[0], len(spec.obs_shape), hidden)
+        critic = TwinQ(len(spec.obs_shape), hidden)
+        target_entropy = -float(space.shape[0]) if cfg.target_entropy is None else cfg.target_entropy
+        self.actor = SACActor(actor, squash, space, -(-cfg.learning_starts // ctx.num_envs))
+        self.learner = SACLearner(actor, critic, squash, cfg, spec.example_obs(),
+                                  jnp.zeros(space.shape, jnp.float32), target_entropy)
+        self.buffer = msrl.UniformBuffer(cfg.buffer_size)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.rollout_len):
+            out = msrl.agent_act(obs)
+            step = msrl.env_step(out.action)
+            msrl.buffer_insert(Transition(obs, out.action, step.reward, step.terminated, step.final_obs))
+            obs = step.obs
+        # every update's batch in one sample: the learner makes the updates in turn and averages their metrics
+        return msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size * self.cfg.updates))

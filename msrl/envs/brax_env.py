@@ -1,0 +1,49 @@
+"""Brax environments (``brax:NAME``) as a functional msrl :class:`~msrl.components.Environment`: JAX physics
+inside the fused program. Episodes end at ``episode_length`` steps (a truncation) or when the env says it
+terminated; an ended environment is reset from its own key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from msrl.components import EnvSpec
+from msrl.envs.gymnax_env import FunctionalEnv, box
+from msrl.errors import ConfigError
+
+
+class BraxEnv(FunctionalEnv):
+    def __init__(self, name: str, episode_length: int = 1000, action_repeat: int = 1, **kwargs: Any):
+        try:
+            from brax import envs
+        except ImportError:
+            raise ConfigError("env.id", f"brax:{name} needs Brax: pip install 'msrl[brax]'") from None
+        if name not in envs._envs:
+            raise ConfigError("env.id", f"'brax:{name}' is not a Brax environment; known: {', '.join(sorted(envs._envs))}")
+        if episode_length < 1 or action_repeat < 1:
+            raise ConfigError("env.kwargs", f"episode_length and action_repeat must be >= 1 (got {episode_length}, "
+                              f"{action_repeat})")
+        try:
+            env = envs.get_environment(name, **kwargs)
+        except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
+            raise ConfigError("env.kwargs", f"brax:{name} rejected {kwargs}: {type(e).__name__}: {e}") from None
+        self.env = envs.wrappers.training.EpisodeWrapper(env, episode_length, action_repeat)
+        self.spec = EnvSpec(f"brax:{name}", (int(env.observation_size),), np.dtype(np.float32),
+                            box(-1.0, 1.0, (int(env.action_size),)))
+
+    def _reset(self, keys):
+        state = jax.vmap(self.env.reset)(keys)
+        return state.obs, state
+
+    def _step(self, keys, inner, action):
+        state = jax.vmap(self.env.step)(inner, action)
+        truncated = state.info["truncation"].astype(bool)
+        terminated = state.done.astype(bool) & ~truncated
+        done = terminated | truncated
+        fresh = jax.vmap(self.env.reset)(keys)
+        pick = lambda new, old: jnp.where(done.reshape(done.shape + (1,) * (new.ndim - 1)), new, old)  # noqa: E731
+        inner = jax.tree.map(pick, fresh, state)
+        return inner.obs, inner, state.reward.astype(jnp.float32), terminated, truncated, state.obs

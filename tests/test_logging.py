@@ -1,0 +1,86 @@
+"""What a run logs: rows at intervals of env steps (per-interval SPS, an episode-length column), checkpoints at
+intervals of env steps, TensorBoard tags in groups with the config, and an offline Weights & Biases run."""
+
+from __future__ import annotations
+
+import csv
+import struct
+
+import numpy as np
+import pytest
+
+import msrl
+
+from helpers import CARTPOLE, EXAMPLES, QUICK
+
+DQN = EXAMPLES / "dqn_cartpole.yaml"  # 8 env steps an iteration
+SMALL_DQN = ["algorithm.buffer_size=20000", "algorithm.learning_starts=500", "run.progress=false"]
+
+
+def read_rows(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [{k: float(v) if v not in ("", "nan") else float("nan") for k, v in r.items()}
+                for r in csv.DictReader(f)]
+
+
+def read_events(path):
+    """The Event protos of a TensorBoard event file (TFRecord: length, crc, payload, crc)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    data, events, at = path.read_bytes(), [], 0
+    while at < len(data):
+        (length,) = struct.unpack("<Q", data[at:at + 8])
+        events.append(Event.FromString(data[at + 12:at + 12 + length]))
+        at += 12 + length + 4
+    return events
+
+
+def test_rows_and_checkpoints_at_intervals_of_env_steps(tmp_path):
+    # default: at most 1000 rows (2000 iterations of 8 steps: a row every 2 iterations)
+    msrl.train(DQN, [*SMALL_DQN, "run.tensorboard=false", "run.total_env_steps=16000",
+                     "run.checkpoint_every_steps=4000", "run.keep_checkpoints=10"], run_dir=tmp_path / "auto")
+    rows = read_rows(tmp_path / "auto")
+    assert len(rows) == 1000 and [r["env_steps"] for r in rows[:3]] == [16, 32, 48]
+    assert sorted(p.name for p in (tmp_path / "auto" / "checkpoints").glob("*.msgpack")) == \
+        [f"ckpt_{i:09d}.msgpack" for i in (500, 1000, 1500, 2000)]
+    # an explicit interval; the episode statistics are those at the row's end, other metrics its mean
+    summary = msrl.train(DQN, [*SMALL_DQN, "run.tensorboard=false", "run.total_env_steps=8000",
+                               "run.log_every_steps=800", "run.checkpoint_every_steps=0"], run_dir=tmp_path / "every")
+    rows = read_rows(tmp_path / "every")
+    assert [r["env_steps"] for r in rows] == list(range(800, 8001, 800)) and summary.rows[-1]["env_steps"] == 8000
+    assert not (tmp_path / "every" / "checkpoints").exists()
+    assert list(rows[0])[:6] == ["iteration", "env_steps", "episode_return", "episode_length", "sps", "wall_time"]
+    finished = [r for r in rows if np.isfinite(r["episode_return"])]
+    assert finished and all(r["episode_length"] == r["episode_return"] for r in finished)  # CartPole: +1 a step
+    # sps is the interval's (steps since the last row over the time since it), not an average since the start
+    walls = [0.0] + [r["wall_time"] for r in rows]
+    assert all(np.isclose(r["sps"], 800 / (walls[i + 1] - walls[i])) for i, r in enumerate(rows))
+    assert walls == sorted(walls) and len(set(walls)) == len(walls)
+
+
+def test_host_env_rows_have_episode_lengths(tmp_path):
+    msrl.train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUICK, "run.total_env_steps=4096"], run_dir=tmp_path)
+    finished = [r for r in read_rows(tmp_path) if np.isfinite(r["episode_return"])]
+    assert finished and all(r["episode_length"] == r["episode_return"] for r in finished)
+
+
+def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
+    msrl.train(CARTPOLE, ["run.progress=false", "run.total_env_steps=4096"], run_dir=tmp_path)
+    (events_file,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    values = [v for e in read_events(events_file) for v in e.summary.value]
+    tags = {v.tag for v in values}
+    assert {"charts/episode_return", "charts/episode_length", "charts/episodes", "perf/sps", "perf/wall_time",
+            "train/loss", "train/entropy"} <= tags
+    (text,) = [v for v in values if v.tag.startswith("config")]
+    assert b"name: ppo" in text.tensor.string_val[0] and b"total_env_steps: 4096" in text.tensor.string_val[0]
+    hparams = list((tmp_path / "tb" / "hparams").glob("events.out.tfevents.*"))
+    assert hparams and b"algorithm.lr" in hparams[0].read_bytes()
+
+
+def test_weights_and_biases_offline(tmp_path):
+    pytest.importorskip("wandb")  # the test extra installs it; `pip install msrl` alone does not
+    msrl.train(CARTPOLE, [*QUICK, "run.total_env_steps=4096"], run_dir=tmp_path,
+               run={"wandb": {"project": "msrl-tests", "mode": "offline"}})
+    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    data = log.read_bytes()
+    assert b"charts/episode_return" in data and b"train/loss" in data and b"total_env_steps" in data

@@ -1,0 +1,90 @@
+"""SAC and TD3 (built-in): learn Pendulum fused, bootstrap a truncated episode from its final observation and
+not a terminated one; their conformance cells: ``python -m msrl.conformance --only sac_builtin td3_builtin``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import msrl
+from msrl.algorithms.sac import Transition
+from msrl.config import load_config
+from msrl.runner import build
+
+from helpers import EXAMPLES, QUICK, assert_reaches, reached
+
+SAC = EXAMPLES / "sac_pendulum.yaml"
+SMALL = ["algorithm.hidden=[64,64]", "algorithm.batch_size=128", "env.num_envs=4", "algorithm.updates=2"]
+
+
+def test_sac_learns_pendulum_fused(tmp_path):
+    # two rounds of 4 episodes (Pendulum's are 200 steps, all envs in step) at a mean >= -250; random: ~-1200
+    msrl.train(SAC, ["run.seed=0", "run.total_env_steps=24000", *SMALL, *QUICK], run_dir=tmp_path,
+               on_iteration=reached(-250, window=400))
+    assert_reaches(tmp_path, -250, within=24000, window=400)
+
+
+def test_the_critic_bootstraps_a_truncated_episode_and_not_a_terminated_one():
+    cfg = load_config(SAC, ["algorithm.hidden=[16]"])
+    learner = build(cfg).components["learner"]
+    state = learner.init(jax.random.PRNGKey(0))
+    params = state["params"]
+    obs = jnp.zeros((2, 3))
+    final = jnp.array([[1.0, 0.0, 0.5], [1.0, 0.0, 0.5]])
+
+    def target(terminated, next_obs):
+        t = Transition(obs, jnp.zeros((2, 1)), jnp.array([-1.0, -1.0]), jnp.array(terminated), next_obs)
+        return np.asarray(learner.target(params["actor"], state["target"], jnp.float32(0.2), t, jax.random.PRNGKey(1)))
+
+    y = target([True, False], final)
+    assert y[0] == -1.0  # terminated: the reward alone
+    assert y[1] != -1.0  # truncated: the reward plus the discounted soft value of the final observation
+    moved = target([True, False], final + 1.0)
+    assert moved[0] == -1.0 and moved[1] != y[1]  # ... which the truncated target reads
+
+
+TD3 = EXAMPLES / "td3_pendulum.yaml"
+
+
+def test_td3_learns_pendulum_fused(tmp_path):
+    msrl.train(TD3, ["run.seed=0", "run.total_env_steps=32000", *SMALL, *QUICK], run_dir=tmp_path,
+               on_iteration=reached(-250, window=400))
+    assert_reaches(tmp_path, -250, within=32000, window=400)
+
+
+def test_td3_bootstraps_a_truncated_episode_and_not_a_terminated_one():
+    learner = build(load_config(TD3, ["algorithm.hidden=[16]"])).components["learner"]
+    state = learner.init(jax.random.PRNGKey(0))
+    obs, final = jnp.zeros((2, 3)), jnp.array([[1.0, 0.0, 0.5], [1.0, 0.0, 0.5]])
+
+    def target(next_obs):
+        t = Transition(obs, jnp.zeros((2, 1)), jnp.array([-1.0, -1.0]), jnp.array([True, False]), next_obs)
+        return np.asarray(learner.target(state["target"], t, jax.random.PRNGKey(1)))
+
+    y, moved = target(final), target(final + 1.0)
+    assert y[0] == moved[0] == -1.0 and y[1] != -1.0 and moved[1] != y[1]
+
+
+def test_continuous_learners_refuse_discrete_actions():
+    import pytest
+
+    for config in (SAC, TD3):
+        with pytest.raises(msrl.ConfigError, match="continuous"):
+            build(load_config(config, ["env.id=gymnax:CartPole-v1"]))
+
+
+def test_sac_on_mujoco_halfcheetah_through_gymnasium_under_replay_server(tmp_path):
+    """The `mujoco` extra: Gymnasium's HalfCheetah-v5 (MuJoCo) stepped on the host by 2 actor replicas that
+    hold the replay shards, one learner (replay_server on threads). Its episodes end only by truncation."""
+    import pytest
+
+    pytest.importorskip("mujoco")  # the test extra installs it (the `mujoco` extra)
+    summary = msrl.train(SAC, [*QUICK, "env.id=gymnasium:HalfCheetah-v5", "env.num_envs=4",
+                               'env.kwargs={"max_episode_steps": 40}', "policy.name=replay_server", "policy.actors=2",
+                               "policy.backend=threads", "algorithm.hidden=[32]", "algorithm.batch_size=32",
+                               "algorithm.learning_starts=64", "run.total_env_steps=400"], run_dir=tmp_path)
+    rows = summary.rows
+    assert rows[-1]["env_steps"] == 400 and rows[-1]["episodes"] == 4 * (100 // 40)
+    assert rows[-1]["episode_length"] == 40 and np.isfinite(rows[-1]["critic_loss"])
+    assert all(np.isfinite(r["actor_loss"]) for r in rows)
