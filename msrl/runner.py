@@ -81,7 +81,8 @@ class _Logger:
             # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
             purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
             self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
-            self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.dump(), sort_keys=False) + "```")
+            if resume_at is None:  # (a resumed run's config is the one already there)
+                self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.dump(), sort_keys=False) + "```")
         if cfg.run.wandb is not None:
             self.wandb = _wandb_run(run_dir, cfg)
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s

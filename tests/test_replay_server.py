@@ -61,7 +61,10 @@ def test_no_transition_lost_duplicated_or_misrouted():
         assert np.asarray(shard.data.obs).shape[1] == 4  # 8 envs over 2 shards
     for field in ("obs", "action", "reward", "done"):
         joined = np.concatenate([np.asarray(getattr(s.data, field)) for s in shards], axis=1)
-        np.testing.assert_array_equal(joined, np.asarray(getattr(whole.data, field)))
+        if field == "obs":  # XLA may round CartPole's physics for 4 envs and for 8 differently, by an ulp
+            np.testing.assert_allclose(joined, np.asarray(whole.data.obs), rtol=1e-6, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(joined, np.asarray(getattr(whole.data, field)))
 
 
 SYNC4 = (server(2, 2, "policy.param_sync_every=4"), 12, (1, 4, 5))  # 2 shards, actors pull every 4 iterations
