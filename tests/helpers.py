@@ -113,3 +113,13 @@ def final_leaves(run_dir: Path) -> tuple[list, dict]:
     """The leaves of the run's latest checkpoint and its metadata."""
     states, meta = checkpoint.load(checkpoint.latest(run_dir))
     return [x for key in sorted(states) for x in states[key]], meta
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie is not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -129,11 +129,10 @@ def test_brax_env_runs_inside_the_fused_program(tmp_path):
     pytest.importorskip("brax")  # the test extra installs it (the `brax` extra)
     env = make_env("brax:inverted_pendulum", episode_length=5)
     state = env.init(jax.random.PRNGKey(0), np.arange(2))
-    step = jax.jit(env.transition)
-    for t in range(1, 11):
-        state, out = step(state, jnp.zeros((2, 1)))
-        assert np.asarray(out.truncated).all() == (t % 5 == 0) and not np.asarray(out.terminated).any()
-    assert not np.allclose(np.asarray(out.final_obs), np.asarray(out.obs))
+    _, steps = jax.jit(lambda s: jax.lax.scan(lambda s, _: env.transition(s, jnp.zeros((2, 1))), s, None, 10))(state)
+    assert np.array_equal(np.asarray(steps.truncated).all(1), np.arange(1, 11) % 5 == 0)
+    assert not np.asarray(steps.terminated).any()
+    assert not np.allclose(np.asarray(steps.final_obs[4]), np.asarray(steps.obs[4]))  # the reset observation
     summary = msrl.train(EXAMPLES / "ppo_cartpole.yaml", [*QUICK, "env.id=brax:inverted_pendulum", "env.num_envs=4",
                                                           'env.kwargs={"episode_length": 16}', "algorithm.rollout_len=16",
                                                           "algorithm.hidden=[16]", "run.total_env_steps=256"],
