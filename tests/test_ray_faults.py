@@ -62,9 +62,14 @@ def test_a_private_cluster_listens_on_loopback_only_and_dies_with_a_killed_drive
                      "policy.name=multi_learner", "policy.learners=2", "env.num_envs=8")
     try:
         wait_for_progress(proc)
-        listening, procs = {}, {}
+        listening, procs, cmds = {}, {}, {}
         for _ in range(10):  # a few looks while it trains
             procs.update({p.pid: p for p in family(proc.pid)})
+            for p in procs.values():
+                try:
+                    cmds.setdefault(p.pid, " ".join(p.cmdline()))
+                except psutil.Error:
+                    pass
             for c in psutil.net_connections(kind="inet"):
                 if c.status == psutil.CONN_LISTEN and c.pid in procs:
                     listening[(c.laddr.ip, c.laddr.port)] = procs[c.pid].name()
@@ -80,6 +85,8 @@ def test_a_private_cluster_listens_on_loopback_only_and_dies_with_a_killed_drive
         ip = ipaddress.ip_address(ip)
         return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
 
+    dashboards = [c for c in cmds.values() if "dashboard/dashboard.py" in c]
+    assert all("--disable-frontend" in c for c in dashboards)  # Ray's headless stats module at most: no UI
     names = set(listening.values())
     assert {"gcs_server", "raylet"} <= names and any("FragmentWorker" in n for n in names), listening
     exposed = {a: n for a, n in listening.items() if not loopback(a[0])

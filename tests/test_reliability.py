@@ -105,7 +105,8 @@ def test_a_callback_raising_inside_a_fused_program_is_a_one_line_error(tmp_path,
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_chaos_random_actor_kills_every_few_seconds():
-    """At least five SIGKILLs of random actor processes during one run: it completes, no update is lost."""
+    """Three SIGKILLs of random actor processes during one run: it completes, no update is lost
+    (benchmarks/chaos.py kills 20)."""
     from msrl.config import load_config
 
     cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
@@ -118,9 +119,9 @@ def test_chaos_random_actor_kills_every_few_seconds():
         def back(victim):  # restarted as often as it was killed
             return runtime.restarts.get(victim, 0) == kills.count(victim)
 
-        def chaos():  # a kill every 1-3 s, of an actor that is back from its last one (restarts overlap)
-            while not stop.is_set() and len(kills) < 5:
-                time.sleep(rng.uniform(1.0, 3.0))
+        def chaos():  # a kill every 0.5-1.5 s, of an actor that is back from its last one (restarts overlap)
+            while not stop.is_set() and len(kills) < 3:
+                time.sleep(rng.uniform(0.5, 1.5))
                 up = [("actor", i) for i in range(3) if back(("actor", i))]
                 if not up:
                     continue
@@ -140,7 +141,7 @@ def test_chaos_random_actor_kills_every_few_seconds():
             while (killer.is_alive() or len(rows) < 20) and time.time() < deadline:
                 rows += session.run(4)
             stop.set()
-            assert len(kills) >= 5 and sum(runtime.restarts.values()) == len(kills)
+            assert len(kills) >= 3 and sum(runtime.restarts.values()) == len(kills)
             state = session.snapshot()["learner"][0]["learner"]
             counts = {int(x) for p, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
                       if "count" in jax.tree_util.keystr(p)}

@@ -23,8 +23,9 @@ from msrl.rl import TwinQ, flatten, mlp, several_updates, squash_of
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
-class SACConfig(msrl.AlgorithmConfig):
-    name: Literal["sac"] = "sac"
+class OffPolicyConfig(msrl.AlgorithmConfig):
+    """The keys SAC and TD3 share."""
+
     rollout_len: int = Field(1, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
     updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
     batch_size: int = Field(256, gt=0, le=msrl.INT32_MAX)
@@ -33,13 +34,17 @@ class SACConfig(msrl.AlgorithmConfig):
                                  "actions before the policy acts and the first update")
     actor_lr: float = Field(3e-4, gt=0)
     critic_lr: float = Field(1e-3, gt=0)
-    alpha_lr: float = Field(3e-4, gt=0)
     gamma: float = Field(0.99, gt=0, le=1)
-    tau: float = Field(0.005, gt=0, le=1, description="target <- tau * critic + (1 - tau) * target, every update")
-    alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (None: learned)")
-    target_entropy: float | None = Field(None, description="of the learned temperature (None: -action size)")
+    tau: float = Field(0.005, gt=0, le=1, description="target <- tau * online + (1 - tau) * target, every update")
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [256, 256], min_length=1,
                                                       description="widths of the hidden layers")
+
+
+class SACConfig(OffPolicyConfig):
+    name: Literal["sac"] = "sac"
+    alpha_lr: float = Field(3e-4, gt=0)
+    alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (None: learned)")
+    target_entropy: float | None = Field(None, description="of the learned temperature (None: -action size)")
 
 
 class Transition(NamedTuple):
@@ -187,14 +192,14 @@ class SACLearner(msrl.Learner):
         return new, {**m_c, **m_a, "alpha": alpha}
 
 
-class SAC(msrl.Algorithm):
-    Config = SACConfig
+class ContinuousOffPolicy(msrl.Algorithm):
+    """What SAC and TD3 share: their checks of the env and config, the replay buffer, and the loop."""
 
-    def __init__(self, cfg: SACConfig, ctx: msrl.Context):
+    def __init__(self, cfg, ctx: msrl.Context):
         super().__init__(cfg, ctx)
-        spec = ctx.env_spec
+        spec, name = ctx.env_spec, cfg.name.upper()
         if isinstance(spec, msrl.MultiAgentSpec) or spec.discrete:
-            raise msrl.ConfigError("algorithm.name", f"SAC needs one agent with continuous (Box) actions; {spec.id} "
+            raise msrl.ConfigError("algorithm.name", f"{name} needs one agent with continuous (Box) actions; {spec.id} "
                                    f"has {'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'discrete actions'}")
         if cfg.learning_starts > cfg.buffer_size:
             raise msrl.ConfigError("algorithm.learning_starts", f"{cfg.learning_starts} is more than buffer_size "
@@ -202,15 +207,7 @@ class SAC(msrl.Algorithm):
         if cfg.buffer_size < ctx.num_envs:
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions hold less than one step "
                                    f"of {ctx.num_envs} envs")
-        space = spec.action_space
-        squash = Squash(*squash_of(space))
-        hidden = tuple(cfg.hidden)
-        actor = TanhGaussian(space.shape[0], len(spec.obs_shape), hidden)
-        critic = TwinQ(len(spec.obs_shape), hidden)
-        target_entropy = -float(space.shape[0]) if cfg.target_entropy is None else cfg.target_entropy
-        self.actor = SACActor(actor, squash, space, -(-cfg.learning_starts // ctx.num_envs))
-        self.learner = SACLearner(actor, critic, squash, cfg, spec.example_obs(),
-                                  jnp.zeros(space.shape, jnp.float32), target_entropy)
+        self.random_steps = -(-cfg.learning_starts // ctx.num_envs)  # acting steps of uniformly random actions
         self.buffer = msrl.UniformBuffer(cfg.buffer_size)
 
     def train_step(self):
@@ -222,3 +219,19 @@ class SAC(msrl.Algorithm):
             obs = step.obs
         # every update's batch in one sample: the learner makes the updates in turn and averages their metrics
         return msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size * self.cfg.updates))
+
+
+class SAC(ContinuousOffPolicy):
+    Config = SACConfig
+
+    def __init__(self, cfg: SACConfig, ctx: msrl.Context):
+        super().__init__(cfg, ctx)
+        spec = ctx.env_spec
+        space, hidden = spec.action_space, tuple(cfg.hidden)
+        squash = Squash(*squash_of(space))
+        actor = TanhGaussian(space.shape[0], len(spec.obs_shape), hidden)
+        critic = TwinQ(len(spec.obs_shape), hidden)
+        target_entropy = -float(space.shape[0]) if cfg.target_entropy is None else cfg.target_entropy
+        self.actor = SACActor(actor, squash, space, self.random_steps)
+        self.learner = SACLearner(actor, critic, squash, cfg, spec.example_obs(),
+                                  jnp.zeros(space.shape, jnp.float32), target_entropy)

@@ -1,6 +1,6 @@
 """TD3 written once against the msrl API; the distribution policy decides how it runs.
 
-The loop is SAC's (``msrl.algorithms.sac``): transitions with the final observation of a truncated episode
+The loop is SAC's (``msrl.algorithms.sac.ContinuousOffPolicy``): transitions with the final observation of a truncated episode
 into a replay buffer, then a few updates. The learner's two optimizers (critic, actor) are built with
 :meth:`msrl.Learner.chain`, so a policy's gradient transforms apply to both.
 """
@@ -8,7 +8,7 @@ into a replay buffer, then a few updates. The learner's two optimizers (critic, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Literal
 
 import flax.linen as nn
 import jax
@@ -17,28 +17,17 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.sac.sac import Transition
+from msrl.algorithms.sac.sac import ContinuousOffPolicy, OffPolicyConfig, Transition
 from msrl.rl import TwinQ, flatten, mlp, several_updates, squash_of
 
 
-class TD3Config(msrl.AlgorithmConfig):
+class TD3Config(OffPolicyConfig):
     name: Literal["td3"] = "td3"
-    rollout_len: int = Field(1, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
-    updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
-    batch_size: int = Field(256, gt=0, le=msrl.INT32_MAX)
-    buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions")
-    learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX, description="transitions of uniformly random "
-                                 "actions before the policy acts and the first update")
-    actor_lr: float = Field(3e-4, gt=0)
     critic_lr: float = Field(3e-4, gt=0)
-    gamma: float = Field(0.99, gt=0, le=1)
-    tau: float = Field(0.005, gt=0, le=1, description="target <- tau * online + (1 - tau) * target")
     policy_delay: int = Field(2, gt=0, le=msrl.INT32_MAX, description="critic updates per actor (and target) update")
     exploration_noise: float = Field(0.1, ge=0, description="std of the acting noise, in half-ranges of the actions")
     policy_noise: float = Field(0.2, ge=0, description="std of the target policy's smoothing noise (half-ranges)")
     noise_clip: float = Field(0.5, ge=0, description="the smoothing noise is clipped to ± this (half-ranges)")
-    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [256, 256], min_length=1,
-                                                      description="widths of the hidden layers")
 
 
 class Deterministic(nn.Module):
@@ -145,33 +134,13 @@ class TD3Learner(msrl.Learner):
         return new, {**m_c, **m_a}
 
 
-class TD3(msrl.Algorithm):
+class TD3(ContinuousOffPolicy):
     Config = TD3Config
 
     def __init__(self, cfg: TD3Config, ctx: msrl.Context):
         super().__init__(cfg, ctx)
         spec = ctx.env_spec
-        if isinstance(spec, msrl.MultiAgentSpec) or spec.discrete:
-            raise msrl.ConfigError("algorithm.name", f"TD3 needs one agent with continuous (Box) actions; {spec.id} "
-                                   f"has {'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'discrete actions'}")
-        if cfg.learning_starts > cfg.buffer_size:
-            raise msrl.ConfigError("algorithm.learning_starts", f"{cfg.learning_starts} is more than buffer_size "
-                                   f"{cfg.buffer_size}: learning would never start")
-        if cfg.buffer_size < ctx.num_envs:
-            raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions hold less than one step "
-                                   f"of {ctx.num_envs} envs")
         space, hidden = spec.action_space, tuple(cfg.hidden)
         actor = Deterministic(space.shape[0], len(spec.obs_shape), hidden)
-        self.actor = TD3Actor(actor, space, cfg.exploration_noise, -(-cfg.learning_starts // ctx.num_envs))
+        self.actor = TD3Actor(actor, space, cfg.exploration_noise, self.random_steps)
         self.learner = TD3Learner(actor, TwinQ(len(spec.obs_shape), hidden), cfg, space, spec.example_obs())
-        self.buffer = msrl.UniformBuffer(cfg.buffer_size)
-
-    def train_step(self):
-        obs = msrl.env_observe()
-        for _ in range(self.cfg.rollout_len):
-            out = msrl.agent_act(obs)
-            step = msrl.env_step(out.action)
-            msrl.buffer_insert(Transition(obs, out.action, step.reward, step.terminated, step.final_obs))
-            obs = step.obs
-        # every update's batch in one sample: the learner makes the updates in turn and averages their metrics
-        return msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size * self.cfg.updates))
