@@ -409,6 +409,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         complete iteration and the checkpoint saved of it, or the last one there is."""
         done, saved = session.iteration, None
         if session.runtime.at_rest():  # the state is that of the last complete iteration: keep it
+            if pending:  # its rows too, so that a resumed run's rows follow on
+                emit()
             try:
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
