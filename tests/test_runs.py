@@ -57,7 +57,7 @@ def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + summary["iterations"]
 
 
-@pytest.mark.parametrize("sig, policy", [(signal.SIGINT, []),
+@pytest.mark.parametrize("sig, policy", [(signal.SIGINT, []), (signal.SIGTERM, []),
                                          (signal.SIGINT, ["policy.name=single_learner_coarse", "policy.actors=2"])])
 def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tmp_path, sig, policy):
     overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every_steps=204800",
