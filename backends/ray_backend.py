@@ -479,5 +479,8 @@ def _check_resources(program: Any) -> None:
 
 
 class RayBackend(Backend):
+    start_local = staticmethod(init_local)  # for callers that reach the backend through the registry
+    shutdown = staticmethod(shutdown)
+
     def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> RayRuntime:
         return RayRuntime(program, seed)

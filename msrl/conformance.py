@@ -417,11 +417,11 @@ def _init_ray() -> bool:
     one runs."""
     import ray
 
-    from msrl.backends.ray_backend import init_local
+    from msrl.registry import BACKENDS
 
     if ray.is_initialized():
         return False
-    init_local(num_cpus=4)
+    BACKENDS.get("ray").start_local(num_cpus=4)
     return True
 
 
@@ -542,9 +542,9 @@ def run_matrix(loops: list[str] | None = None, columns: list[str] | None = None,
                 outcomes[(name, col.id)] = run_config(LOOPS[name].config(col.policy), k, timeout)
                 judge(name, col)
         if not ray_problem and started_ray:
-            from msrl.backends.ray_backend import shutdown
+            from msrl.registry import BACKENDS
 
-            shutdown()
+            BACKENDS.get("ray").shutdown()
     dev_cols = [c.id for c in columns if c.where == "devices"]
     dev_loops = [n for n in loops if n not in setup_problem]
     if dev_cols and dev_loops:

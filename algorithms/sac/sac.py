@@ -115,7 +115,31 @@ class SACActor(msrl.Actor):
         return jnp.tanh(mean) * self.squash.scale + self.squash.center
 
 
-class SACLearner(msrl.Learner):
+class OffPolicyLearner(msrl.Learner):
+    """What SAC's and TD3's learners share: parameter parts (``params[name]``) with an optimizer each (``txs``,
+    each built with :meth:`chain`), the ``actor`` part as the policy, and ``updates`` updates per ``learn``."""
+
+    txs: dict[str, optax.GradientTransformation]
+
+    def policy_params(self, state):
+        return state["params"]["actor"]
+
+    def learn(self, state, sample: msrl.Sample):
+        """``updates`` updates, each on its slice of ``sample``; their metrics averaged."""
+        return several_updates(self.update, state, sample, self.cfg.updates)
+
+    def step_part(self, name, loss, state, params, *args):
+        """One step of ``name``'s optimizer on ``loss(params[name], *args) -> (loss, aux)``: ``params`` with
+        that part updated, the part's new optimizer state, and the aux."""
+        grads, aux = jax.grad(loss, has_aux=True)(params[name], *args)
+        updates, opt = self.txs[name].update(grads, state["opt_state"][name], params[name])
+        return {**params, name: optax.apply_updates(params[name], updates)}, opt, aux
+
+    def update(self, state, sample: msrl.Sample):
+        raise NotImplementedError
+
+
+class SACLearner(OffPolicyLearner):
     def __init__(self, actor: TanhGaussian, critic: TwinQ, squash: Squash, cfg: SACConfig, example_obs,
                  example_action, target_entropy: float):
         self.actor, self.critic, self.squash, self.cfg = actor, critic, squash, cfg
@@ -136,18 +160,6 @@ class SACLearner(msrl.Learner):
         return {"params": params, "target": params["critic"], "key": key,
                 "opt_state": {k: tx.init(params[k]) for k, tx in self.txs.items()}}
 
-    def policy_params(self, state):
-        return state["params"]["actor"]
-
-    def learn(self, state, sample: msrl.Sample):
-        """``updates`` updates, each on its slice of ``sample``; their metrics averaged."""
-        return several_updates(self.update, state, sample, self.cfg.updates)
-
-    def _step(self, name, loss, state, params, *args):
-        """One step of ``name``'s optimizer on ``loss(params[name], *args) -> (loss, aux)``."""
-        grads, aux = jax.grad(loss, has_aux=True)(params[name], *args)
-        updates, opt = self.txs[name].update(grads, state["opt_state"][name], params[name])
-        return {**params, name: optax.apply_updates(params[name], updates)}, opt, aux
 
     def target(self, actor, target, alpha, t: Transition, key):
         """The critics' regression target: the reward, plus (unless the episode terminated) the discounted soft
@@ -178,13 +190,13 @@ class SACLearner(msrl.Learner):
         cfg, t, params = self.cfg, sample.item, state["params"]
         key, k_critic, k_actor = jax.random.split(state["key"], 3)
         alpha = jnp.float32(cfg.alpha) if cfg.alpha is not None else jnp.exp(params["alpha"])
-        params, opt_c, m_c = self._step("critic", self._critic_loss, state, params, params["actor"], state["target"],
+        params, opt_c, m_c = self.step_part("critic", self._critic_loss, state, params, params["actor"], state["target"],
                                         alpha, t, k_critic)
-        params, opt_a, m_a = self._step("actor", self._actor_loss, state, params, params["critic"], alpha, t.obs,
+        params, opt_a, m_a = self.step_part("actor", self._actor_loss, state, params, params["critic"], alpha, t.obs,
                                         k_actor)
         opt = {**state["opt_state"], "critic": opt_c, "actor": opt_a}
         if cfg.alpha is None:
-            params, opt["alpha"], _ = self._step("alpha", self._alpha_loss, state, params, m_a["entropy"])
+            params, opt["alpha"], _ = self.step_part("alpha", self._alpha_loss, state, params, m_a["entropy"])
         new = {"params": params, "target": optax.incremental_update(params["critic"], state["target"], cfg.tau),
                "key": key, "opt_state": opt}
         ready = sample.size >= max(cfg.learning_starts, 1)

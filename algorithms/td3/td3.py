@@ -17,8 +17,8 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.sac.sac import ContinuousOffPolicy, OffPolicyConfig, Transition
-from msrl.rl import TwinQ, flatten, mlp, several_updates, squash_of
+from msrl.algorithms.sac.sac import ContinuousOffPolicy, OffPolicyConfig, OffPolicyLearner, Transition
+from msrl.rl import TwinQ, flatten, mlp, squash_of
 
 
 class TD3Config(OffPolicyConfig):
@@ -67,7 +67,7 @@ class TD3Actor(msrl.Actor):
         return self.net.apply(params, obs) * self.scale + self.center
 
 
-class TD3Learner(msrl.Learner):
+class TD3Learner(OffPolicyLearner):
     def __init__(self, actor: Deterministic, critic: TwinQ, cfg: TD3Config, space: msrl.Box, example_obs):
         self.actor, self.critic, self.cfg, self.space, self.obs = actor, critic, cfg, space, example_obs
         self.scale, self.center = squash_of(space)
@@ -82,13 +82,6 @@ class TD3Learner(msrl.Learner):
                   "critic": self.critic.init(k_critic, self.obs, jnp.zeros(self.space.shape, jnp.float32))}
         return {"params": params, "target": params, "key": key, "updates": jnp.zeros((), jnp.int32),
                 "opt_state": {k: tx.init(params[k]) for k, tx in self.txs.items()}}
-
-    def policy_params(self, state):
-        return state["params"]["actor"]
-
-    def learn(self, state, sample: msrl.Sample):
-        """``updates`` updates, each on its slice of ``sample``; their metrics averaged."""
-        return several_updates(self.update, state, sample, self.cfg.updates)
 
     def target(self, target, t: Transition, key):
         """The reward plus (unless terminated) the discounted smaller target Q of the next observation, at the
@@ -108,24 +101,19 @@ class TD3Learner(msrl.Learner):
         q1, _ = self.critic.apply(critic, obs, self.actor.apply(actor, obs) * self.scale + self.center)
         return -jnp.mean(q1), {"actor_loss": -jnp.mean(q1)}
 
-    def _step(self, name, loss, state, params, *args):
-        grads, aux = jax.grad(loss, has_aux=True)(params[name], *args)
-        updates, opt = self.txs[name].update(grads, state["opt_state"][name], params[name])
-        return optax.apply_updates(params[name], updates), opt, aux
-
     def update(self, state, sample: msrl.Sample):
         """A critic update once the buffer holds learning_starts transitions; every policy_delay-th one also
         updates the actor (on the new critic) and moves the targets."""
         cfg, t, params = self.cfg, sample.item, state["params"]
         key, k_target = jax.random.split(state["key"])
         y = jax.lax.stop_gradient(self.target(state["target"], t, k_target))
-        critic, opt_c, m_c = self._step("critic", self._critic_loss, state, params, y, t)
-        actor, opt_a, m_a = self._step("actor", self._actor_loss, state, params, critic, t.obs)
-        params_new = {"actor": actor, "critic": critic}
+        params_new, opt_c, m_c = self.step_part("critic", self._critic_loss, state, params, y, t)
+        params_new, opt_a, m_a = self.step_part("actor", self._actor_loss, state, params_new, params_new["critic"],
+                                                t.obs)
         count = state["updates"] + 1
         delayed = count % cfg.policy_delay == 0
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(delayed, a, b), new, old)  # noqa: E731
-        params_new["actor"] = keep(actor, params["actor"])
+        params_new["actor"] = keep(params_new["actor"], params["actor"])
         new = {"params": params_new, "key": key, "updates": count,
                "target": keep(optax.incremental_update(params_new, state["target"], cfg.tau), state["target"]),
                "opt_state": {"critic": opt_c, "actor": keep(opt_a, state["opt_state"]["actor"])}}
