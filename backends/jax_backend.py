@@ -15,6 +15,7 @@ the learner on others, Sebulba-style) runs each replica in a thread pinned to it
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -30,9 +31,9 @@ from msrl.backends.threads import ThreadsRuntime
 
 
 class JaxRuntime(Runtime):
-    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int):
+    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1):
         self.program, self.fragment = program, next(iter(program.fragments.values()))
-        self.replicas = self.fragment.spec.replicas
+        self.replicas, self.seeds = self.fragment.spec.replicas, seeds
         self.k = max(1, int(iterations_per_dispatch))
         env = program.env
         frag_fn = self.fragment.fn
@@ -40,6 +41,9 @@ class JaxRuntime(Runtime):
         def one(state):
             state, result = frag_fn(state)
             return state, {"train": result, "env": env.stats(state["env"])}
+
+        if seeds > 1:  # the whole program once per seed: every state leaf has a leading seed axis
+            one = jax.vmap(one)  # noqa: F811
 
         if self.replicas > 1:  # one program over every replica: shard_map over the devices, vmap on each
             self.mesh = replica_mesh(self.replicas)
@@ -61,8 +65,9 @@ class JaxRuntime(Runtime):
 
             return jax.lax.fori_loop(0, n, body, (state, buf))
 
-        self._state = self._place([program.init_states(self.fragment.state_keys, seed, ids)
-                                   for ids in replica_env_ids(program.num_envs, self.fragment)])
+        inits = [[program.init_states(self.fragment.state_keys, seed + i, ids) for i in range(seeds)]
+                 for ids in replica_env_ids(program.num_envs, self.fragment)]
+        self._state = self._place([init[0] if seeds == 1 else stack(init) for init in inits])
         t0 = time.perf_counter()
         try:
             lowered = jax.jit(chunk, donate_argnums=0).lower(self._state, jnp.int32(self.k))
@@ -77,7 +82,7 @@ class JaxRuntime(Runtime):
         if self.replicas == 1:
             return jax.tree.map(lambda x: jnp.array(x, copy=True), states[0])
         sharding = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
-        return jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(states)), sharding)
+        return jax.device_put(stack(states), sharding)
 
     def _replica_states(self, state: Any) -> list[Any]:
         state = jax.device_get(state)
@@ -102,7 +107,7 @@ class JaxRuntime(Runtime):
                 return
             if pending is not None:
                 out, n = jax.device_get(pending[0]), pending[1]
-                yield metric_rows(out["train"], out["env"], n)
+                yield metric_rows(out["train"], out["env"], n) if self.seeds == 1 else seed_rows(out, n, self.seeds)
             pending = dispatched
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
@@ -114,6 +119,32 @@ class JaxRuntime(Runtime):
     def params(self) -> Any:
         learner = self.program.components["learner"]
         return learner.policy_params(self._replica_states(self._state["learner"])[0])
+
+
+def stack(states: list[Any]) -> Any:
+    """States stacked on a new leading axis."""
+    return jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(states))
+
+
+def seed_rows(out: dict[str, Any], n: int, seeds: int) -> list[dict[str, Any]]:
+    """Rows of a program run for several seeds (outputs ``[iteration, seed, ...]``): every metric's mean over
+    the seeds (``episode_return_std`` too), with each seed's own row under ``per_seed``."""
+    per_seed = [metric_rows(jax.tree.map(lambda x: x[:, i], out["train"]),
+                            {k: v[:, i] for k, v in out["env"].items()}, n) for i in range(seeds)]
+    rows = []
+    for it in range(n):
+        each = [per_seed[i][it] for i in range(seeds)]
+        with np.errstate(all="ignore"):
+            row = {k: float(np.mean([r[k] for r in each])) for k in each[0]}  # a non-finite metric stays so
+            for k in ("episode_return", "episode_length"):  # seeds with no finished episode yet do not count
+                finite = [r[k] for r in each if math.isfinite(r[k])]
+                row[k] = float(np.mean(finite)) if finite else math.nan
+            returns = np.array([r["episode_return"] for r in each])
+            row["episode_return_std"] = float(np.nanstd(returns)) if np.isfinite(returns).any() else math.nan
+        if "env_nonfinite" in row:
+            row["env_nonfinite"] = sum(r["env_nonfinite"] for r in each)
+        rows.append({**row, "per_seed": [{k: v for k, v in r.items() if k != "env_nonfinite"} for r in each]})
+    return rows
 
 
 def replica_mesh(replicas: int) -> Mesh:
@@ -140,9 +171,17 @@ class DevicesRuntime(ThreadsRuntime):
 
 
 class JaxBackend(Backend):
-    def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> Runtime:
+    multi_seed = True
+
+    def build(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1) -> Runtime:
         frags = list(program.fragments.values())
         if len(frags) == 1 and frags[0].mode == "scan":
-            return JaxRuntime(program, seed, iterations_per_dispatch)
+            if seeds > 1 and frags[0].spec.replicas > 1:
+                raise ConfigError("run.num_seeds", f"several seeds in one program need a single replica; "
+                                  f"{program.policy.name} runs {frags[0].spec.replicas} (use policy.name=fused)")
+            return JaxRuntime(program, seed, iterations_per_dispatch, seeds)
+        if seeds > 1:
+            raise ConfigError("run.num_seeds", f"several seeds in one program need one jitted program (policy "
+                              f"fused); {program.policy.name} on the jax backend runs {len(frags)} fragments")
         return DevicesRuntime(program, seed)
 

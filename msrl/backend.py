@@ -56,7 +56,10 @@ class Runtime:
 
 
 class Backend:
-    """Subclass and register with ``@msrl.register_backend(name)`` (or the ``msrl.backends`` entry points)."""
+    """Subclass and register with ``@msrl.register_backend(name)`` (or the ``msrl.backends`` entry points).
+    ``multi_seed``: ``build`` takes ``seeds=N`` and runs the program for N seeds at once (``run.num_seeds``)."""
+
+    multi_seed = False
 
     def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> Runtime:
         raise NotImplementedError

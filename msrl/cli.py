@@ -166,9 +166,10 @@ def cmd_graph(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from msrl.evaluate import evaluate
 
-    out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed)
+    out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
+    which = f", seed {out['run_seed']}" if "run_seed" in out else ""
     print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes "
-          f"(greedy; {out['checkpoint']}, iteration {out['iteration']})")
+          f"(greedy; {out['checkpoint']}, iteration {out['iteration']}{which})")
     if args.render:
         print(f"wrote {out['frames']} frames and episode.gif to {args.render}")
     return 0
@@ -224,7 +225,9 @@ def make_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run greedily over fresh episodes")
     e.add_argument("run_dir", metavar="RUN_DIR")
     e.add_argument("--episodes", type=int, default=10)
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed")
+    e.add_argument("--run-seed", type=int, default=None, metavar="N",
+                   help="a run of several seeds (run.num_seeds): evaluate seed N's policy (default: the first)")
     e.add_argument("--render", metavar="DIR", default=None, help="write one episode's frames (PNG) and a GIF here")
     e.set_defaults(fn=cmd_eval)
     for command in (t, g, e):

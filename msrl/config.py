@@ -48,6 +48,8 @@ class RunConfig(BaseModel):
 
     total_env_steps: int = Field(500_000, gt=0, le=2**63 - 1)
     seed: int = Field(0, ge=0, le=2**32 - 1, description="jax PRNG seed (32 bits)")
+    num_seeds: int = Field(1, ge=1, le=4096, description="train seeds seed .. seed+num_seeds-1 at once, in one "
+                           "program (fused only); metrics per seed under RUN_DIR/seed_N/")
     iterations_per_dispatch: int | None = Field(
         None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
     progress: bool = True

@@ -21,9 +21,10 @@ MAX_FRAMES = 1_000
 MAX_EPISODES = 100_000  # episodes run side by side: more would not fit in memory
 
 
-def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
+def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, Any, Path, dict]:
     """The run's config, algorithm and policy parameters from its newest good checkpoint (a corrupt or
-    non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used)."""
+    non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used). A run of
+    several seeds (``run.num_seeds``) gives the policy of ``run_seed`` (default: its first seed)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
@@ -41,6 +42,14 @@ def load_policy(run_dir: Path) -> tuple[Any, Any, Any, Path, dict]:
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:
         raise ConfigError("RUN_DIR", f"{path} holds no learner state")
+    seeds = range(cfg.run.seed, cfg.run.seed + cfg.run.num_seeds)
+    if run_seed is not None and run_seed not in seeds:
+        raise ConfigError("--run-seed", f"{run_dir} trained seed{'s' if len(seeds) > 1 else ''} "
+                          f"{seeds[0]}{f'..{seeds[-1]}' if len(seeds) > 1 else ''}, not {run_seed}")
+    if len(seeds) > 1:  # every saved array has a leading seed axis
+        i = (seeds[0] if run_seed is None else run_seed) - seeds[0]
+        states = {**states, key: [None if x is None else np.asarray(x)[i] for x in states[key]]}
+        meta = {**meta, "run_seed": seeds[i]}
     learner, _ = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
     state = checkpoint.restore_state(learner.init(jax.random.PRNGKey(0)), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
@@ -51,8 +60,8 @@ class TrainedPolicy:
     leading axis = environments) and returns the greedy actions as numpy. ``config``, ``params`` (the policy
     parameters), ``iteration`` (of the checkpoint) and ``env_spec`` describe it."""
 
-    def __init__(self, run_dir: str | Path):
-        self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir))
+    def __init__(self, run_dir: str | Path, run_seed: int | None = None):
+        self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir), run_seed)
         self.env_spec, self.iteration = self.env.spec, meta["iteration"]
         self._greedy = jax.jit(self.algorithm.actor.greedy)
 
@@ -69,16 +78,19 @@ class TrainedPolicy:
                 f"iteration {self.iteration})")
 
 
-def load(run_dir: str | Path) -> TrainedPolicy:
-    """``msrl.load(RUN_DIR)``: the policy of the run's latest checkpoint (:class:`TrainedPolicy`)."""
-    return TrainedPolicy(run_dir)
+def load(run_dir: str | Path, run_seed: int | None = None) -> TrainedPolicy:
+    """``msrl.load(RUN_DIR)``: the policy of the run's latest checkpoint (:class:`TrainedPolicy`); of seed
+    ``run_seed`` for a run of several."""
+    return TrainedPolicy(run_dir, run_seed)
 
 
-def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None = None, seed: int = 0) -> dict:
-    """Mean and std of the greedy policy's return over ``episodes`` (1..MAX_EPISODES) fresh episodes."""
+def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None = None, seed: int = 0,
+             run_seed: int | None = None) -> dict:
+    """Mean and std of the greedy policy's return over ``episodes`` (1..MAX_EPISODES) fresh episodes
+    (``run_seed``: which seed's policy, for a run of several)."""
     if not 1 <= episodes <= MAX_EPISODES:
         raise ConfigError("--episodes", f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
-    cfg, env, algorithm, params, meta = load_policy(Path(run_dir))
+    cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
     greedy = jax.jit(algorithm.actor.greedy)
     step = jax.jit(env.step) if env.jittable else env.step
     state = env.init(jax.random.PRNGKey(seed), np.arange(episodes))
@@ -92,6 +104,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
             break
     env.close(state)
     out = {"checkpoint": meta["checkpoint"], "iteration": meta["iteration"],
+           **({"run_seed": meta["run_seed"]} if "run_seed" in meta else {}),
            "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std())}
     if render is not None:
         out["frames"] = _render(cfg.env.id, cfg.env.kwargs, greedy, params, Path(render), seed)

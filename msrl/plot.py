@@ -61,6 +61,8 @@ def _config(run_dir: Path) -> dict | None:
 
 
 def _label(run_dir: Path, name: str) -> str:
+    if run_dir.name.startswith("seed_") and (run_dir.parent / "config.yaml").exists():
+        run_dir = run_dir.parent
     try:
         cfg = _config(run_dir)
         return f"{name} ({cfg['algorithm']['name']}, {cfg['policy']['name']})"
@@ -70,6 +72,8 @@ def _label(run_dir: Path, name: str) -> str:
 
 def _group_key(run_dir: Path) -> str:
     """What runs that differ only by seed share: their config without ``run`` (or the folder's parent)."""
+    if run_dir.name.startswith("seed_") and (run_dir.parent / "config.yaml").exists():  # one seed of a run
+        return _group_key(run_dir.parent)
     cfg = _config(run_dir)
     if cfg is None:
         return str(run_dir.resolve().parent)
@@ -97,7 +101,11 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
         raise ConfigError("--smooth", f"must be >= 1 (got {smooth})")
     if not run_dirs:
         raise ConfigError("", "no run directory given")
-    dirs = [Path(d) for d in run_dirs]
+    dirs = []
+    for d in map(Path, run_dirs):  # a run of several seeds: its seeds' curves, drawn as their mean ± std
+        seeds = sorted(d.glob("seed_*/metrics.csv"), key=lambda p: int(p.parent.name[5:]))
+        dirs += [p.parent for p in seeds] or [d]
+        aggregate = aggregate or bool(seeds)
     curves = [read_curve(d) for d in dirs]
     for c in curves:
         c["episode_return"] = moving_average(c["episode_return"], smooth)

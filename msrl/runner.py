@@ -45,7 +45,7 @@ def build(cfg: ExperimentConfig):
 
 # a logged row's columns: these first, then the loop's own metrics (under "train/" in TensorBoard)
 FIRST_COLUMNS = ("iteration", "env_steps", "episode_return", "episode_length", "sps", "wall_time")
-SNAPSHOTS = ("episode_return", "episode_length", "episodes")  # the state at a row's end, not a mean over it
+SNAPSHOTS = ("episode_return", "episode_length", "episodes", "episode_return_std")  # a row's end state, not a mean
 MAX_ROWS = 1000  # rows a run writes at most unless run.log_every_steps says otherwise
 TB_GROUP = {"episode_return": "charts", "episode_length": "charts", "episodes": "charts", "sps": "perf",
             "wall_time": "perf"}
@@ -60,29 +60,68 @@ def merge_rows(rows: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-class _Logger:
-    """metrics.csv (one row per logged interval), TensorBoard events, Weights & Biases, and the progress bar."""
+class _Table:
+    """One metrics.csv and its TensorBoard events (a run's, or one seed's of a run of several)."""
 
-    def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int, resume_at: int | None = None):
-        self.run_dir, self.cfg = run_dir, cfg
+    def __init__(self, folder: Path, cfg: ExperimentConfig, resume_at: int | None):
+        folder.mkdir(parents=True, exist_ok=True)
         kept: list[dict] = []
-        if resume_at is not None and (run_dir / "metrics.csv").exists():  # drop rows after the checkpoint
-            with open(run_dir / "metrics.csv", newline="") as f:
+        if resume_at is not None and (folder / "metrics.csv").exists():  # drop rows after the checkpoint
+            with open(folder / "metrics.csv", newline="") as f:
                 kept = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_at]
-            rewrite_csv(run_dir / "metrics.csv", kept)
-        self.csv_file = open(run_dir / "metrics.csv", "a" if resume_at is not None else "w", newline="")
+            rewrite_csv(folder / "metrics.csv", kept)
+        self.csv_file = open(folder / "metrics.csv", "a" if resume_at is not None else "w", newline="")
         self.writer: csv.DictWriter | None = None
         if kept:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
-        self.tb = self.wandb = None
+        self.tb = None
         if cfg.run.tensorboard:
             from tensorboardX import SummaryWriter
 
             # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
             purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+            self.tb = SummaryWriter(str(folder / "tb"), purge_step=purge)
             if resume_at is None:  # (a resumed run's config is the one already there)
                 self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.dump(), sort_keys=False) + "```")
+
+    def log(self, row: dict[str, float]) -> dict[str, float]:
+        """Write ``row``; returns its finite scalars under their TensorBoard tags."""
+        if self.writer is None:
+            self.writer = csv.DictWriter(self.csv_file, extrasaction="ignore",
+                                         fieldnames=[*FIRST_COLUMNS, *(k for k in row if k not in FIRST_COLUMNS)])
+            self.writer.writeheader()
+        self.writer.writerow(row)
+        scalars = {f"{TB_GROUP.get(k, 'train')}/{k}": v for k, v in row.items()
+                   if k not in ("iteration", "env_steps") and isinstance(v, float | int) and math.isfinite(v)}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, int(row["env_steps"]))
+        return scalars
+
+    def close(self, cfg: ExperimentConfig, final_return: float) -> None:
+        if self.tb is not None:
+            if math.isfinite(final_return):
+                self.tb.add_hparams(_flat(cfg.dump()), {"hparam/episode_return": final_return}, name="hparams")
+            self.tb.close()
+        self.csv_file.close()
+
+
+def seed_dirs(run_dir: Path, cfg: ExperimentConfig) -> list[Path]:
+    """Where each seed of a run of several (``run.num_seeds``) logs: ``RUN_DIR/seed_N``."""
+    n = cfg.run.num_seeds
+    return [run_dir / f"seed_{cfg.run.seed + i}" for i in range(n)] if n > 1 else []
+
+
+class _Logger:
+    """metrics.csv (one row per logged interval), TensorBoard events, Weights & Biases, and the progress bar.
+    A run of several seeds logs their mean (and ``episode_return_std``) in the run directory and each seed's
+    own rows in ``RUN_DIR/seed_N``."""
+
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int, resume_at: int | None = None):
+        self.run_dir, self.cfg = run_dir, cfg
+        self.table = _Table(run_dir, cfg, resume_at)
+        self.seeds = [_Table(d, cfg, resume_at) for d in seed_dirs(run_dir, cfg)]
+        self.wandb = None
         if cfg.run.wandb is not None:
             self.wandb = _wandb_run(run_dir, cfg)
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
@@ -100,22 +139,17 @@ class _Logger:
                                                sps=0, ret="-")
             self.progress.start()
 
-    def log(self, row: dict[str, float]) -> None:
-        if self.writer is None:
-            self.writer = csv.DictWriter(self.csv_file, extrasaction="ignore",
-                                         fieldnames=[*FIRST_COLUMNS, *(k for k in row if k not in FIRST_COLUMNS)])
-            self.writer.writeheader()
-        self.writer.writerow(row)
-        scalars = {f"{TB_GROUP.get(k, 'train')}/{k}": v for k, v in row.items()
-                   if k not in ("iteration", "env_steps") and math.isfinite(v)}
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, int(row["env_steps"]))
+    def log(self, row: dict[str, float], per_seed: list[dict[str, float]] = ()) -> None:
+        scalars = self.table.log(row)
+        for table, seed_row in zip(self.seeds, per_seed):
+            for k, v in table.log(seed_row).items():
+                scalars[f"{table.csv_file.name.split('/')[-2]}/{k}"] = v
         if self.wandb is not None:
             self.wandb.log({**scalars, "iteration": row["iteration"]}, step=int(row["env_steps"]))
 
     def update(self, row: dict[str, float]) -> None:
-        self.csv_file.flush()
+        for table in (self.table, *self.seeds):
+            table.csv_file.flush()
         ret = "-" if math.isnan(row["episode_return"]) else f"{row['episode_return']:.1f}"
         if self.plain is not None and (time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total):
             self.plain = time.monotonic()
@@ -124,16 +158,16 @@ class _Logger:
         if self.progress is not None:
             self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"], ret=ret)
 
-    def close(self, final_return: float = math.nan) -> None:
+    def close(self, final_return: float = math.nan, seed_returns: list[float] = ()) -> None:
         if self.progress is not None:
             self.progress.stop()
-        if self.tb is not None:
-            if math.isfinite(final_return):
-                self.tb.add_hparams(_flat(self.cfg.dump()), {"hparam/episode_return": final_return}, name="hparams")
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        self.csv_file.close()
+        try:
+            self.table.close(self.cfg, final_return)
+            for table, ret in zip(self.seeds, seed_returns):
+                table.close(self.cfg, ret)
+        finally:
+            if self.wandb is not None:
+                self.wandb.finish()
 
 
 def rewrite_csv(path: Path, rows: list[dict]) -> None:
@@ -173,6 +207,7 @@ def _wandb_run(run_dir: Path, cfg: ExperimentConfig) -> Any:
 
 
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", "wandb")  # what a run directory holds
+# (and seed_N/ folders, for a run of several seeds)
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -191,8 +226,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         raise ConfigError("--overwrite", f"{run_dir} holds files but no run ({', '.join(RUN_FILES)}): not clearing it")
     import shutil
 
-    for name in RUN_FILES:
-        path = run_dir / name
+    for path in [*(run_dir / name for name in RUN_FILES), *run_dir.glob("seed_*")]:
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
@@ -370,15 +404,17 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
           + (" (XLA compiles the program now)" if cfg.policy.backend == "jax" else
              " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
     session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch,
-                      stall_timeout_s=cfg.run.stall_timeout_s)
+                      stall_timeout_s=cfg.run.stall_timeout_s, seeds=cfg.run.num_seeds)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
     elapsed0, last_return = 0.0, float("nan")
+    seed_returns = [math.nan] * cfg.run.num_seeds if cfg.run.num_seeds > 1 else []  # each seed's last return
     try:
         if resume:
             session.restore(checkpoint.restore(session.snapshot(skip), states, path), iteration=meta["iteration"])
             elapsed0, last_return = meta["wall_time"], meta["episode_return"]
+            seed_returns = meta.get("episode_return_per_seed", seed_returns)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
         logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=session.iteration if resume else None)
     except BaseException:
@@ -392,12 +428,14 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
 
     def emit() -> None:
         nonlocal last
-        row = merge_rows(pending)
-        pending.clear()
+        row = merge_rows([{k: v for k, v in p.items() if k != "per_seed"} for p in pending])
         span = row["wall_time"] - last["wall_time"]
         row["sps"] = (row["env_steps"] - last["env_steps"]) / span if span > 0 else math.nan
-        logger.log(row)
-        history.append(row)
+        each = [{**merge_rows([{**p["per_seed"][i], "wall_time": row["wall_time"]} for p in pending]), "sps": row["sps"]}
+                for i in range(len(seed_returns))]
+        pending.clear()
+        logger.log(row, each)
+        history.append({**row, "per_seed": each} if each else row)
         last = row
         if on_iteration is not None and on_iteration(dict(row)) and not stop:
             stop.append(row["iteration"])
@@ -414,7 +452,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             try:
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "config": cfg.dump()})
+                    "episode_return": last_return, "config": cfg.dump(),
+                    **({"episode_return_per_seed": seed_returns} if seed_returns else {})})
                 saved = checkpoint.latest(run_dir)
             except Exception:  # noqa: BLE001 - the report below says there is none of this iteration
                 saved = None
@@ -452,6 +491,9 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                     _check_finite(r, r["iteration"], cfg.env.id, steps_per_iter, run_dir)
                     if math.isfinite(r["episode_return"]):
                         last_return = r["episode_return"]
+                    for s, each in enumerate(r.get("per_seed", ())):
+                        if math.isfinite(each["episode_return"]):
+                            seed_returns[s] = each["episode_return"]
                     pending.append({**r, "wall_time": before + (now - before) * (i + 1) / len(rows)})
                     if r["iteration"] % log_every == 0 or r["iteration"] == iterations:
                         emit()
@@ -466,10 +508,11 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "config": cfg.dump()}, on_fault=fault)
+                    "episode_return": last_return, "config": cfg.dump(),
+                    **({"episode_return_per_seed": seed_returns} if seed_returns else {})}, on_fault=fault)
     finally:
         try:
-            logger.close(last_return)  # may fail (a full disk): the session closes all the same
+            logger.close(last_return, seed_returns)  # may fail (a full disk): the session closes all the same
         finally:
             session.close()
     elapsed = time.perf_counter() - start
@@ -486,6 +529,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         "policy": cfg.policy.name,
         "backend": cfg.policy.backend,
     }
+    if seed_returns:
+        summary.update(seeds=[cfg.run.seed + i for i in range(len(seed_returns))], episode_return_per_seed=seed_returns)
     checkpoint.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
     if signals.received:
         from msrl.errors import Interrupted
@@ -503,7 +548,8 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
         raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
                             f"{iteration} (env steps {(iteration - 1) * steps_per_iter}..{iteration * steps_per_iter}); "
                             f"training stopped{_last_good(run_dir)}")
-    bad = [k for k, v in row.items() if k not in ("episode_return", "episode_length") and not math.isfinite(v)]
+    bad = [k for k, v in row.items() if k not in ("episode_return", "episode_length", "episode_return_std", "per_seed")
+           and not math.isfinite(v)]
     if bad:
         raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
                             f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")

@@ -56,7 +56,7 @@ def assert_pendulum_run(before, after, rows: list[dict], episodes: int) -> None:
 
 
 def max_diff(a, b) -> float:
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0.0))
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 

@@ -19,10 +19,13 @@ class Session:
     YAML path with ``overrides``), or a compiled ``program`` (``msrl.compile``) with a ``seed``.
     ``iterations_per_dispatch``: iterations a jitted program runs per call (default: one).
     ``stall_timeout_s``: a replica making no progress this long raises a TrainingError (default: the config's
-    ``run.stall_timeout_s``; 0: never)."""
+    ``run.stall_timeout_s``; 0: never). ``seeds``: run the program for seeds ``seed .. seed + seeds - 1`` at
+    once (default: the config's ``run.num_seeds``); every state leaf then has a leading seed axis, and every row
+    holds the mean over the seeds with each seed's own row under ``per_seed``."""
 
     def __init__(self, config: Any = None, overrides: list[str] | tuple = (), *, program: Any = None,
-                 seed: int | None = None, iterations_per_dispatch: int = 1, stall_timeout_s: float | None = None):
+                 seed: int | None = None, iterations_per_dispatch: int = 1, stall_timeout_s: float | None = None,
+                 seeds: int | None = None):
         from msrl.config import ExperimentConfig, load_config
         from msrl.registry import BACKENDS
 
@@ -35,9 +38,16 @@ class Session:
             self.config = config if isinstance(config, ExperimentConfig) else load_config(config, list(overrides))
             program = build(self.config)
             seed = self.config.run.seed if seed is None else seed
-        self.program, self.seed, self.iteration = program, int(seed or 0), 0
-        self.runtime = BACKENDS.get(program.policy.backend)().build(program, self.seed,
-                                                                    max(1, int(iterations_per_dispatch)))
+            seeds = self.config.run.num_seeds if seeds is None else seeds
+        self.program, self.seed, self.iteration, self.seeds = program, int(seed or 0), 0, int(seeds or 1)
+        backend = BACKENDS.get(program.policy.backend)()
+        if self.seeds > 1 and not backend.multi_seed:
+            from msrl.errors import ConfigError
+
+            raise ConfigError("run.num_seeds", f"the {program.policy.backend} backend runs one seed per program; "
+                              "several seeds in one program need policy.name=fused (backend jax)")
+        self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)),
+                                     **({"seeds": self.seeds} if self.seeds > 1 else {}))
         if stall_timeout_s is None:
             from msrl.config import RunConfig
 
@@ -57,8 +67,9 @@ class Session:
         out = []
         for r in rows:
             self.iteration += 1
-            out.append({"iteration": self.iteration, "env_steps": self.iteration * self.env_steps_per_iteration,
-                        **r})
+            at = {"iteration": self.iteration, "env_steps": self.iteration * self.env_steps_per_iteration}
+            out.append({**at, **r} if "per_seed" not in r else
+                       {**at, **r, "per_seed": [{**at, **each} for each in r["per_seed"]]})
         return out
 
     def run(self, iterations: int) -> list[dict[str, float]]:

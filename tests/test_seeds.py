@@ -1,0 +1,76 @@
+"""run.num_seeds: several seeds of a fused program in one XLA program (vmapped), logged, checkpointed, resumed,
+evaluated and plotted per seed."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import msrl
+from msrl.cli import main
+from msrl.errors import ConfigError
+
+from helpers import CARTPOLE, QUICK, assert_reaches, max_diff
+
+LOOP = ["policy.name=fused", "run.total_env_steps=2048"]
+
+
+def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
+    """Every seed's initial state and first rollout are bitwise those of the run with that seed alone. The
+    learner's update is equal up to float rounding: XLA on CPU sums a batch of rows in another order than one
+    row (the advantage's mean differs in its last bit), so longer curves are the same in distribution, not
+    bitwise (README)."""
+    with msrl.Session(CARTPOLE, [*LOOP, "run.seed=3", "run.num_seeds=2"]) as s:
+        init, rows, after = s.snapshot()["main"][0], s.run(1), s.snapshot()["main"][0]
+    for i in range(2):
+        with msrl.Session(CARTPOLE, [*LOOP, f"run.seed={3 + i}"]) as one:
+            init1, rows1, after1 = one.snapshot()["main"][0], one.run(1), one.snapshot()["main"][0]
+        pick = lambda tree: jax.tree.map(lambda x: x[i], tree)  # noqa: E731
+        assert max_diff(pick(init), init1) == 0.0
+        assert max_diff(pick(after["buffer"]), after1["buffer"]) == 0.0  # the rollout the learner got
+        assert max_diff(pick(after["env"]), after1["env"]) == 0.0
+        assert max_diff(pick(after["learner"]), after1["learner"]) < 1e-6
+        seed_row = rows[0]["per_seed"][i]
+        assert seed_row["episode_return"] == rows1[0]["episode_return"]
+        assert seed_row["iteration"] == rows1[0]["iteration"] == 1
+    assert rows[0]["episode_return"] == pytest.approx(np.mean([r["episode_return"] for r in rows[0]["per_seed"]]))
+
+
+def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(tmp_path, capsys):
+    run = tmp_path / "run"
+    result = msrl.train(CARTPOLE, ["run.num_seeds=3", "run.seed=5", "run.total_env_steps=60000",
+                                   "run.checkpoint_every_steps=30000", "run.progress=false"], run_dir=run)
+    assert result["seeds"] == [5, 6, 7] and len(result["episode_return_per_seed"]) == 3
+    assert result["episode_return"] == pytest.approx(np.mean(result["episode_return_per_seed"]))
+    for seed in (5, 6, 7):  # every seed learns (a random policy scores ~22)
+        assert_reaches(run / f"seed_{seed}", 200.0, within=60000)
+        assert (run / f"seed_{seed}" / "tb").is_dir()
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "episode_return_std" in header
+    assert len(result.rows) == 117 and len(result.rows[-1]["per_seed"]) == 3
+
+    # resumed: every seed's table is cut back to the checkpoint and continues
+    assert main(["train", "--resume", str(run), "run.total_env_steps=70000"]) == 0
+    lines = [(run / f"seed_{s}" / "metrics.csv").read_text().splitlines() for s in (5, 6, 7)]
+    assert [len(x) for x in lines] == [1 + 136] * 3
+    assert json.loads((run / "summary.json").read_text())["env_steps"] == 136 * 512
+
+    # eval and load pick one seed's policy; another seed is refused, naming the trained ones
+    assert main(["eval", str(run), "--run-seed", "6", "--episodes", "2"]) == 0
+    assert "seed 6)" in capsys.readouterr().out
+    policy = msrl.load(run, run_seed=7)
+    assert policy.act(np.zeros(4, np.float32)).shape == ()
+    with pytest.raises(ConfigError, match=r"--run-seed: .* trained seeds 5..7, not 4"):
+        msrl.load(run, run_seed=4)
+    assert main(["plot", str(run), "-o", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("policy", ["single_learner_coarse", "multi_learner"])
+def test_several_seeds_need_one_fused_program(policy):
+    with pytest.raises(ConfigError, match="run.num_seeds"):
+        msrl.Session(CARTPOLE, [f"policy.name={policy}", "policy.backend=" + ("threads" if "coarse" in policy else "jax"),
+                                "run.num_seeds=2", *QUICK])
