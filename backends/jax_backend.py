@@ -43,7 +43,7 @@ class JaxRuntime(Runtime):
             return state, {"train": result, "env": env.stats(state["env"])}
 
         if seeds > 1:  # the whole program once per seed: every state leaf has a leading seed axis
-            one = jax.vmap(one)  # noqa: F811
+            one = jax.vmap(one)
 
         if self.replicas > 1:  # one program over every replica: shard_map over the devices, vmap on each
             self.mesh = replica_mesh(self.replicas)

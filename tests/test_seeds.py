@@ -28,7 +28,8 @@ def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
     for i in range(2):
         with msrl.Session(CARTPOLE, [*LOOP, f"run.seed={3 + i}"]) as one:
             init1, rows1, after1 = one.snapshot()["main"][0], one.run(1), one.snapshot()["main"][0]
-        pick = lambda tree: jax.tree.map(lambda x: x[i], tree)  # noqa: E731
+        def pick(tree, i=i):
+            return jax.tree.map(lambda x: x[i], tree)
         assert max_diff(pick(init), init1) == 0.0
         assert max_diff(pick(after["buffer"]), after1["buffer"]) == 0.0  # the rollout the learner got
         assert max_diff(pick(after["env"]), after1["env"]) == 0.0
