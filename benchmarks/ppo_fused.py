@@ -1,18 +1,23 @@
-"""msrl ``fused`` PPO vs a hand-written single-function ``lax.scan`` PPO, same math, same process.
+"""msrl ``fused`` PPO vs the hand-written single-function PPO (``handwritten_ppo.py``) vs Rejax, same settings.
 
-    python benchmarks/ppo_fused.py [--total-env-steps 500000] [--repeats 3]
+    python benchmarks/ppo_fused.py [--configs cartpole4,cartpole16,acrobot,pendulum] [--pairs 3]
+                                   [--steps N] [--peer-python PATH | --no-peer]
 
-Both train PPO on gymnax CartPole-v1 with 4 envs x 128 steps, 4 epochs x 4 minibatches. Prints JSON:
-SPS of each (best of ``repeats`` interleaved runs, compile excluded), their ratio (goal >= 1.0) and the median
-of the per-pair ratios (more robust on a shared machine), XLA compile times, and
-msrl's loop -> FDG -> fragments time excluding XLA (goal <= 0.5 s), cold (first in the process: it includes
-JAX's one-time tracing warm-up of flax/distrax/gymnax code) and warm, with the time of each compiler phase.
+Every config runs the three side by side, alternating (msrl, hand-written, Rejax) ``--pairs`` times after one
+warm-up run each (compile excluded), and prints one JSON object: per config the median wall SPS and CPU
+seconds per million env steps of each, and the median over rounds of the per-round SPS ratios
+(``msrl / rejax``, ``msrl / handwritten``; goal >= 1.0). Rejax runs in the peers' venv
+(``../shared/peers/setup.sh``) through ``rejax_worker.py``. The same settings: envs, rollout, epochs,
+minibatches, learning rate (constant), clipping, coefficients, and a 64x64 tanh actor and critic. Check that
+the machine is quiet first: the load average is printed, before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,75 +25,127 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 from handwritten_ppo import make_train  # noqa: E402
 
 import msrl  # noqa: E402
 from msrl.config import load_config  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml"
+CONFIGS = {  # name: (gymnax env, envs, rollout, epochs, minibatches, example to start from)
+    "cartpole4": ("CartPole-v1", 4, 128, 4, 4, "ppo_cartpole.yaml"),
+    "cartpole16": ("CartPole-v1", 16, 128, 4, 4, "ppo_cartpole.yaml"),
+    "acrobot": ("Acrobot-v1", 4, 128, 4, 4, "ppo_cartpole.yaml"),
+    "pendulum": ("Pendulum-v1", 16, 128, 10, 32, "ppo_pendulum.yaml"),  # learner-heavy
+}
+LR, CLIP, MAX_GRAD_NORM = 2.5e-4, 0.2, 0.5
+
+
+def peer_python(arg: str | None) -> str | None:
+    """The peers' venv python: ``--peer-python``, or what ``../shared/peers/setup.sh`` prints."""
+    if arg:
+        return arg
+    setup = HERE.parent.parent / "shared" / "peers" / "setup.sh"
+    if not setup.exists():
+        return None
+    out = subprocess.run(["bash", str(setup)], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
+
+
+class Peer:
+    """A Rejax worker process: compiled once, then one timed training run per :meth:`run`."""
+
+    def __init__(self, python: str, spec: dict):
+        self.proc = subprocess.Popen([python, str(HERE / "rejax_worker.py"), json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.ready = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the Rejax worker ended without an answer")
+        return json.loads(line)
+
+    def run(self) -> tuple[float, float]:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        out = self._read()
+        return out["wall_s"], out["cpu_s"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def timed(fn) -> tuple[float, float]:
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def bench(name: str, steps: int, pairs: int, python: str | None) -> dict:
+    env, envs, rollout, epochs, minibatches, example = CONFIGS[name]
+    cfg = load_config(HERE.parent / "examples" / example, [
+        f"env.id=gymnax:{env}", f"env.num_envs={envs}", f"algorithm.rollout_len={rollout}",
+        f"algorithm.epochs={epochs}", f"algorithm.minibatches={minibatches}", f"algorithm.lr={LR}",
+        "algorithm.anneal_lr=false", f"algorithm.clip_eps={CLIP}", f"algorithm.max_grad_norm={MAX_GRAD_NORM}",
+        "algorithm.hidden=[64,64]", "algorithm.activation=tanh", "algorithm.ent_coef=0.01", "algorithm.vf_coef=0.5",
+        "policy.name=fused", f"run.total_env_steps={steps}"])
+    program = msrl.build(cfg)
+    iterations = steps // program.env_steps_per_iteration
+    steps = iterations * program.env_steps_per_iteration
+    session = msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations)
+    sides = {"msrl": lambda: session.run(iterations)}
+    if name != "pendulum":  # the hand-written PPO is discrete-only
+        train = jax.jit(make_train(steps, num_envs=envs, rollout_len=rollout, epochs=epochs, minibatches=minibatches,
+                                   lr=LR, anneal_lr=False, clip_eps=CLIP, max_grad_norm=MAX_GRAD_NORM, env_id=env))
+        key = jax.random.PRNGKey(1)
+        sides["handwritten"] = lambda: jax.block_until_ready(train(key))
+    peer = None
+    if python:
+        peer = Peer(python, {"algo": "ppo", "env": env, "steps": steps, "config": {
+            "num_envs": envs, "num_steps": rollout, "num_epochs": epochs, "num_minibatches": minibatches,
+            "learning_rate": LR, "max_grad_norm": MAX_GRAD_NORM, "clip_eps": CLIP, "ent_coef": 0.01, "vf_coef": 0.5,
+            "gamma": 0.99, "gae_lambda": 0.95, "agent_kwargs": {"activation": "tanh", "hidden_layer_sizes": [64, 64]}}})
+        sides["rejax"] = peer.run
+    for side, fn in sides.items():  # warm-up (compiles)
+        if side != "rejax":
+            fn()
+    times: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+    for _ in range(pairs):
+        for side, fn in sides.items():
+            times[side].append(fn() if side == "rejax" else timed(fn))
+    if peer is not None:
+        peer.close()
+    out = {"env": f"gymnax:{env}", "num_envs": envs, "rollout_len": rollout, "epochs": epochs,
+           "minibatches": minibatches, "env_steps": steps}
+    for side, ts in times.items():
+        out[f"{side}_sps"] = round(steps / float(np.median([w for w, _ in ts])))
+        out[f"{side}_cpu_s_per_M"] = round(float(np.median([c for _, c in ts])) / steps * 1e6, 2)
+    for other in ("rejax", "handwritten"):
+        if other in times:  # per round: the other's wall time over msrl's
+            out[f"msrl_over_{other}"] = round(float(np.median(
+                [o[0] / m[0] for m, o in zip(times["msrl"], times[other])])), 3)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--total-env-steps", type=int, default=500_000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=2.5e-4)
+    ap.add_argument("--configs", default="cartpole4,cartpole16,acrobot,pendulum")
+    ap.add_argument("--pairs", "--repeats", type=int, default=3)
+    ap.add_argument("--steps", "--total-env-steps", type=int, default=500_000)
+    ap.add_argument("--peer-python", default=None)
+    ap.add_argument("--no-peer", action="store_true")
     args = ap.parse_args()
-
-    hp = dict(num_envs=4, rollout_len=128, epochs=4, minibatches=4, lr=args.lr, anneal_lr=True)
-    cfg = load_config(EXAMPLE, [f"run.total_env_steps={args.total_env_steps}", f"algorithm.lr={args.lr}",
-                                "env.num_envs=4", "algorithm.rollout_len=128", "algorithm.epochs=4",
-                                "algorithm.minibatches=4", "algorithm.anneal_lr=true", "policy.name=fused"])
-    jax.devices()  # backend start-up is not the compiler's time
-
-    # ---- msrl: loop -> IR -> FDG -> partition -> fragments (no XLA), cold then warm
-    program = msrl.build(cfg)
-    graph_cold, phases_cold = program.compile_seconds, program.timings
-    program = msrl.build(cfg)
-    graph_warm, phases_warm = program.compile_seconds, program.timings
-    iterations = args.total_env_steps // program.env_steps_per_iteration
-    session = msrl.Session(program=program, seed=0, iterations_per_dispatch=32)  # XLA compile here
-
-    # ---- hand-written
-    train = make_train(args.total_env_steps, **hp)
-    key = jax.random.PRNGKey(0)
-    t = time.perf_counter()
-    compiled = jax.jit(train).lower(key).compile()
-    hand_compile = time.perf_counter() - t
-
-    msrl_times, hand_times, msrl_ret, hand_ret = [], [], None, None
-    for _ in range(args.repeats):  # interleaved so machine noise hits both alike
-        t = time.perf_counter()
-        rows = session.run(iterations)
-        msrl_times.append(time.perf_counter() - t)
-        msrl_ret = msrl_ret if msrl_ret is not None else rows[-1]["episode_return"]
-        t = time.perf_counter()
-        _, metrics = jax.block_until_ready(compiled(key))
-        hand_times.append(time.perf_counter() - t)
-        hand_ret = float(np.asarray(metrics["episode_return"])[-1])
-
-    steps = iterations * program.env_steps_per_iteration
-    msrl_sps, hand_sps = steps / min(msrl_times), steps / min(hand_times)
-    print(json.dumps({
-        "benchmark": "ppo_fused",
-        "env": "gymnax:CartPole-v1", "num_envs": 4, "rollout_len": 128, "epochs": 4, "minibatches": 4,
-        "env_steps": steps,
-        "msrl_fused_sps": round(msrl_sps),
-        "handwritten_sps": round(hand_sps),
-        "ratio": round(msrl_sps / hand_sps, 3),
-        "ratio_median_of_pairs": round(float(np.median(np.array(hand_times) / np.array(msrl_times))), 3),
-        "msrl_xla_compile_s": round(session.compile_seconds, 2),
-        "handwritten_xla_compile_s": round(hand_compile, 2),
-        "msrl_loop_to_fragments_s_cold": round(graph_cold, 3),
-        "msrl_loop_to_fragments_s_warm": round(graph_warm, 3),
-        "msrl_phases_s_cold": {k: round(v, 3) for k, v in phases_cold.items()},
-        "msrl_phases_s_warm": {k: round(v, 3) for k, v in phases_warm.items()},
-        "msrl_final_return_first_run": msrl_ret,
-        "handwritten_final_return": hand_ret,
-        "repeats": args.repeats,
-        "device": str(jax.devices()[0]),
-    }, indent=2))
+    python = None if args.no_peer else peer_python(args.peer_python)
+    load_before = os.getloadavg()[0]
+    results = {name: bench(name, args.steps, args.pairs, python) for name in args.configs.split(",")}
+    first = next(iter(results.values()))  # its figures at the top too, for `msrl bench`
+    print(json.dumps({"benchmark": "ppo_fused", "msrl_fused_sps": first["msrl_sps"],
+                      "handwritten_sps": first.get("handwritten_sps"), "rejax_sps": first.get("rejax_sps"),
+                      "pairs": args.pairs, "load_average_before": round(load_before, 2),
+                      "load_average_after": round(os.getloadavg()[0], 2), "device": str(jax.devices()[0]),
+                      "rejax": python is not None, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -217,7 +217,8 @@ class Learner:
 
     Gradients go through ``self.tx``: the algorithm's optax chain (``optimizer()``) preceded by
     ``grad_transforms`` that a distribution policy may set (an all-reduce, say) without touching the
-    algorithm.
+    algorithm. The built-in algorithms wrap their optimizers in ``optax.flatten``: the update then runs on one
+    flat vector, not once per parameter array (a third fewer XLA ops per PPO minibatch step).
     """
 
     grad_transforms: tuple[optax.GradientTransformation, ...] = ()

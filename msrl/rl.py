@@ -38,12 +38,33 @@ def action_dim(spec) -> int:
     return spec.action_space.n if spec.discrete else spec.action_space.shape[0]
 
 
-def policy(discrete: bool, head: jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]) -> distrax.Distribution:
+class DiagGaussian(NamedTuple):
+    """A diagonal Gaussian over action vectors (the last axis), from its mean and log standard deviation:
+    distrax's ``MultivariateNormalDiag`` in closed form (as a bijector-transformed distribution it costs the PPO
+    learner ~1.5x the XLA work per minibatch)."""
+
+    mean: jnp.ndarray
+    log_std: jnp.ndarray
+
+    def sample(self, seed: jax.Array) -> jnp.ndarray:
+        return self.mean + jnp.exp(self.log_std) * jax.random.normal(seed, self.mean.shape, self.mean.dtype)
+
+    def log_prob(self, x: jnp.ndarray) -> jnp.ndarray:
+        z = (x - self.mean) * jnp.exp(-self.log_std)
+        return jnp.sum(-0.5 * z * z - self.log_std, axis=-1) - 0.5 * np.log(2 * np.pi) * self.mean.shape[-1]
+
+    def entropy(self) -> jnp.ndarray:
+        return jnp.sum(self.log_std, axis=-1) + 0.5 * (1 + np.log(2 * np.pi)) * self.mean.shape[-1]
+
+    def mode(self) -> jnp.ndarray:
+        return self.mean
+
+
+def policy(discrete: bool, head: jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]) -> distrax.Categorical | DiagGaussian:
     """The action distribution of a network head: Categorical(logits) or diagonal Gaussian(mean, log_std)."""
     if discrete:
         return distrax.Categorical(logits=head)
-    mean, log_std = head
-    return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
+    return DiagGaussian(*head)
 
 
 def flatten(x: jnp.ndarray, ndim: int) -> jnp.ndarray:

@@ -52,7 +52,7 @@ class PPOLearner(msrl.Learner):
         if cfg.anneal_lr:
             steps_per_update = cfg.epochs * cfg.minibatches
             lr = lambda count: cfg.lr * (1.0 - (count // steps_per_update) / float(self.num_updates))  # noqa: E731
-        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5))
+        return optax.flatten(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5)))
 
     def init(self, key):
         init_key, key = jax.random.split(key)

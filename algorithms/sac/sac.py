@@ -149,7 +149,8 @@ class SACLearner(OffPolicyLearner):
     @property
     def txs(self) -> dict[str, optax.GradientTransformation]:
         cfg = self.cfg
-        return {"actor": self.chain(optax.adam(cfg.actor_lr)), "critic": self.chain(optax.adam(cfg.critic_lr)),
+        return {"actor": self.chain(optax.flatten(optax.adam(cfg.actor_lr))),
+                "critic": self.chain(optax.flatten(optax.adam(cfg.critic_lr))),
                 "alpha": self.chain(optax.adam(cfg.alpha_lr))}
 
     def init(self, key):

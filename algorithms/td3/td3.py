@@ -74,7 +74,8 @@ class TD3Learner(OffPolicyLearner):
 
     @property
     def txs(self) -> dict[str, optax.GradientTransformation]:
-        return {"actor": self.chain(optax.adam(self.cfg.actor_lr)), "critic": self.chain(optax.adam(self.cfg.critic_lr))}
+        return {"actor": self.chain(optax.flatten(optax.adam(self.cfg.actor_lr))),
+                "critic": self.chain(optax.flatten(optax.adam(self.cfg.critic_lr)))}
 
     def init(self, key):
         k_actor, k_critic, key = jax.random.split(key, 3)
