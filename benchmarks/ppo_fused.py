@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -28,6 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from handwritten_ppo import make_train  # noqa: E402
+from rejax_peer import Peer, peer_python, timed  # noqa: E402
 
 import msrl  # noqa: E402
 from msrl.config import load_config  # noqa: E402
@@ -39,48 +38,6 @@ CONFIGS = {  # name: (gymnax env, envs, rollout, epochs, minibatches, example to
     "pendulum": ("Pendulum-v1", 16, 128, 10, 32, "ppo_pendulum.yaml"),  # learner-heavy
 }
 LR, CLIP, MAX_GRAD_NORM = 2.5e-4, 0.2, 0.5
-
-
-def peer_python(arg: str | None) -> str | None:
-    """The peers' venv python: ``--peer-python``, or what ``../shared/peers/setup.sh`` prints."""
-    if arg:
-        return arg
-    setup = HERE.parent.parent / "shared" / "peers" / "setup.sh"
-    if not setup.exists():
-        return None
-    out = subprocess.run(["bash", str(setup)], capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
-
-
-class Peer:
-    """A Rejax worker process: compiled once, then one timed training run per :meth:`run`."""
-
-    def __init__(self, python: str, spec: dict):
-        self.proc = subprocess.Popen([python, str(HERE / "rejax_worker.py"), json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.ready = self._read()
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the Rejax worker ended without an answer")
-        return json.loads(line)
-
-    def run(self) -> tuple[float, float]:
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        out = self._read()
-        return out["wall_s"], out["cpu_s"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
-
-
-def timed(fn) -> tuple[float, float]:
-    t, c = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - t, time.process_time() - c
 
 
 def bench(name: str, steps: int, pairs: int, python: str | None) -> dict:
