@@ -1,12 +1,11 @@
 """Shared RL math the built-in algorithms (and users' own) build on: actor-critic networks (flax) with
-distrax policy distributions, an actor that samples from them, generalized advantage estimation, and the
+categorical and diagonal Gaussian policy distributions, an actor that samples from them, generalized advantage estimation, and the
 epochs x minibatches SGD loop of PPO-style learners."""
 
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -38,10 +37,31 @@ def action_dim(spec) -> int:
     return spec.action_space.n if spec.discrete else spec.action_space.shape[0]
 
 
+class Categorical(NamedTuple):
+    """A categorical distribution over the last axis of ``logits``. (These two distributions are written out
+    rather than taken from distrax, whose import brings in TensorFlow Probability: ~1 s of every start.)"""
+
+    logits: jnp.ndarray
+
+    def sample(self, seed: jax.Array) -> jnp.ndarray:
+        return jax.random.categorical(seed, self.logits)
+
+    def log_prob(self, x: jnp.ndarray) -> jnp.ndarray:
+        log_p = jax.nn.log_softmax(self.logits)
+        return jnp.take_along_axis(log_p, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+    def entropy(self) -> jnp.ndarray:
+        log_p = jax.nn.log_softmax(self.logits)
+        return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+
+    def mode(self) -> jnp.ndarray:
+        return jnp.argmax(self.logits, axis=-1)
+
+
 class DiagGaussian(NamedTuple):
-    """A diagonal Gaussian over action vectors (the last axis), from its mean and log standard deviation:
-    distrax's ``MultivariateNormalDiag`` in closed form (as a bijector-transformed distribution it costs the PPO
-    learner ~1.5x the XLA work per minibatch)."""
+    """A diagonal Gaussian over action vectors (the last axis), from its mean and log standard deviation, in
+    closed form (distrax's ``MultivariateNormalDiag`` is a bijector-transformed distribution: more XLA work per
+    minibatch)."""
 
     mean: jnp.ndarray
     log_std: jnp.ndarray
@@ -60,10 +80,10 @@ class DiagGaussian(NamedTuple):
         return self.mean
 
 
-def policy(discrete: bool, head: jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]) -> distrax.Categorical | DiagGaussian:
+def policy(discrete: bool, head: jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]) -> Categorical | DiagGaussian:
     """The action distribution of a network head: Categorical(logits) or diagonal Gaussian(mean, log_std)."""
     if discrete:
-        return distrax.Categorical(logits=head)
+        return Categorical(head)
     return DiagGaussian(*head)
 
 

@@ -8,6 +8,9 @@ adapter supplies only the batched ``_reset`` and ``_step`` of its library (gymna
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
 from typing import Any
 
 import jax
@@ -93,9 +96,35 @@ def box(low: Any, high: Any, shape: Any) -> Box:
                np.broadcast_to(np.asarray(high, np.float32), shape), shape)
 
 
+class _Deferred(types.ModuleType):
+    """Stands in ``sys.modules`` for a module not imported yet: the first attribute read imports it (and puts
+    the real module in its place), every read is forwarded to it."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.__spec__ = None  # (what `import` checks of a module found in sys.modules)
+
+    def __getattr__(self, attr: str) -> Any:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def import_gymnax() -> Any:
+    """``import gymnax``, with the plotting packages its package import pulls in for a few envs' render
+    functions (seaborn, which brings pandas and scipy.stats, and matplotlib.pyplot) left to import on first use:
+    about a second less at every start."""
+    if "gymnax" not in sys.modules:
+        for name in ("seaborn", "matplotlib.pyplot"):
+            sys.modules.setdefault(name, _Deferred(name))
+    import gymnax
+
+    return gymnax
+
+
 class GymnaxEnv(FunctionalEnv):
     def __init__(self, name: str, **kwargs: Any):
-        import gymnax
+        gymnax = import_gymnax()
 
         if name not in gymnax.registered_envs:
             raise ConfigError(
