@@ -29,6 +29,7 @@ def enable_compile_cache(directory: str | Path) -> None:
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the small ones too: they add up at start
 
 
 def build(cfg: ExperimentConfig):

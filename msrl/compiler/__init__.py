@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,16 @@ _SEEDS = {name: i for i, name in enumerate(COMPONENTS)}
 
 def _sds(x: Any) -> Any:
     return jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+
+
+def _jitted(init: Callable, *args: Any) -> Any:
+    """A component's ``init(*args)`` as one jitted program (a single XLA compile, kept in the persistent
+    compilation cache; run eagerly, a network's initialization is dozens of small compiles every start), or
+    eagerly where it cannot be traced (host-side state)."""
+    try:
+        return jax.jit(init)(*args)
+    except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
+        return init(*args)
 
 
 def component_keys(seed: int) -> dict[str, jax.Array]:
@@ -328,15 +338,18 @@ class Program:
         out: dict[str, Any] = {}
         for c in names:
             comp = components.get(c)
-            if c in ("env", "actor"):
+            if c == "env" and not comp.jittable:
                 out[c] = comp.init(keys[c], env_ids)
+            elif c in ("env", "actor"):
+                out[c] = _jitted(comp.init, keys[c], env_ids)
             elif c == "learner":
-                out[c] = comp.init(keys[c])
+                out[c] = _jitted(comp.init, keys[c])
             elif c == "buffer":
                 spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
-                out[c] = None if spec is None else comp.init(keys[c], spec)
+                out[c] = None if spec is None else _jitted(lambda key, comp=comp, spec=spec: comp.init(key, spec), keys[c])
             elif c == "params":
-                out[c] = components["learner"].policy_params(components["learner"].init(keys["learner"]))
+                learner = components["learner"]
+                out[c] = learner.policy_params(out["learner"] if "learner" in out else _jitted(learner.init, keys["learner"]))
         return out
 
     def _item_spec(self, num_envs: int) -> Any:
