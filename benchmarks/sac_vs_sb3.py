@@ -122,6 +122,10 @@ def main() -> None:
         out[f"{name}_last_return"] = [r["last_return"] for r in runs[name]]
         out[f"{name}_ratio_median"] = round(statistics.median(
             r["sps"] / s["sps"] for r, s in zip(runs[name], runs["sb3"], strict=True)), 2)
+    # the headline (msrl bench's table): replay_server on threads against SB3, medians over the pairs
+    out["msrl_sps"] = round(statistics.median(r["sps"] for r in runs["msrl_replay_server_threads"]))
+    out["sb3_sps_median"] = round(statistics.median(r["sps"] for r in runs["sb3"]))
+    out["ratio"] = out["msrl_replay_server_threads_ratio_median"]
     out["uptime_load_before"] = [round(x, 2) for x in load_before]
     out["uptime_load_after"] = [round(x, 2) for x in load_after]
     out["cpus"], out["machine"] = os.cpu_count(), platform.processor() or platform.machine()
