@@ -12,8 +12,8 @@ from pydantic import Field
 
 import msrl
 from msrl.rl import (ActorCritic, ActorCriticActor, NormalizedActor, action_dim, discounted_returns, gae,
-                     minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward, update_stats,
-                     with_obs_stats)
+                     minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
+                     update_stats, with_obs_stats)
 
 
 class PPOConfig(msrl.AlgorithmConfig):
@@ -92,7 +92,8 @@ class PPOLearner(msrl.Learner):
         cfg, stats = self.cfg, {}
         if cfg.normalize_obs:  # the statistics the actors acted with; then this batch joins them
             stats["obs_rms"] = update_stats(state["obs_rms"], batch.obs, self.mean_over_replicas)
-            batch, last_obs = batch._replace(obs=normalize(state["obs_rms"], batch.obs)), normalize(state["obs_rms"], last_obs)
+            batch = batch._replace(obs=normalize(state["obs_rms"], batch.obs))
+            last_obs = normalize(state["obs_rms"], last_obs)
         if cfg.normalize_reward:  # each env's discounted return runs on from the last batch
             ret = per_env_carry(state["ret"], batch.reward.shape[1])
             returns, ret = discounted_returns(ret, batch.reward, batch.done, cfg.gamma)
