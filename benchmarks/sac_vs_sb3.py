@@ -14,7 +14,8 @@ temperature (target entropy -|A|), tau 0.005, gamma 0.99 and a 1M-transition buf
 - ``msrl_fused_gymnax`` (``--env Pendulum-v1`` only): gymnax's Pendulum-v1 (the same dynamics in JAX), the
   whole iteration as one XLA program;
 - ``sb3``: Stable-Baselines3's SAC on a ``DummyVecEnv`` of the same environments (``train_freq=1``,
-  ``gradient_steps=--updates``), torch on the CPU with ``--torch-threads`` threads.
+  ``gradient_steps=--updates``), torch on the CPU with ``--torch-threads`` threads (default 1: on the loaded
+  2-core box, 2 threads made SB3 8x slower, 20 vs 166 SPS, from the threads' contention; try both on yours).
 
 The runs alternate (sb3, msrl threads, msrl fused; ``--pairs`` times) so that the machine's load falls on
 all of them alike. msrl's SPS leave out its first iteration (XLA compiles it); SB3's include everything
@@ -95,7 +96,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--buffer-size", type=int, default=1_000_000)
     ap.add_argument("--learning-starts", type=int, default=1_000)
-    ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--torch-threads", type=int, default=1)
     args = ap.parse_args()
     settings = {"msrl_replay_server_threads": [f"env.id=gymnasium:{args.env}", "policy.name=replay_server",
                                                "policy.backend=threads", f"policy.actors={args.actors}",
