@@ -62,8 +62,9 @@ def msrl_sps(args: argparse.Namespace, overrides: list[str]) -> dict:
         t = time.perf_counter()
         rows = session.run(iterations - 1)
         elapsed = time.perf_counter() - t
+    last = rows[-1]["episode_return"]
     return {"sps": (iterations - 1) * per / elapsed, "first_iteration_s": first,
-            "last_return": rows[-1]["episode_return"]}
+            "last_return": None if last != last else last}  # NaN (no episode finished): null in the JSON
 
 
 def sb3_sps(args: argparse.Namespace) -> dict:
