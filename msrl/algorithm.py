@@ -26,6 +26,12 @@ class Context:
     num_envs: int  # total environments over all replicas
     total_env_steps: int
     updates_per_iteration: int = 1  # learner updates per iteration over all replicas (async: one per worker)
+    learner_replicas: int = 1  # learners that each learn on an equal share of the envs (multi_learner, async)
+
+    @property
+    def learner_envs(self) -> int:
+        """The environments one learner replica sees the steps of (its share of ``num_envs``)."""
+        return self.num_envs // self.learner_replicas
 
 
 class Algorithm:

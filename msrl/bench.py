@@ -32,6 +32,8 @@ BENCHMARKS = (
               "msrl_fused_sps", "handwritten_sps", "hand-written"),
     Benchmark("ppo_host_threads", "ppo_host_threads.py", ("--env-steps", "10240"),
               "msrl_threads_sps", "sb3_sps", "SB3", needs=("torch", "stable_baselines3")),
+    Benchmark("sac_vs_sb3", "sac_vs_sb3.py", ("--env-steps", "3000", "--pairs", "1"),
+              "msrl_sps", "sb3_sps_median", "SB3", needs=("torch", "stable_baselines3")),
     Benchmark("ppo_ray_vs_rllib", "ppo_ray_vs_rllib.py", ("--iterations", "5"),
               "msrl_ray_sps", "rllib_sps", "RLlib", needs=("torch", "tree", "ray.rllib")),
 )

@@ -247,7 +247,7 @@ def make_parser() -> argparse.ArgumentParser:
     mode = b.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="short runs, a few minutes in all (default)")
     mode.add_argument("--full", action="store_true", help="the scripts' own defaults (the README's figures)")
-    b.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="ppo_fused, ppo_host_threads, ...")
+    b.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="ppo_fused, ppo_host_threads, sac_vs_sb3, ...")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the combined results as JSON")
     b.add_argument("--dir", default=None, help="benchmarks directory (default: the source checkout's)")
     b.set_defaults(fn=cmd_bench)

@@ -7,6 +7,7 @@ lives in the state pytrees the compiler threads through the training loop.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from typing import Any, NamedTuple
@@ -235,6 +236,13 @@ class Learner:
         a critic's) builds each with it, so that a policy's transforms apply to every part."""
         return optax.chain(*self.grad_transforms, optimizer)
 
+    def mean_over_replicas(self, tree: PyTree) -> PyTree:
+        """``tree``'s mean over the learner replicas that each learn on an equal share of the environments
+        (``multi_learner``), reduced by the policy's gradient transforms as a gradient is (its all-reduce);
+        ``tree`` itself where one learner sees every environment. Running statistics merge this way."""
+        tx = self.chain(optax.identity())
+        return tx.update(tree, tx.init(tree))[0]
+
     def init(self, key: jax.Array) -> PyTree:
         raise NotImplementedError
 
@@ -269,6 +277,11 @@ class ReplayBuffer:
 
     def sample(self, state: PyTree, batch_size: int | None = None) -> tuple[PyTree, PyTree]:
         raise NotImplementedError
+
+
+# True while the compiler traces the loop abstractly to learn its shapes, with other numbers of environments
+# than any replica has: a learner's per-environment state need not fit its batch then.
+SHAPE_PROBE: contextvars.ContextVar[bool] = contextvars.ContextVar("msrl_shape_probe", default=False)
 
 
 def per_env_keys(key: jax.Array, env_ids: jax.Array) -> jax.Array:

@@ -37,7 +37,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
                   total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration)
+                  updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
+                  learner_replicas=cfg.policy.learner_plan().learner_replicas)
     algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:

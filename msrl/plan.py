@@ -82,6 +82,7 @@ class LearnerPlan:
     services: Callable[[Any], dict[str, Any]] | None = None
     wrap: Callable[[Any, dict[str, Any]], Any] | None = None
     updates_per_iteration: int = 1
+    learner_replicas: int = 1  # replicas of the learner, each learning on an equal share of the environments
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from msrl.components import Actor, split_keys
+from msrl.components import SHAPE_PROBE, Actor, split_keys
 
 
 def _dense(features: int, scale: float, **kwargs) -> nn.Dense:
@@ -235,3 +235,116 @@ class ActorCriticActor(Actor):
     def greedy(self, params, obs):
         head, _ = self.net.apply(params, obs)
         return jnp.argmax(head, axis=-1) if self.net.discrete else head[0]
+
+
+# ---------------------------------------------------------------------------------------- normalization
+# Running statistics are learner state: they are updated inside ``learn`` from the batch the learner sees
+# (every environment's steps, in global env order, whatever the policy), so how environments are split over
+# actors changes no number; where several learners each see a share (multi_learner), the batch moments are
+# averaged over them through the policy's gradient transforms (``Learner.mean_over_replicas``). Actors get the
+# statistics with the parameters (``{"params": ..., "obs_rms": ...}``) and act on normalized observations.
+NORM_EPS = 1e-8
+NORM_CLIP = 10.0  # normalized observations and scaled rewards are clipped to +- this
+
+
+def running_stats(example) -> dict:
+    """Statistics of samples shaped like ``example`` (a pytree: one environment's observation, or ``0.0`` for
+    a scalar): ``count`` 0, ``mean`` 0 and ``var`` 1 per element, float32."""
+    return {"count": jnp.zeros((), jnp.float32),
+            "mean": jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), jnp.float32), example),
+            "var": jax.tree.map(lambda x: jnp.ones(jnp.shape(x), jnp.float32), example)}
+
+
+def update_stats(stats: dict, batch, reduce=lambda tree: tree) -> dict:
+    """``stats`` merged with every sample of ``batch`` (each leaf: samples on its leading axes, then the
+    statistics' shape), by Chan et al.'s parallel formula. The batch's mean, then its variance about that
+    mean, go through ``reduce`` (``Learner.mean_over_replicas``): equal shares of a batch merge exactly as the
+    whole would (up to float rounding), since only the ratio of the counts enters."""
+    lead = lambda x, m: tuple(range(x.ndim - m.ndim))  # noqa: E731
+    x = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), batch)
+    leaf, ref = jax.tree.leaves(x)[0], jax.tree.leaves(stats["mean"])[0]
+    n_b = float(np.prod(leaf.shape[: leaf.ndim - ref.ndim]))
+    mean_b = reduce(jax.tree.map(lambda x, m: x.mean(lead(x, m)), x, stats["mean"]))
+    var_b = reduce(jax.tree.map(lambda x, m: ((x - m) ** 2).mean(lead(x, m)), x, mean_b))
+    count = stats["count"] + n_b
+    w = n_b / count  # the batch's weight in the merged statistics
+    delta = jax.tree.map(jnp.subtract, mean_b, stats["mean"])
+    mean = jax.tree.map(lambda m, d: m + w * d, stats["mean"], delta)
+    var = jax.tree.map(lambda v, vb, d: (1 - w) * v + w * vb + w * (1 - w) * d * d, stats["var"], var_b, delta)
+    return {"count": count, "mean": mean, "var": var}
+
+
+def normalize(stats: dict, x):
+    """``x`` (a batch, leaves shaped ``[..., *stats' shape]``) standardized by ``stats``, clipped to +-10."""
+    return jax.tree.map(lambda x, m, v: jnp.clip((jnp.asarray(x, jnp.float32) - m) / jnp.sqrt(v + NORM_EPS),
+                                                 -NORM_CLIP, NORM_CLIP), x, stats["mean"], stats["var"])
+
+
+def scale_reward(stats: dict, reward):
+    """``reward`` divided by the standard deviation in ``stats`` (not centred: a shift would change which
+    policy is best where episodes end), clipped to +-10."""
+    return jnp.clip(reward / jnp.sqrt(stats["var"] + NORM_EPS), -NORM_CLIP, NORM_CLIP)
+
+
+def discounted_returns(ret, reward, done, gamma: float):
+    """The running discounted return of every env at every step of a time-major rollout (``[time, env]``),
+    continuing ``ret`` (``[env]``, carried from the last rollout); it restarts after an episode's end.
+    Returns the returns and the carry for the next rollout."""
+
+    def step(ret, t):
+        r, d = t
+        ret = ret * gamma + r
+        return ret * (1.0 - d.astype(jnp.float32)), ret
+
+    ret, returns = jax.lax.scan(step, ret, (reward, done))
+    return returns, ret
+
+
+def per_env_carry(carry, num_envs: int):
+    """A learner's per-environment carry (``[envs, ...]``) for a batch of ``num_envs`` environments: itself, or
+    zeros while the compiler probes shapes with other numbers of environments; any other mismatch is an error
+    (the policy did not tell the algorithm how many environments each learner sees)."""
+    if carry.shape[0] == num_envs:
+        return carry
+    if SHAPE_PROBE.get():
+        return jnp.zeros((num_envs, *carry.shape[1:]), carry.dtype)
+    from msrl.errors import ConfigError
+
+    raise ConfigError("policy.name", f"the learner keeps state for each of the {carry.shape[0]} environments it was "
+                      f"told it learns from (Context.learner_envs), but its batch holds {num_envs}: the policy must "
+                      "declare its learner replicas (LearnerPlan.learner_replicas)")
+
+
+def normalization_state(example_obs, obs: bool, reward: bool, envs: int | None = None) -> dict:
+    """A learner's normalization state: ``obs_rms`` (with ``obs``), ``reward_rms`` (with ``reward``) and, given
+    ``envs``, every env's running discounted return ``ret`` (the learner sees those ``envs``' steps)."""
+    state = {}
+    if obs:
+        state["obs_rms"] = running_stats(example_obs)
+    if reward:
+        state["reward_rms"] = running_stats(0.0)
+        if envs is not None:
+            state["ret"] = jnp.zeros((envs,), jnp.float32)
+    return state
+
+
+def with_obs_stats(params, stats: dict | None):
+    """What actors get: the parameters alone, or with the observation statistics (``stats`` not None)."""
+    return params if stats is None else {"params": params, "obs_rms": stats}
+
+
+class NormalizedActor(Actor):
+    """``actor`` acting on observations normalized by the statistics its parameters carry
+    (``{"params", "obs_rms"}``, from :func:`with_obs_stats`)."""
+
+    def __init__(self, actor: Actor):
+        self.actor = actor
+
+    def init(self, key, env_ids):
+        return self.actor.init(key, env_ids)
+
+    def act(self, state, params, obs):
+        return self.actor.act(state, params["params"], normalize(params["obs_rms"], obs))
+
+    def greedy(self, params, obs):
+        return self.actor.greedy(params["params"], normalize(params["obs_rms"], obs))

@@ -39,7 +39,8 @@ def build(cfg: ExperimentConfig):
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     num_envs = cfg.policy.total_envs(cfg.env.num_envs)
     ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration)
+                  updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
+                  learner_replicas=cfg.policy.learner_plan().learner_replicas)
     algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
     return compile_program(algorithm, cfg.policy, env, num_envs)
 

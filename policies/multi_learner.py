@@ -33,4 +33,4 @@ class MultiLearner(msrl.DistributedPolicy):
         return loop.roles(lambda s: "learner")
 
     def learner_plan(self) -> msrl.LearnerPlan:
-        return msrl.LearnerPlan(grad_transforms=(msrl.all_reduce_mean(),))
+        return msrl.LearnerPlan(grad_transforms=(msrl.all_reduce_mean(),), learner_replicas=self.learners)

@@ -11,7 +11,9 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import ActorCritic, ActorCriticActor, action_dim, gae, minibatch_epochs, policy
+from msrl.rl import (ActorCritic, ActorCriticActor, NormalizedActor, action_dim, discounted_returns, gae,
+                     minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
+                     update_stats, with_obs_stats)
 
 
 class PPOConfig(msrl.AlgorithmConfig):
@@ -30,6 +32,10 @@ class PPOConfig(msrl.AlgorithmConfig):
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
     activation: Literal["tanh", "relu"] = "tanh"
+    normalize_obs: bool = Field(False, description="act and learn on observations standardized by running "
+                                "statistics of every observation the learner has seen")
+    normalize_reward: bool = Field(False, description="divide rewards by the running std of each env's "
+                                   "discounted return")
 
 
 class Transition(NamedTuple):
@@ -42,8 +48,8 @@ class Transition(NamedTuple):
 
 
 class PPOLearner(msrl.Learner):
-    def __init__(self, net: nn.Module, cfg: PPOConfig, example_obs, num_updates: int):
-        self.net, self.cfg, self.num_updates = net, cfg, num_updates
+    def __init__(self, net: nn.Module, cfg: PPOConfig, example_obs, num_updates: int, num_envs: int):
+        self.net, self.cfg, self.num_updates, self.num_envs = net, cfg, num_updates, num_envs  # envs it sees
         self.obs = example_obs  # one environment's observation, to initialize the network with
 
     def optimizer(self):
@@ -57,10 +63,11 @@ class PPOLearner(msrl.Learner):
     def init(self, key):
         init_key, key = jax.random.split(key)
         params = self.net.init(init_key, self.obs)
-        return {"params": params, "opt_state": self.tx.init(params), "key": key}
+        return {"params": params, "opt_state": self.tx.init(params), "key": key,
+                **normalization_state(self.obs, self.cfg.normalize_obs, self.cfg.normalize_reward, self.num_envs)}
 
     def policy_params(self, state):
-        return state["params"]
+        return with_obs_stats(state["params"], state.get("obs_rms"))
 
     def _gae(self, batch: Transition, last_value):
         return gae(batch.reward, batch.done, batch.value, last_value, self.cfg.gamma, self.cfg.gae_lambda)
@@ -82,11 +89,22 @@ class PPOLearner(msrl.Learner):
         return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
 
     def learn(self, state, batch: Transition, last_obs):
-        cfg = self.cfg
+        cfg, stats = self.cfg, {}
+        if cfg.normalize_obs:  # the statistics the actors acted with; then this batch joins them
+            stats["obs_rms"] = update_stats(state["obs_rms"], batch.obs, self.mean_over_replicas)
+            batch = batch._replace(obs=normalize(state["obs_rms"], batch.obs))
+            last_obs = normalize(state["obs_rms"], last_obs)
+        if cfg.normalize_reward:  # each env's discounted return runs on from the last batch
+            ret = per_env_carry(state["ret"], batch.reward.shape[1])
+            returns, ret = discounted_returns(ret, batch.reward, batch.done, cfg.gamma)
+            stats["ret"] = per_env_carry(ret, state["ret"].shape[0])
+            stats["reward_rms"] = update_stats(state["reward_rms"], returns, self.mean_over_replicas)
+            batch = batch._replace(reward=scale_reward(stats["reward_rms"], batch.reward))
         _, last_value = self.net.apply(state["params"], last_obs)
         adv, targets = self._gae(batch, last_value)
         data = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), (batch, adv, targets))
-        return minibatch_epochs(self.tx, self._loss, state, data, cfg.epochs, cfg.minibatches)
+        new, metrics = minibatch_epochs(self.tx, self._loss, state, data, cfg.epochs, cfg.minibatches)
+        return {**state, **new, **stats}, metrics
 
 
 class PPO(msrl.Algorithm):
@@ -105,8 +123,9 @@ class PPO(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
                                    f"{ctx.num_envs} envs x {cfg.rollout_len} steps = {batch}")
         net = self.network(ctx.env_spec)
-        self.actor = ActorCriticActor(net)
-        self.learner = PPOLearner(net, cfg, ctx.env_spec.example_obs(), max(1, ctx.total_env_steps // batch))
+        self.actor = NormalizedActor(ActorCriticActor(net)) if cfg.normalize_obs else ActorCriticActor(net)
+        self.learner = PPOLearner(net, cfg, ctx.env_spec.example_obs(), max(1, ctx.total_env_steps // batch),
+                                  ctx.learner_envs)
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 
     def network(self, spec: msrl.EnvSpec) -> nn.Module:

@@ -18,7 +18,8 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import TwinQ, flatten, mlp, several_updates, squash_of
+from msrl.rl import (NormalizedActor, TwinQ, flatten, mlp, normalization_state, normalize, scale_reward,
+                     several_updates, squash_of, update_stats, with_obs_stats)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -38,6 +39,10 @@ class OffPolicyConfig(msrl.AlgorithmConfig):
     tau: float = Field(0.005, gt=0, le=1, description="target <- tau * online + (1 - tau) * target, every update")
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [256, 256], min_length=1,
                                                       description="widths of the hidden layers")
+    normalize_obs: bool = Field(False, description="act and learn on observations standardized by running "
+                                "statistics of the observations the learner samples")
+    normalize_reward: bool = Field(False, description="divide rewards by the running std of the rewards the "
+                                   "learner samples")
 
 
 class SACConfig(OffPolicyConfig):
@@ -122,11 +127,24 @@ class OffPolicyLearner(msrl.Learner):
     txs: dict[str, optax.GradientTransformation]
 
     def policy_params(self, state):
-        return state["params"]["actor"]
+        return with_obs_stats(state["params"]["actor"], state.get("obs_rms"))
+
+    def normalization_state(self) -> dict:
+        return normalization_state(self.obs, self.cfg.normalize_obs, self.cfg.normalize_reward)
 
     def learn(self, state, sample: msrl.Sample):
-        """``updates`` updates, each on its slice of ``sample``; their metrics averaged."""
-        return several_updates(self.update, state, sample, self.cfg.updates)
+        """``updates`` updates, each on its slice of ``sample``; their metrics averaged. With normalization the
+        sample is normalized by the statistics the actors acted with, which then take in the sample."""
+        cfg, t, stats = self.cfg, sample.item, {}
+        if cfg.normalize_obs:
+            stats["obs_rms"] = update_stats(state["obs_rms"], t.obs, self.mean_over_replicas)
+            t = t._replace(obs=normalize(state["obs_rms"], t.obs), next_obs=normalize(state["obs_rms"], t.next_obs))
+        if cfg.normalize_reward:
+            stats["reward_rms"] = update_stats(state["reward_rms"], t.reward, self.mean_over_replicas)
+            t = t._replace(reward=scale_reward(state["reward_rms"], t.reward))
+        rest = {k: v for k, v in state.items() if k not in stats}
+        rest, metrics = several_updates(self.update, rest, sample._replace(item=t), cfg.updates)
+        return {**rest, **stats}, metrics
 
     def step_part(self, name, loss, state, params, *args):
         """One step of ``name``'s optimizer on ``loss(params[name], *args) -> (loss, aux)``: ``params`` with
@@ -159,7 +177,7 @@ class SACLearner(OffPolicyLearner):
                   "critic": self.critic.init(k_critic, self.obs, self.action),
                   "alpha": jnp.zeros((), jnp.float32)}  # log alpha
         return {"params": params, "target": params["critic"], "key": key,
-                "opt_state": {k: tx.init(params[k]) for k, tx in self.txs.items()}}
+                "opt_state": {k: tx.init(params[k]) for k, tx in self.txs.items()}, **self.normalization_state()}
 
 
     def target(self, actor, target, alpha, t: Transition, key):
@@ -223,6 +241,10 @@ class ContinuousOffPolicy(msrl.Algorithm):
         self.random_steps = -(-cfg.learning_starts // ctx.num_envs)  # acting steps of uniformly random actions
         self.buffer = msrl.UniformBuffer(cfg.buffer_size)
 
+    def normalized(self, actor: msrl.Actor) -> msrl.Actor:
+        """``actor``, acting on normalized observations where ``normalize_obs`` says so."""
+        return NormalizedActor(actor) if self.cfg.normalize_obs else actor
+
     def train_step(self):
         obs = msrl.env_observe()
         for _ in range(self.cfg.rollout_len):
@@ -245,6 +267,6 @@ class SAC(ContinuousOffPolicy):
         actor = TanhGaussian(space.shape[0], len(spec.obs_shape), hidden)
         critic = TwinQ(len(spec.obs_shape), hidden)
         target_entropy = -float(space.shape[0]) if cfg.target_entropy is None else cfg.target_entropy
-        self.actor = SACActor(actor, squash, space, self.random_steps)
+        self.actor = self.normalized(SACActor(actor, squash, space, self.random_steps))
         self.learner = SACLearner(actor, critic, squash, cfg, spec.example_obs(),
                                   jnp.zeros(space.shape, jnp.float32), target_entropy)

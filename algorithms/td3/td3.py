@@ -82,7 +82,7 @@ class TD3Learner(OffPolicyLearner):
         params = {"actor": self.actor.init(k_actor, self.obs),
                   "critic": self.critic.init(k_critic, self.obs, jnp.zeros(self.space.shape, jnp.float32))}
         return {"params": params, "target": params, "key": key, "updates": jnp.zeros((), jnp.int32),
-                "opt_state": {k: tx.init(params[k]) for k, tx in self.txs.items()}}
+                "opt_state": {k: tx.init(params[k]) for k, tx in self.txs.items()}, **self.normalization_state()}
 
     def target(self, target, t: Transition, key):
         """The reward plus (unless terminated) the discounted smaller target Q of the next observation, at the
@@ -131,5 +131,5 @@ class TD3(ContinuousOffPolicy):
         spec = ctx.env_spec
         space, hidden = spec.action_space, tuple(cfg.hidden)
         actor = Deterministic(space.shape[0], len(spec.obs_shape), hidden)
-        self.actor = TD3Actor(actor, space, cfg.exploration_noise, self.random_steps)
+        self.actor = self.normalized(TD3Actor(actor, space, cfg.exploration_noise, self.random_steps))
         self.learner = TD3Learner(actor, TwinQ(len(spec.obs_shape), hidden), cfg, space, spec.example_obs())

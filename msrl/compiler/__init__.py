@@ -18,7 +18,7 @@ from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import assign_roles, partition
-from msrl.components import Environment
+from msrl.components import SHAPE_PROBE, Environment
 from msrl.errors import CompileError, ConfigError
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
@@ -235,7 +235,11 @@ class Program:
         def probe():  # everything inside one abstract trace: nothing is computed or compiled
             if probe_buffer is not None:
                 probe_buffer.key = component_keys(0)["buffer"]
-            return fn(self.init_states(used, 0, jnp.arange(num_envs), lazy_buffer=True, components=components))
+            token = SHAPE_PROBE.set(True)
+            try:
+                return fn(self.init_states(used, 0, jnp.arange(num_envs), lazy_buffer=True, components=components))
+            finally:
+                SHAPE_PROBE.reset(token)
 
         try:
             _, result = jax.eval_shape(probe)
