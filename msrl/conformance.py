@@ -124,6 +124,12 @@ LOOPS: dict[str, Loop] = {loop.name: loop for loop in [
          {"name": "conf_sac"}, setup=_conformance_loops),
     Loop("recurrent", "Recurrent actor: GRU state per env, reset at episode starts (conformance_loops)",
          {"name": "conf_recurrent"}, setup=_conformance_loops),
+    Loop("recurrent_ppo", "Recurrent PPO (built-in): GRU, BPTT from stored hidden states, minibatches by env",
+         {"name": "recurrent_ppo", "rollout_len": 16, "epochs": 2, "minibatches": 2, "hidden": [32],
+          "memory_size": 32}, env={"id": "gymnax:CartPole-v1", "kwargs": {"mask_obs": [1, 3]}}),
+    Loop("recurrent_impala", "Recurrent IMPALA (built-in): the same GRU network, V-trace",
+         {"name": "recurrent_impala", "rollout_len": 8, "hidden": [32], "memory_size": 32},
+         env={"id": "gymnax:CartPole-v1", "kwargs": {"mask_obs": [1, 3]}}),
     Loop("ema", "Learner with extra state: step counter + EMA of params (conformance_loops)",
          {"name": "conf_ema"}, setup=_conformance_loops),
 ]}
