@@ -5,8 +5,7 @@ and the compile error for handing episode starts to an actor that keeps no state
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import jax
@@ -16,14 +15,17 @@ import pytest
 from helpers import QUICK, final_params, max_diff
 
 import msrl
+from msrl.cli import main
 from msrl.config import load_config
 from msrl.envs import make_env
 from msrl.rl import RecurrentActorCritic, RecurrentActorCriticActor, unroll
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RPPO = EXAMPLES / "recurrent_ppo_cartpole.yaml"
-SMALL = ["algorithm.rollout_len=16", "algorithm.epochs=2", "algorithm.minibatches=2", "algorithm.hidden=[32]",
-         "algorithm.memory_size=16", "env.num_envs=8"]
+RPPO_IMPALA = EXAMPLES / "recurrent_impala_cartpole.yaml"
+RDQN = EXAMPLES / "recurrent_dqn_cartpole.yaml"
+SMALL = ["algorithm.rollout_len=8", "algorithm.epochs=2", "algorithm.minibatches=2", "algorithm.hidden=[16]",
+         "algorithm.memory_size=8", "env.num_envs=8"]
 
 
 def test_mask_obs_zeroes_the_named_entries_and_names_its_key():
@@ -68,26 +70,39 @@ def test_actor_resets_at_starts_and_the_learner_replays_the_same_steps():
     np.testing.assert_allclose(h, state["h"], atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def fused_rppo():
+    return final_params(SMALL, 3, RPPO)[0]
+
+
 @pytest.mark.parametrize("policy", [
     ["policy.name=single_learner_coarse", "policy.backend=threads", "policy.actors=2"],
     ["policy.name=single_learner_fine", "policy.backend=threads", "policy.actors=2"],
 ], ids=["coarse", "fine"])
-def test_recurrent_ppo_under_threads_policies_equals_fused(policy):
-    fused, _ = final_params(SMALL, 3, RPPO)
+def test_recurrent_ppo_under_threads_policies_equals_fused(fused_rppo, policy):
     other, _ = final_params([*SMALL, *policy], 3, RPPO)
-    assert max_diff(fused, other) <= 1e-5
+    assert max_diff(fused_rppo, other) <= 1e-5
 
 
 def test_recurrent_impala_under_coarse_threads_equals_fused():
-    small = ["algorithm.rollout_len=8", "algorithm.hidden=[32]",
-             "algorithm.memory_size=16", "env.num_envs=8"]
+    small = ["algorithm.rollout_len=8", "algorithm.hidden=[16]", "algorithm.memory_size=8", "env.num_envs=8"]
     fused, _ = final_params(small, 3, RPPO_IMPALA)
     coarse, _ = final_params([*small, "policy.name=single_learner_coarse", "policy.backend=threads",
                               "policy.actors=2"], 3, RPPO_IMPALA)
     assert max_diff(fused, coarse) <= 1e-5
 
 
-RPPO_IMPALA = EXAMPLES / "recurrent_impala_cartpole.yaml"
+
+def test_recurrent_dqn_under_replay_server_threads_equals_fused():
+    """Sequence replay: windows with their stored initial hidden state, sampled by the learner from a replay
+    shard fed by two actors, give fused's parameters."""
+    small = ["algorithm.rollout_len=4", "algorithm.updates=2", "algorithm.batch_size=16", "algorithm.buffer_size=1024",
+             "algorithm.learning_starts=16", "algorithm.sequence_length=6", "algorithm.burn_in=2",
+             "algorithm.prioritized=true", "algorithm.hidden=[16]", "algorithm.memory_size=8", "env.num_envs=8"]
+    fused, _ = final_params(small, 4, RDQN)
+    server, _ = final_params([*small, "policy.name=replay_server", "policy.backend=threads", "policy.actors=2",
+                              "policy.shards=1"], 4, RDQN)
+    assert max_diff(fused, server) <= 1e-5
 
 
 class _Stateless(msrl.Algorithm):
@@ -118,15 +133,14 @@ def test_done_for_an_actor_without_state_is_a_compile_error_at_the_line():
         msrl.compile(alg, cfg.policy, env, 4)
 
 
-def test_eval_and_load_carry_the_hidden_state(tmp_path):
+def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
     run = tmp_path / "run"
-    cfg = load_config(RPPO, [*SMALL, "run.total_env_steps=256", "run.checkpoint_every_steps=128",
+    cfg = load_config(RPPO, [*SMALL, "run.total_env_steps=128", "run.checkpoint_every_steps=64",
                              "run.progress=false", "run.tensorboard=false"])
     msrl.train(cfg, run_dir=run)
-    out = subprocess.run([sys.executable, "-m", "msrl.cli", "eval", str(run), "--episodes", "4"],
-                         capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr
-    assert "±" in out.stdout or "+-" in out.stdout, out.stdout
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "4"]) == 0
+    assert re.search(r"return \d+\.\d+ ± \d+\.\d+ over 4 episodes", capsys.readouterr().out)
     policy = msrl.load(run)
     assert policy.recurrent
     obs = np.zeros((2, 4), np.float32)
