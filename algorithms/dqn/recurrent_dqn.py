@@ -18,10 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from msrl.algorithms.dqn.dqn import DQN, DQNConfig, DQNLearner, EpsilonGreedy
 from pydantic import Field
 
 import msrl
-from msrl.algorithms.dqn.dqn import DQN, DQNConfig, DQNLearner, EpsilonGreedy
 from msrl.rl import action_dim, flatten
 
 
