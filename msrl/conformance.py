@@ -132,7 +132,7 @@ LOOPS: dict[str, Loop] = {loop.name: loop for loop in [
          env={"id": "gymnax:CartPole-v1", "kwargs": {"mask_obs": [1, 3]}}),
     Loop("recurrent_dqn", "Recurrent DQN (built-in): sequence replay of windows with stored hidden states (R2D2)",
          {"name": "recurrent_dqn", "prioritized": True, "rollout_len": 4, "updates": 2, "batch_size": 32,
-          "buffer_size": 1024, "learning_starts": 32, "n_step": 2, "sequence_length": 6, "burn_in": 2,
+          "buffer_size": 1024, "learning_starts": 16, "n_step": 2, "sequence_length": 6, "burn_in": 2,
           "target_update_every": 2, "eps_decay_steps": 1000, "hidden": [32], "memory_size": 16},
          env={"id": "gymnax:CartPole-v1", "kwargs": {"mask_obs": [1, 3]}}),
     Loop("ema", "Learner with extra state: step counter + EMA of params (conformance_loops)",

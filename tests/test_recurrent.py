@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import QUICK, final_params, max_diff
+from helpers import QUICK, assert_reaches, final_params, max_diff, reached
 
 import msrl
 from msrl.cli import main
@@ -157,3 +157,11 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
     policy.act(obs, done=np.array([True, False]))  # env 0 starts a new episode: its state as if fresh
     np.testing.assert_allclose(np.asarray(policy._carry)[0], fresh[0], atol=1e-6)
     assert not np.allclose(carried[1], fresh[1])
+
+
+def test_recurrent_ppo_learns_masked_cartpole_beyond_what_memory_allows(tmp_path):
+    """With the velocities hidden, the same network without memory never got past 67 in 1M steps (README);
+    the GRU passes 150 (5-iteration mean) within 200k steps (seed 0: ~100k). Stops when it gets there."""
+    msrl.train(RPPO, ["run.seed=0", "run.total_env_steps=200000", *QUICK], run_dir=tmp_path,
+               on_iteration=reached(150))
+    assert_reaches(tmp_path, 150, 200_000)
