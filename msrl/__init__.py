@@ -13,6 +13,7 @@ from msrl.api import (
     buffer_update,
     env_observe,
     env_reset,
+    env_starts,
     env_step,
 )
 from msrl.backend import Backend, Runtime
@@ -73,7 +74,7 @@ __all__ = [
     "CommSpec", "Discrete", "DistributedPolicy", "LearnerPlan", "Link", "Loop", "Plan", "all_reduce_mean", "component_keys", "EnvSpec", "Environment", "FragmentSpec", "Learner", "MsrlError",
     "MultiAgentObs", "MultiAgentSpec", "Policy", "PrioritizedBuffer", "ReplayBuffer",
     "Runtime", "Sample", "Session", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",
-    "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_step",
+    "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_starts", "env_step",
     "register_algorithm", "register_backend",
     "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env", "split_keys",
 ]

@@ -56,6 +56,12 @@ def env_observe():
     """The current observation of every environment, ``[num_envs, *obs_shape]``."""
 
 
+@_api("env", "starts", ("env",), (), "starts")
+def env_starts():
+    """Which environments' current observation starts an episode, ``bool [num_envs]`` (the previous step's
+    ``done``; all true after a reset). What a recurrent loop hands ``agent_act`` first in every iteration."""
+
+
 @_api("env", "reset", ("env",), ("env",), "obs")
 def env_reset():
     """Reset every environment; returns the first observations."""
@@ -68,8 +74,13 @@ def env_step(action):
 
 
 @_api("actor", "act", ("actor", "params"), ("actor",), "ActOutput")
-def agent_act(obs):
-    """The actor's output (action, and whatever else the algorithm's actor returns) for ``obs``."""
+def agent_act(obs, done=None):
+    """The actor's output (action, and whatever else the algorithm's actor returns) for ``obs``.
+
+    ``done`` (optional, ``bool [num_envs]``): where ``obs`` starts a new episode (the previous step's ``done``,
+    or ``msrl.env_starts()`` at the start of an iteration). A recurrent actor keeps one hidden state per
+    environment in its state and resets it where ``done`` is set; an actor that keeps no state takes no
+    ``done`` (passing one to it is a compile error)."""
 
 
 @_api("learner", "learn", ("learner",), ("learner", "params"), "metrics")

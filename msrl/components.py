@@ -154,6 +154,10 @@ class Environment:
     def reset(self, state: PyTree) -> tuple[PyTree, jax.Array]:
         raise NotImplementedError
 
+    def starts(self, state: PyTree) -> tuple[PyTree, jax.Array]:
+        """``(state, bool [N])``: where the current observation is the first of an episode (``msrl.env_starts``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not tell episode starts (msrl.env_starts)")
+
     def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep | tuple[jax.Array, jax.Array, jax.Array]]:
         """``(state, EnvStep)``, or ``(state, (obs, reward, done))`` for an env that tells no truncation."""
         raise NotImplementedError
@@ -200,7 +204,15 @@ class ActOutput(NamedTuple):
 
 
 class Actor:
-    """``act(state, params, obs) -> (state, output)``. Its state holds one PRNG key per environment."""
+    """``act(state, params, obs) -> (state, output)``. Its state holds one PRNG key per environment.
+
+    A recurrent actor defines ``act(state, params, obs, done=None)`` (``msrl.agent_act(obs, done)``): it keeps
+    a hidden state per environment in its state and resets it where ``done`` (this observation starts an
+    episode). For stateful evaluation it defines ``initial_carry(n)`` and ``greedy_step(params, carry, obs,
+    done) -> (carry, action)`` instead of ``greedy``.
+    """
+
+    recurrent = False
 
     def init(self, key: jax.Array, env_ids: jax.Array) -> PyTree:
         return {"keys": per_env_keys(key, env_ids)}

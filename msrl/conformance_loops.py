@@ -6,9 +6,10 @@ ones do not have, each small enough that one run of a few iterations takes secon
   (actor, critics, temperature), each an optax chain that starts with the learner's ``grad_transforms``, so a
   policy's gradient transformation (an all-reduce, say) applies to every part.
 - ``conf_recurrent``: a GRU actor. The hidden state of every environment lives in the actor's state and is
-  reset at episode starts: the loop tells the actor which episodes ended (``msrl.agent_act(EpisodeEnds(done))``
-  after every step); the learner unrolls the GRU over the rollout from the first stored hidden state
-  (backpropagation through time) and bootstraps from the state after it.
+  reset at episode starts: the loop hands the actor the episode starts with the observation
+  (``msrl.agent_act(obs, start)``: ``msrl.env_starts()`` first, then each step's done); the learner unrolls
+  the GRU over the rollout from the first stored hidden state (backpropagation through time) and bootstraps
+  from the state after it.
 - ``conf_ema``: a learner whose state holds more than parameters and optimizer state: an update counter and an
   exponential moving average of the parameters (bias-corrected by the counter), which is what the actors act
   with (``policy_params``).
@@ -243,12 +244,6 @@ class GRUPolicy(nn.Module):
         return h, nn.Dense(self.actions)(y), nn.Dense(1)(y).squeeze(-1)
 
 
-class EpisodeEnds(NamedTuple):
-    """What the loop hands the actor after every step: which episodes just ended (their hidden state resets)."""
-
-    done: jax.Array
-
-
 class RecurrentOut(NamedTuple):
     action: jax.Array
     hidden: jax.Array  # the hidden state the action was taken from (the learner unrolls from the first)
@@ -256,6 +251,7 @@ class RecurrentOut(NamedTuple):
 
 class RecurrentStep(NamedTuple):
     obs: jax.Array
+    start: jax.Array
     action: jax.Array
     reward: jax.Array
     done: jax.Array
@@ -263,26 +259,29 @@ class RecurrentStep(NamedTuple):
 
 
 class GRUActor(msrl.Actor):
-    """Keeps one GRU hidden state per environment in its state. ``act(obs)`` acts and advances it;
-    ``act(EpisodeEnds(done))`` zeroes the hidden state of every environment whose episode ended."""
+    """Keeps one GRU hidden state per environment in its state. ``act(obs, start)`` zeroes the hidden state of
+    every environment whose episode starts with ``obs``, then acts and advances it."""
+
+    recurrent = True
 
     def __init__(self, net: GRUPolicy):
         self.net = net
 
     def init(self, key, env_ids):
-        return {**super().init(key, env_ids), "h": jnp.zeros((len(env_ids), self.net.hidden), jnp.float32)}
+        return {**super().init(key, env_ids), "h": self.initial_carry(len(env_ids))}
 
-    def act(self, state, params, obs):
-        if isinstance(obs, EpisodeEnds):
-            h = jnp.where(obs.done[:, None], 0.0, state["h"])
-            return {**state, "h": h}, obs.done
+    def initial_carry(self, n):
+        return jnp.zeros((n, self.net.hidden), jnp.float32)
+
+    def act(self, state, params, obs, done=None):
         keys, use = msrl.split_keys(state["keys"])
-        h, logits, _ = self.net.apply(params, state["h"], obs)
-        return {"keys": keys, "h": h}, RecurrentOut(sample_categorical(use, logits), state["h"])
+        h0 = state["h"] if done is None else jnp.where(done[:, None], 0.0, state["h"])
+        h, logits, _ = self.net.apply(params, h0, obs)
+        return {"keys": keys, "h": h}, RecurrentOut(sample_categorical(use, logits), h0)
 
-    def greedy(self, params, obs):  # without memory: from a zero hidden state
-        h = jnp.zeros((obs.shape[0], self.net.hidden), jnp.float32)
-        return jnp.argmax(self.net.apply(params, h, obs)[1], axis=-1).astype(jnp.int32)
+    def greedy_step(self, params, carry, obs, done):
+        h, logits, _ = self.net.apply(params, jnp.where(done[:, None], 0.0, carry), obs)
+        return h, jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
 class RecurrentLearner(msrl.Learner):
@@ -301,16 +300,16 @@ class RecurrentLearner(msrl.Learner):
     def policy_params(self, state):
         return state["params"]
 
-    def _loss(self, params, batch: RecurrentStep, last_obs):
+    def _loss(self, params, batch: RecurrentStep, last_obs, last_start):
         cfg = self.cfg
 
         def step(h, t):
-            obs, done = t
-            h, logits, value = self.net.apply(params, h, obs)
-            return jnp.where(done[:, None], 0.0, h), (logits, value)
+            obs, start = t
+            h, logits, value = self.net.apply(params, jnp.where(start[:, None], 0.0, h), obs)
+            return h, (logits, value)
 
-        h_last, (logits, values) = jax.lax.scan(step, batch.hidden[0], (batch.obs, batch.done))
-        _, _, last_value = self.net.apply(params, h_last, last_obs)
+        h_last, (logits, values) = jax.lax.scan(step, batch.hidden[0], (batch.obs, batch.start))
+        _, _, last_value = self.net.apply(params, jnp.where(last_start[:, None], 0.0, h_last), last_obs)
         returns = discounted_returns(batch.reward, batch.done, jax.lax.stop_gradient(last_value), cfg.gamma)
         logp = jax.nn.log_softmax(logits)
         taken = jnp.take_along_axis(logp, batch.action[..., None], axis=-1)[..., 0]
@@ -321,8 +320,8 @@ class RecurrentLearner(msrl.Learner):
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         return loss, {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
 
-    def learn(self, state, batch: RecurrentStep, last_obs):
-        grads, metrics = jax.grad(self._loss, has_aux=True)(state["params"], batch, last_obs)
+    def learn(self, state, batch: RecurrentStep, last_obs, last_start):
+        grads, metrics = jax.grad(self._loss, has_aux=True)(state["params"], batch, last_obs, last_start)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, metrics
 
@@ -339,14 +338,13 @@ class ConformanceRecurrent(msrl.Algorithm):
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 
     def train_step(self):
-        obs = msrl.env_observe()
+        obs, start = msrl.env_observe(), msrl.env_starts()
         for _ in range(self.cfg.rollout_len):
-            out = msrl.agent_act(obs)
+            out = msrl.agent_act(obs, start)
             next_obs, reward, done = msrl.env_step(out.action)
-            msrl.buffer_insert(RecurrentStep(obs, out.action, reward, done, out.hidden))
-            msrl.agent_act(EpisodeEnds(done))
-            obs = next_obs
-        return msrl.agent_learn(msrl.buffer_get(), last_obs=obs)
+            msrl.buffer_insert(RecurrentStep(obs, start, out.action, reward, done, out.hidden))
+            obs, start = next_obs, done
+        return msrl.agent_learn(msrl.buffer_get(), last_obs=obs, last_start=start)
 
 
 # ------------------------------------------------------------------------------------------ (c) learner with extra state

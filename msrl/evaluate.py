@@ -59,24 +59,57 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
 class TrainedPolicy:
     """A run's trained policy, for plain Python: ``act(obs)`` takes a batch of observations (numpy or jax,
     leading axis = environments) and returns the greedy actions as numpy. ``config``, ``params`` (the policy
-    parameters), ``iteration`` (of the checkpoint) and ``env_spec`` describe it."""
+    parameters), ``iteration`` (of the checkpoint) and ``env_spec`` describe it.
+
+    A recurrent policy carries its hidden state from one ``act`` to the next: pass ``done`` (bool per env,
+    where ``obs`` starts a new episode: the previous step's done) to reset it there, or call ``reset()``
+    before a fresh batch of episodes. The first call, and a call with another number of environments,
+    starts from a fresh state."""
 
     def __init__(self, run_dir: str | Path, run_seed: int | None = None):
         self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir), run_seed)
         self.env_spec, self.iteration = self.env.spec, meta["iteration"]
-        self._greedy = jax.jit(self.algorithm.actor.greedy)
+        actor = self.algorithm.actor
+        self.recurrent = hasattr(actor, "greedy_step")
+        self._carry = None
+        if self.recurrent:
+            self._step = jax.jit(actor.greedy_step)
+        else:
+            self._greedy = jax.jit(actor.greedy)
 
-    def act(self, obs: Any) -> np.ndarray:
+    def reset(self) -> None:
+        """Forget a recurrent policy's hidden state: the next ``act`` starts every episode afresh."""
+        self._carry = None
+
+    def act(self, obs: Any, done: Any = None) -> np.ndarray:
         obs = jax.tree.map(np.asarray, obs)
         single = isinstance(obs, np.ndarray) and obs.shape == tuple(self.env_spec.obs_shape)
         if single:  # one observation: act on a batch of one
             obs = jax.tree.map(lambda x: x[None], obs)
-        actions = np.asarray(self._greedy(self.params, obs))
+        if self.recurrent:
+            n = jax.tree.leaves(obs)[0].shape[0]
+            fresh = self._carry is None or self._carry.shape[0] != n
+            if fresh:
+                self._carry = self.algorithm.actor.initial_carry(n)
+            start = np.zeros(n, bool) if done is None else np.asarray(done, bool).reshape(n)
+            self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
+            actions = np.asarray(actions)
+        else:
+            actions = np.asarray(self._greedy(self.params, obs))
         return actions[0] if single else actions
 
     def __repr__(self) -> str:
         return (f"TrainedPolicy({self.config.algorithm.name} on {self.env_spec.id}, "
-                f"iteration {self.iteration})")
+                f"iteration {self.iteration}{', recurrent' if self.recurrent else ''})")
+
+
+def greedy_policy(actor: Any) -> tuple[Any, Any]:
+    """``(initial_carry(n), step(params, carry, obs, start) -> (carry, action))`` of an actor: a recurrent
+    one's ``greedy_step``, or a stateless ``greedy`` with an empty carry."""
+    if hasattr(actor, "greedy_step"):
+        return actor.initial_carry, jax.jit(actor.greedy_step)
+    greedy = jax.jit(actor.greedy)
+    return (lambda n: None), (lambda params, carry, obs, start: (None, greedy(params, obs)))
 
 
 def load(run_dir: str | Path, run_seed: int | None = None) -> TrainedPolicy:
@@ -92,15 +125,18 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     if not 1 <= episodes <= MAX_EPISODES:
         raise ConfigError("--episodes", f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
-    greedy = jax.jit(algorithm.actor.greedy)
+    initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
     state = env.init(jax.random.PRNGKey(seed), np.arange(episodes))
     state, obs = env.observe(state)
+    carry, start = initial_carry(episodes), np.ones(episodes, bool)  # a recurrent policy's state, reset at starts
     returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
     for _ in range(MAX_STEPS):
-        state, (obs, reward, done) = step(state, greedy(params, obs))
+        carry, action = act(params, carry, obs, start)
+        state, (obs, reward, done) = step(state, action)
+        start = np.asarray(done)
         returns += np.where(finished, 0.0, np.asarray(reward))
-        finished |= np.asarray(done)
+        finished |= start
         if finished.all():
             break
     env.close(state)
@@ -108,11 +144,11 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
            **({"run_seed": meta["run_seed"]} if "run_seed" in meta else {}),
            "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std())}
     if render is not None:
-        out["frames"] = _render(cfg.env.id, cfg.env.kwargs, greedy, params, Path(render), seed)
+        out["frames"] = _render(cfg.env.id, cfg.env.kwargs, (initial_carry, act), params, Path(render), seed)
     return out
 
 
-def _render(env_id: str, kwargs: dict, greedy: Any, params: Any, out: Path, seed: int) -> int:
+def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed: int) -> int:
     """One greedy episode of a Gymnasium environment as frame_NNNN.png files and episode.gif."""
     import gymnasium
     import matplotlib.pyplot as plt
@@ -122,14 +158,20 @@ def _render(env_id: str, kwargs: dict, greedy: Any, params: Any, out: Path, seed
         raise ConfigError("--render", f"{env_id} has no renderer; --render works for gymnasium: environments "
                           "(train with env.id=gymnasium:..., e.g. examples/ppo_cartpole_threads.yaml)")
     try:
+        mask = kwargs.get("mask_obs") or []
+        kwargs = {k: v for k, v in kwargs.items() if k != "mask_obs"}
         env = gymnasium.make(env_id.split(":", 1)[1], render_mode="rgb_array", **kwargs)
         obs, _ = env.reset(seed=seed)
         frames = [env.render()]
     except (gymnasium.error.DependencyNotInstalled, ImportError) as e:
         raise ConfigError("--render", f"{env_id} cannot render here: {e}") from None
-    done = False
+    initial_carry, act = policy
+    carry, start, done = initial_carry(1), np.ones(1, bool), False
     while not done and len(frames) < MAX_FRAMES:
-        action = np.asarray(greedy(params, np.asarray(obs, np.float32)[None]))[0]
+        seen = np.asarray(obs, np.float32).copy()
+        seen.reshape(-1)[mask] = 0.0  # env.kwargs.mask_obs, as in training
+        carry, action = act(params, carry, seen[None], start)
+        action, start = np.asarray(action)[0], np.zeros(1, bool)
         obs, _, terminated, truncated, _ = env.step(action)
         frames.append(env.render())
         done = terminated or truncated

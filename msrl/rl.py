@@ -348,3 +348,96 @@ class NormalizedActor(Actor):
 
     def greedy(self, params, obs):
         return self.actor.greedy(params["params"], normalize(params["obs_rms"], obs))
+
+# --------------------------------------------------------------------------------------------- recurrent
+class RecurrentActorCritic(nn.Module):
+    """An actor-critic with memory: ``(h, obs, start) -> (h', head, value)`` for a batch of environments.
+
+    ``start`` (bool per env) marks an observation that begins an episode: the hidden state ``h`` is zeroed
+    there before the observation goes in. The observation is embedded (one dense layer), goes through a GRU
+    cell of ``memory_size`` units (``memory: "gru"``; ``"none"``: no memory, ``h`` stays zero, the same
+    network otherwise), and separate actor and critic layers read the cell's output."""
+
+    action_dim: int
+    discrete: bool
+    obs_ndim: int
+    hidden: Sequence[int] = (128,)
+    memory: str = "gru"
+    memory_size: int = 128
+    activation: str = "relu"
+
+    def initial_carry(self, n: int) -> jnp.ndarray:
+        return jnp.zeros((n, self.memory_size), jnp.float32)
+
+    @nn.compact
+    def __call__(self, h, obs, start):
+        act = {"tanh": nn.tanh, "relu": nn.relu}[self.activation]
+        h = jnp.where(start[:, None], 0.0, h)
+        x = act(_dense(self.hidden[0], np.sqrt(2))(flatten(obs, self.obs_ndim)))
+        if self.memory == "gru":
+            h, x = nn.GRUCell(self.memory_size)(h, x)
+        a = c = x
+        for width in self.hidden[1:]:
+            a, c = act(_dense(width, np.sqrt(2))(a)), act(_dense(width, np.sqrt(2))(c))
+        head = _dense(self.action_dim, 0.01)(a)
+        if not self.discrete:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            head = (head, jnp.broadcast_to(log_std, head.shape))
+        value = RowDense(1, kernel_init=nn.initializers.orthogonal(1.0), bias_init=nn.initializers.zeros)(c).squeeze(-1)
+        return h, head, value
+
+    def init_params(self, key, example_obs):
+        """Parameters, from one environment's observation."""
+        return self.init(key, self.initial_carry(1), example_obs[None], jnp.zeros(1, bool))
+
+
+def unroll(net: RecurrentActorCritic, params, h0, obs, start):
+    """Backpropagation through time: the network over a time-major window (``obs [T, B, ...]``, ``start [T,
+    B]``) from the stored initial hidden state ``h0 [B, M]``, resetting at episode starts. Returns the hidden
+    state after the window and the heads and values of every step."""
+
+    def step(h, t):
+        o, s = t
+        h, head, value = net.apply(params, h, o, s)
+        return h, (head, value)
+
+    h, (head, value) = jax.lax.scan(step, h0, (obs, start))
+    return h, head, value
+
+
+class RecurrentOutput(NamedTuple):
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    hidden: jax.Array  # the hidden state the step started from (after the reset of an episode start)
+
+
+class RecurrentActorCriticActor(Actor):
+    """Samples from a :class:`RecurrentActorCritic`; its state holds each environment's hidden state.
+    ``msrl.agent_act(obs, done)``: ``done`` marks the observations that start an episode (the previous step's
+    done); the output records the hidden state the step started from, for the learner to replay the window."""
+
+    recurrent = True
+
+    def __init__(self, net: RecurrentActorCritic):
+        self.net = net
+
+    def init(self, key, env_ids):
+        return {**super().init(key, env_ids), "h": self.net.initial_carry(len(env_ids))}
+
+    def act(self, state, params, obs, done=None):
+        keys, use = split_keys(state["keys"])
+        start = jnp.zeros(state["h"].shape[0], bool) if done is None else done
+        h0 = jnp.where(start[:, None], 0.0, state["h"])
+        h, head, value = self.net.apply(params, h0, obs, start)
+        action = jax.vmap(lambda hd, k: policy(self.net.discrete, hd).sample(seed=k))(head, use)
+        out = RecurrentOutput(action, policy(self.net.discrete, head).log_prob(action), value, h0)
+        return {"keys": keys, "h": h}, out
+
+    def initial_carry(self, n: int):
+        return self.net.initial_carry(n)
+
+    def greedy_step(self, params, carry, obs, done):
+        """The deterministic action of each environment, carrying the hidden state (``msrl eval``)."""
+        h, head, _ = self.net.apply(params, carry, obs, done)
+        return h, (jnp.argmax(head, axis=-1) if self.net.discrete else head[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import time
 from typing import Any, Callable
@@ -136,6 +137,16 @@ class Program:
         for s in leaves(self.stmts):
             if s.kind == "api" and self.components.get(s.api.component) is None:
                 raise CompileError(f"msrl.{s.api.name}() needs a `{s.api.component}` component", s.file, s.line)
+            if s.kind == "api" and s.api.name == "agent_act" and (len(s.args) > 1 or s.kwargs):
+                act = self.components["actor"].act
+                try:
+                    inspect.signature(act).bind(None, None, *s.args, **dict(s.kwargs))
+                except TypeError:
+                    raise CompileError(f"msrl.agent_act(obs, done) hands episode starts to the actor, but "
+                                       f"{type(self.components['actor']).__name__}.act(state, params, obs) takes "
+                                       "none (it keeps no recurrent state)", s.file, s.line,
+                                       "call msrl.agent_act(obs), or give the actor act(state, params, obs, "
+                                       "done=None)") from None
             if "@params" in s.uses and self.components["learner"] is None:
                 raise CompileError(f"msrl.{s.api.name}() acts with the learner's policy parameters, but "
                                    f"{type(self.algorithm).__name__} has no learner", s.file, s.line,

@@ -85,6 +85,9 @@ class GymnasiumEnv(Environment):
     def observe(self, state: HostEnvState):
         return state, state.obs
 
+    def starts(self, state: HostEnvState):
+        return state, state.running_length == 0
+
     def reset(self, state: HostEnvState):
         state.obs = np.stack([env.reset()[0] for env in state.envs]).astype(np.float32)
         state.running_return[:] = 0
@@ -169,6 +172,9 @@ class _ShapeOnly(Environment):
         return state, state
 
     reset = observe
+
+    def starts(self, state):
+        return state, jnp.zeros(state.shape[0], jnp.bool_)
 
     def step(self, state, action):
         n = state.shape[0]

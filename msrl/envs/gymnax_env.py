@@ -55,6 +55,9 @@ class FunctionalEnv(Environment):
     def observe(self, state: EnvState):
         return state, state.obs
 
+    def starts(self, state: EnvState):
+        return state, state.running_length == 0
+
     def reset(self, state: EnvState):
         keys, reset_keys = split_keys(state.keys)
         obs, inner = self._reset(reset_keys)

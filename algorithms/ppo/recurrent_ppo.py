@@ -1,0 +1,109 @@
+"""Recurrent PPO: PPO with a GRU between the observation embedding and the heads, written once against the
+msrl API.
+
+The loop hands the actor the episode starts with every observation (``msrl.agent_act(obs, start)``); the
+actor keeps one hidden state per environment and records the one each step started from. The learner
+replays every environment's window from its stored initial hidden state (backpropagation through time over
+the rollout) and splits minibatches by environment, so each minibatch holds whole sequences.
+``memory: none`` is the same loop and network without the GRU (it shows what memory buys).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from msrl.algorithms.ppo.ppo import PPO, PPOConfig, PPOLearner
+from pydantic import Field
+
+import msrl
+from msrl.rl import (
+    RecurrentActorCritic,
+    RecurrentActorCriticActor,
+    action_dim,
+    minibatch_epochs,
+    policy,
+    unroll,
+)
+
+
+class RecurrentPPOConfig(PPOConfig):
+    name: Literal["recurrent_ppo"] = "recurrent_ppo"
+    memory: Literal["gru", "none"] = Field("gru", description="the recurrent cell; none: the same network without memory")
+    memory_size: int = Field(128, gt=0, le=65_536, description="units of the recurrent cell")
+    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [128, 128], min_length=1,
+                                                      description="the embedding's width, then the heads' layers")
+    activation: Literal["tanh", "relu"] = "relu"
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    start: jax.Array  # obs begins an episode (the hidden state was reset before it)
+    action: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    hidden: jax.Array  # the hidden state the step started from
+
+
+class RecurrentPPOLearner(PPOLearner):
+    def init(self, key):
+        init_key, key = jax.random.split(key)
+        params = self.net.init_params(init_key, self.obs)
+        return {"params": params, "opt_state": self.tx.init(params), "key": key}
+
+    def _loss(self, params, mb):
+        cfg = self.cfg
+        t, adv, target = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), mb)  # whole sequences, back to time-major
+        _, head, value = unroll(self.net, params, t.hidden[0], t.obs, t.start)
+        pi = policy(self.net.discrete, head)
+        log_prob = pi.log_prob(t.action)
+        ratio = jnp.exp(log_prob - t.log_prob)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv).mean()
+        v_clipped = t.value + jnp.clip(value - t.value, -cfg.clip_eps, cfg.clip_eps)
+        value_loss = 0.5 * jnp.maximum((value - target) ** 2, (v_clipped - target) ** 2).mean()
+        entropy = pi.entropy().mean()
+        total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
+        return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
+
+    def learn(self, state, batch: Transition, last_obs, last_start):
+        cfg = self.cfg
+        h, _, _ = unroll(self.net, state["params"], batch.hidden[0], batch.obs, batch.start)
+        _, _, last_value = self.net.apply(state["params"], h, last_obs, last_start)
+        adv, targets = self._gae(batch, last_value)
+        data = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), (batch, adv, targets))  # env-major: split by env
+        return minibatch_epochs(self.tx, self._loss, state, data, cfg.epochs, cfg.minibatches)
+
+
+class RecurrentPPO(PPO):
+    Config = RecurrentPPOConfig
+
+    def __init__(self, cfg: RecurrentPPOConfig, ctx: msrl.Context):
+        if ctx.num_envs % cfg.minibatches:
+            raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the {ctx.num_envs} "
+                                   "environments (minibatches are whole sequences of some environments)")
+        super().__init__(cfg, ctx)
+        net = self.network(ctx.env_spec)
+        self.actor = RecurrentActorCriticActor(net)
+        self.learner = RecurrentPPOLearner(net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
+
+    def network(self, spec: msrl.EnvSpec) -> RecurrentActorCritic:
+        if isinstance(spec, msrl.MultiAgentSpec):
+            raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; recurrent_ppo acts "
+                                   "for one")
+        cfg = self.cfg
+        return RecurrentActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
+                                    hidden=tuple(cfg.hidden), memory=cfg.memory, memory_size=cfg.memory_size,
+                                    activation=cfg.activation)
+
+    def train_step(self):
+        obs, start = msrl.env_observe(), msrl.env_starts()
+        for _ in range(self.cfg.rollout_len):
+            out = msrl.agent_act(obs, start)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Transition(obs, start, out.action, reward, done, out.log_prob, out.value, out.hidden))
+            obs, start = next_obs, done
+        return msrl.agent_learn(msrl.buffer_get(), last_obs=obs, last_start=start)
