@@ -165,3 +165,8 @@ def test_recurrent_ppo_learns_masked_cartpole_beyond_what_memory_allows(tmp_path
     msrl.train(RPPO, ["run.seed=0", "run.total_env_steps=150000", *QUICK], run_dir=tmp_path,
                on_iteration=reached(100))
     assert_reaches(tmp_path, 100, 150_000)
+
+
+def test_recurrent_ppo_refuses_normalization_it_does_not_apply():
+    with pytest.raises(msrl.ConfigError, match="algorithm.normalize_obs"):
+        msrl.Session(EXAMPLES / "recurrent_ppo_cartpole.yaml", ["algorithm.normalize_obs=true"])

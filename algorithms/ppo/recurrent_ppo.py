@@ -82,13 +82,17 @@ class RecurrentPPO(PPO):
     Config = RecurrentPPOConfig
 
     def __init__(self, cfg: RecurrentPPOConfig, ctx: msrl.Context):
+        for key in ("normalize_obs", "normalize_reward"):
+            if getattr(cfg, key):
+                raise msrl.ConfigError(f"algorithm.{key}", "recurrent_ppo does not normalize (yet): use ppo for that")
         if ctx.num_envs % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the {ctx.num_envs} "
                                    "environments (minibatches are whole sequences of some environments)")
         super().__init__(cfg, ctx)
         net = self.network(ctx.env_spec)
         self.actor = RecurrentActorCriticActor(net)
-        self.learner = RecurrentPPOLearner(net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
+        self.learner = RecurrentPPOLearner(net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates,
+                                           ctx.learner_envs)
 
     def network(self, spec: msrl.EnvSpec) -> RecurrentActorCritic:
         if isinstance(spec, msrl.MultiAgentSpec):
