@@ -83,10 +83,15 @@ class IMPALALearner(msrl.Learner):
     def policy_params(self, state):
         return state["params"]
 
-    def _loss(self, params, batch: Transition, last_obs):
-        cfg = self.cfg
-        head, value = self.net.apply(params, batch.obs)  # [time, env]
+    def _forward(self, params, batch: Transition, last_obs):
+        """The policy head and value of every step (``[time, env]``), and the value after the last."""
+        head, value = self.net.apply(params, batch.obs)
         _, last_value = self.net.apply(params, last_obs)
+        return head, value, last_value
+
+    def _loss(self, params, batch: Transition, *last):
+        cfg = self.cfg
+        head, value, last_value = self._forward(params, batch, *last)
         pi = policy(self.net.discrete, head)
         log_prob = pi.log_prob(batch.action)
         log_rho = jax.lax.stop_gradient(log_prob) - batch.behaviour_log_prob

@@ -12,7 +12,7 @@ from typing import Annotated, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from msrl.algorithms.impala.impala import IMPALA, IMPALAConfig, IMPALALearner, vtrace
+from msrl.algorithms.impala.impala import IMPALA, IMPALAConfig, IMPALALearner
 from pydantic import Field
 
 import msrl
@@ -21,7 +21,6 @@ from msrl.rl import (
     RecurrentActorCriticActor,
     action_dim,
     minibatch_epochs,
-    policy,
     unroll,
 )
 
@@ -51,24 +50,10 @@ class RecurrentIMPALALearner(IMPALALearner):
         params = self.net.init_params(init_key, self.obs)
         return {"params": params, "opt_state": self.tx.init(params), "key": key}
 
-    def _loss(self, params, batch: Transition, last_obs, last_start):
-        cfg = self.cfg
+    def _forward(self, params, batch: Transition, last_obs, last_start):
         h, head, value = unroll(self.net, params, batch.hidden[0], batch.obs, batch.start)  # [time, env]
         _, _, last_value = self.net.apply(params, h, last_obs, last_start)
-        pi = policy(self.net.discrete, head)
-        log_prob = pi.log_prob(batch.action)
-        log_rho = jax.lax.stop_gradient(log_prob) - batch.behaviour_log_prob
-        discounts = cfg.gamma * (1.0 - batch.done.astype(jnp.float32))
-        vs, pg_adv = jax.lax.stop_gradient(vtrace(value, last_value, batch.reward, discounts, log_rho,
-                                                  cfg.rho_bar, cfg.c_bar, cfg.gae_lambda))
-        if cfg.normalize_advantage:
-            pg_adv = (pg_adv - pg_adv.mean()) / (pg_adv.std() + 1e-8)
-        policy_loss = -(pg_adv * log_prob).mean()
-        value_loss = 0.5 * ((vs - value) ** 2).mean()
-        entropy = pi.entropy().mean()
-        total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
-        return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
-                       "rho_mean": jnp.exp(log_rho).mean(), "log_rho_abs": jnp.abs(log_rho).mean()}
+        return head, value, last_value
 
     def learn(self, state, batch: Transition, last_obs, last_start):
         cfg = self.cfg

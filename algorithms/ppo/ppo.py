@@ -72,10 +72,14 @@ class PPOLearner(msrl.Learner):
     def _gae(self, batch: Transition, last_value):
         return gae(batch.reward, batch.done, batch.value, last_value, self.cfg.gamma, self.cfg.gae_lambda)
 
+    def _forward(self, params, t: Transition):
+        """The policy head and value of a minibatch's observations."""
+        return self.net.apply(params, t.obs)
+
     def _loss(self, params, mb):
         cfg = self.cfg
         t, adv, target = mb
-        head, value = self.net.apply(params, t.obs)
+        head, value = self._forward(params, t)
         pi = policy(self.net.discrete, head)
         log_prob = pi.log_prob(t.action)
         ratio = jnp.exp(log_prob - t.log_prob)

@@ -23,7 +23,6 @@ from msrl.rl import (
     RecurrentActorCriticActor,
     action_dim,
     minibatch_epochs,
-    policy,
     unroll,
 )
 
@@ -54,20 +53,12 @@ class RecurrentPPOLearner(PPOLearner):
         params = self.net.init_params(init_key, self.obs)
         return {"params": params, "opt_state": self.tx.init(params), "key": key}
 
-    def _loss(self, params, mb):
-        cfg = self.cfg
-        t, adv, target = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), mb)  # whole sequences, back to time-major
+    def _forward(self, params, t: Transition):
         _, head, value = unroll(self.net, params, t.hidden[0], t.obs, t.start)
-        pi = policy(self.net.discrete, head)
-        log_prob = pi.log_prob(t.action)
-        ratio = jnp.exp(log_prob - t.log_prob)
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        policy_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv).mean()
-        v_clipped = t.value + jnp.clip(value - t.value, -cfg.clip_eps, cfg.clip_eps)
-        value_loss = 0.5 * jnp.maximum((value - target) ** 2, (v_clipped - target) ** 2).mean()
-        entropy = pi.entropy().mean()
-        total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
-        return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
+        return head, value
+
+    def _loss(self, params, mb):  # whole sequences, env-major: back to time-major for the unroll
+        return super()._loss(params, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), mb))
 
     def learn(self, state, batch: Transition, last_obs, last_start):
         cfg = self.cfg
