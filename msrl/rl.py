@@ -4,15 +4,16 @@ epochs x minibatches SGD loop of PPO-style learners."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Annotated, Literal, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from pydantic import BaseModel, Field
 
-from msrl.components import SHAPE_PROBE, Actor, split_keys
+from msrl.components import SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
 
 
 def _dense(features: int, scale: float, **kwargs) -> nn.Dense:
@@ -350,6 +351,27 @@ class NormalizedActor(Actor):
         return self.actor.greedy(params["params"], normalize(params["obs_rms"], obs))
 
 # --------------------------------------------------------------------------------------------- recurrent
+class MemoryConfig(BaseModel):
+    """The config keys of a :class:`RecurrentActorCritic` (recurrent_ppo's and recurrent_impala's)."""
+
+    memory: Literal["gru", "none"] = Field("gru", description="the recurrent cell; none: the same network without memory")
+    memory_size: int = Field(128, gt=0, le=65_536, description="units of the recurrent cell")
+    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [128, 128], min_length=1,
+                                                      description="the embedding's width, then the heads' layers")
+    activation: Literal["tanh", "relu"] = "relu"
+
+
+def recurrent_actor_critic(spec, cfg) -> "RecurrentActorCritic":
+    """The :class:`RecurrentActorCritic` of a single-agent env spec and a config with :class:`MemoryConfig`'s keys."""
+    from msrl.errors import ConfigError
+
+    if isinstance(spec, MultiAgentSpec):
+        raise ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; {cfg.name} acts for one")
+    return RecurrentActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
+                                hidden=tuple(cfg.hidden), memory=cfg.memory, memory_size=cfg.memory_size,
+                                activation=cfg.activation)
+
+
 class RecurrentActorCritic(nn.Module):
     """An actor-critic with memory: ``(h, obs, start) -> (h', head, value)`` for a batch of environments.
 

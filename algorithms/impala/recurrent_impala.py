@@ -8,30 +8,24 @@ whole trajectories of some environments.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from msrl.algorithms.impala.impala import IMPALA, IMPALAConfig, IMPALALearner
-from pydantic import Field
 
 import msrl
 from msrl.rl import (
-    RecurrentActorCritic,
+    MemoryConfig,
     RecurrentActorCriticActor,
-    action_dim,
     minibatch_epochs,
+    recurrent_actor_critic,
     unroll,
 )
 
 
-class RecurrentIMPALAConfig(IMPALAConfig):
+class RecurrentIMPALAConfig(MemoryConfig, IMPALAConfig):
     name: Literal["recurrent_impala"] = "recurrent_impala"
-    memory: Literal["gru", "none"] = Field("gru", description="the recurrent cell; none: the same network without memory")
-    memory_size: int = Field(128, gt=0, le=65_536, description="units of the recurrent cell")
-    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [128, 128], min_length=1,
-                                                      description="the embedding's width, then the heads' layers")
-    activation: Literal["tanh", "relu"] = "relu"
 
 
 class Transition(NamedTuple):
@@ -71,15 +65,9 @@ class RecurrentIMPALA(IMPALA):
 
     def __init__(self, cfg: RecurrentIMPALAConfig, ctx: msrl.Context):
         super().__init__(cfg, ctx)
-        spec = ctx.env_spec
-        if isinstance(spec, msrl.MultiAgentSpec):
-            raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; recurrent_impala acts "
-                                   "for one")
-        net = RecurrentActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
-                                   hidden=tuple(cfg.hidden), memory=cfg.memory, memory_size=cfg.memory_size,
-                                   activation=cfg.activation)
+        net = recurrent_actor_critic(ctx.env_spec, cfg)
         self.actor = RecurrentActorCriticActor(net)
-        self.learner = RecurrentIMPALALearner(net, cfg, spec.example_obs(), self.learner.num_updates)
+        self.learner = RecurrentIMPALALearner(net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
 
     def train_step(self):
         obs, start = msrl.env_observe(), msrl.env_starts()

@@ -10,30 +10,25 @@ the rollout) and splits minibatches by environment, so each minibatch holds whol
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from msrl.algorithms.ppo.ppo import PPO, PPOConfig, PPOLearner
-from pydantic import Field
 
 import msrl
 from msrl.rl import (
+    MemoryConfig,
     RecurrentActorCritic,
     RecurrentActorCriticActor,
-    action_dim,
     minibatch_epochs,
+    recurrent_actor_critic,
     unroll,
 )
 
 
-class RecurrentPPOConfig(PPOConfig):
+class RecurrentPPOConfig(MemoryConfig, PPOConfig):
     name: Literal["recurrent_ppo"] = "recurrent_ppo"
-    memory: Literal["gru", "none"] = Field("gru", description="the recurrent cell; none: the same network without memory")
-    memory_size: int = Field(128, gt=0, le=65_536, description="units of the recurrent cell")
-    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [128, 128], min_length=1,
-                                                      description="the embedding's width, then the heads' layers")
-    activation: Literal["tanh", "relu"] = "relu"
 
 
 class Transition(NamedTuple):
@@ -86,13 +81,7 @@ class RecurrentPPO(PPO):
                                            ctx.learner_envs)
 
     def network(self, spec: msrl.EnvSpec) -> RecurrentActorCritic:
-        if isinstance(spec, msrl.MultiAgentSpec):
-            raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; recurrent_ppo acts "
-                                   "for one")
-        cfg = self.cfg
-        return RecurrentActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
-                                    hidden=tuple(cfg.hidden), memory=cfg.memory, memory_size=cfg.memory_size,
-                                    activation=cfg.activation)
+        return recurrent_actor_critic(spec, self.cfg)
 
     def train_step(self):
         obs, start = msrl.env_observe(), msrl.env_starts()
