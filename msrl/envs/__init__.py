@@ -1,4 +1,4 @@
-"""Environments by id: ``gymnax:CartPole-v1``, ``jaxmarl:MPE_simple_spread_v3``, ``brax:ant`` and so on. Other prefixes
+"""Environments by id: ``gymnax:CartPole-v1``, ``jaxmarl:MPE_simple_spread_v3``, ``brax:ant``, ``envpool:CartPole-v1`` and so on. Other prefixes
 register with :func:`register_env`."""
 
 from __future__ import annotations
@@ -113,6 +113,13 @@ def _gymnasium(name: str, **kwargs) -> Environment:
     from msrl.envs.gymnasium_env import GymnasiumEnv
 
     return GymnasiumEnv(name, **kwargs)
+
+
+@register_env("envpool")
+def _envpool(name: str, **kwargs) -> Environment:
+    from msrl.envs.envpool_env import EnvPoolEnv
+
+    return EnvPoolEnv(name, **kwargs)
 
 
 @register_env("jaxmarl")

@@ -1,0 +1,179 @@
+"""``envpool:`` host environments (EnvPool's C++ pools): the env contract, same-step auto-reset with the true final
+observation, seeds by global index, and PPO under the host policies."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import msrl
+from msrl.config import load_config
+from msrl.envs import make_env
+
+from helpers import EXAMPLES, QUICK, max_diff
+
+envpool = pytest.importorskip("envpool")  # the test extra installs it (the `envpool` extra)
+
+from msrl.envs.envpool_env import env_seeds
+
+
+def _actions(env, rng, n):
+    if env.spec.discrete:
+        return rng.integers(0, env.spec.action_space.n, n).astype(np.int32)
+    space = env.spec.action_space
+    return rng.uniform(space.low, space.high, (n, *space.shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name, obs_shape, obs_dtype, kwargs", [
+    ("CartPole-v1", (4,), np.float32, {}), ("Acrobot-v1", (6,), np.float32, {"max_episode_steps": 100}),
+    ("Pendulum-v1", (3,), np.float32, {"max_episode_steps": 100}),
+    ("MountainCarContinuous-v0", (2,), np.float32, {"max_episode_steps": 100}),
+    ("Breakout-v5", (4, 84, 84), np.uint8, {}),
+])
+def test_envpool_env_contract(name, obs_shape, obs_dtype, kwargs):
+    """Shapes and dtypes as the spec says (Atari frames stay uint8), finite values, episode stats."""
+    env = make_env(f"envpool:{name}", **kwargs)
+    spec = env.spec
+    assert spec.id == f"envpool:{name}" and spec.obs_shape == obs_shape and spec.obs_dtype == obs_dtype
+    assert not env.jittable
+    state = env.init(jax.random.PRNGKey(0), np.arange(3))
+    state, obs = env.observe(state)
+    assert obs.shape == (3, *obs_shape) and obs.dtype == obs_dtype
+    assert env.starts(state)[1].all()
+    rng = np.random.default_rng(0)
+    for _ in range(5 if name == "Breakout-v5" else 300):
+        state, out = env.step(state, _actions(env, rng, 3))
+        assert out.obs.shape == out.final_obs.shape == (3, *obs_shape)
+        assert out.obs.dtype == out.final_obs.dtype == obs_dtype
+        assert out.reward.shape == out.terminated.shape == out.truncated.shape == (3,)
+        assert out.reward.dtype == np.float32 and out.terminated.dtype == out.truncated.dtype == np.bool_
+        assert not (out.terminated & out.truncated).any()
+        assert np.isfinite(out.reward).all() and np.isfinite(out.obs).all() and np.isfinite(out.final_obs).all()
+    stats = env.stats(state)
+    assert set(stats) == {"return_sum", "finished", "length_sum", "episodes"}
+    if name != "Breakout-v5":
+        assert stats["episodes"] >= 1
+    env.close(state)
+
+
+def test_envpool_bad_ids_and_kwargs_are_config_errors():
+    with pytest.raises(msrl.ConfigError, match=r"env\.id.*envpool:CartPol-v1 is not an EnvPool environment.*"
+                                              r"did you mean envpool:CartPole-v1"):
+        make_env("envpool:CartPol-v1")
+    with pytest.raises(msrl.ConfigError, match=r"env\.id.*not an EnvPool environment.*list_all_envs"):
+        make_env("envpool:NoSuchThing-v0")
+    with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*nope"):
+        make_env("envpool:CartPole-v1", nope=1)
+    with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*max_episode_steps"):
+        make_env("envpool:CartPole-v1", max_episode_steps="long")
+    with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*\['num_envs', 'seed'\] are set by msrl"):
+        make_env("envpool:CartPole-v1", seed=1, num_envs=3)
+    with pytest.raises(msrl.ConfigError, match=r"env\.id.*Discrete observation space"):
+        make_env("envpool:Taxi-v3")
+
+
+def test_gymnasium_envs_envpool_lacks_keep_working():
+    """An id EnvPool lacks is an error that points to ``gymnasium:``, where it runs."""
+    import loops  # noqa: F401 - registers gymnasium's MsrlShifty-v0
+
+    with pytest.raises(msrl.ConfigError, match=r"not an EnvPool environment.*write gymnasium:MsrlShifty-v0"):
+        make_env("envpool:MsrlShifty-v0")
+    env = make_env("gymnasium:MsrlShifty-v0")
+    state = env.init(jax.random.PRNGKey(0), np.arange(2))
+    state, out = env.step(state, np.zeros(2, np.int64))
+    assert out.obs.shape == (2, 4)
+
+
+def _raw_pool(name, seed, **kwargs):
+    return envpool.make(name, env_type="gymnasium", num_envs=1, seed=[seed], **kwargs)
+
+
+@pytest.mark.parametrize("name, kwargs, ends", [("CartPole-v1", {}, "terminated"),
+                                                ("CartPole-v1", {"max_episode_steps": 7}, "truncated"),
+                                                ("Pendulum-v1", {"max_episode_steps": 9}, "truncated")])
+def test_envpool_resets_in_the_same_step_with_the_final_observation(name, kwargs, ends):
+    """EnvPool itself resets an env on the step *after* its episode ended (that step ignores its action and pays
+    0). Through msrl the ending step already returns the next episode's first observation, with the ended one's
+    last as final_obs, and every step applies its action. Checked against a raw one-env EnvPool pool with the same
+    seed, given the same actions plus one extra (reset) step after each of its episodes: the observations,
+    rewards and flags agree exactly, and the adapter's reset draws the very state EnvPool's auto-reset draws."""
+    env = make_env(f"envpool:{name}", **kwargs)
+    key = jax.random.PRNGKey(5)
+    state = env.init(key, np.arange(2))
+    raws = [_raw_pool(name, s, **kwargs) for s in env_seeds(key, np.arange(2))]
+    for i, raw in enumerate(raws):
+        np.testing.assert_array_equal(raw.reset()[0][0], state.obs[i])
+    rng = np.random.default_rng(1)
+    ended_count = 0
+    for _ in range(120):
+        action = _actions(env, rng, 2)
+        state, out = env.step(state, action)
+        assert not getattr(out, "truncated" if ends == "terminated" else "terminated").any()
+        for i, raw in enumerate(raws):
+            o, r, te, tr, _ = raw.step(action[i:i + 1])
+            np.testing.assert_array_equal(o[0], out.final_obs[i])
+            assert r[0] == out.reward[i] and bool(te[0] and not tr[0]) == out.terminated[i] and tr[0] == out.truncated[i]
+            if te[0] or tr[0]:
+                ended_count += 1
+                o, r, *_ = raw.step(action[i:i + 1])  # EnvPool's reset step: reward 0, the action ignored
+                assert r[0] == 0.0
+                np.testing.assert_array_equal(o[0], out.obs[i])
+                assert not np.array_equal(out.obs[i], out.final_obs[i])
+            else:
+                np.testing.assert_array_equal(out.obs[i], out.final_obs[i])
+    assert ended_count >= 4
+    if ends == "truncated":
+        limit = kwargs["max_episode_steps"]
+        assert env.stats(state)["episodes"] == 2 * (120 // limit)
+
+
+@pytest.mark.parametrize("name", ["CartPole-v1", "Pendulum-v1"])
+def test_envpool_streams_depend_on_global_index_only(name):
+    """What holds: env g's seed is SeedSequence([run key, g]) and EnvPool seeds each env of a pool with its own
+    seed from the list, so env g steps the same (bitwise) whether its pool holds envs 0..7 or 4..7 — splitting
+    8 envs as 2 actors x 4 gives the streams of 1 x 8."""
+    env = make_env(f"envpool:{name}")
+    key = jax.random.PRNGKey(3)
+    full = env.init(key, np.arange(8))
+    halves = [env.init(key, np.arange(0, 4)), env.init(key, np.arange(4, 8))]
+    np.testing.assert_array_equal(full.obs, np.concatenate([h.obs for h in halves]))
+    rng = np.random.default_rng(2)
+    for _ in range(250):
+        action = _actions(env, rng, 8)
+        full, out = env.step(full, action)
+        parts = []
+        for j, h in enumerate(halves):
+            halves[j], o = env.step(h, action[4 * j:4 * j + 4])
+            parts.append(o)
+        for field in ("obs", "reward", "terminated", "truncated", "final_obs"):
+            np.testing.assert_array_equal(getattr(out, field), np.concatenate([getattr(p, field) for p in parts]))
+    assert env.stats(full)["episodes"] >= 1
+    assert not np.array_equal(env.init(jax.random.PRNGKey(4), np.arange(8)).obs, env.init(key, np.arange(8)).obs)
+
+
+def _ppo_params(overrides, iterations=3):
+    cfg = load_config(EXAMPLES / "ppo_cartpole_envpool.yaml",
+                      ["run.seed=0", "algorithm.rollout_len=16", "algorithm.epochs=2", "algorithm.minibatches=2",
+                       *QUICK, *overrides])
+    with msrl.Session(cfg, iterations_per_dispatch=iterations) as session:
+        rows = session.run(iterations)
+        return session.params(), rows
+
+
+def test_ppo_envpool_same_parameters_however_the_envs_are_split():
+    """The host-env conformance rule (no fused reference: a host env cannot be jitted): single_learner_coarse with
+    2 actors x 4 envs, with 1 actor x 8 envs, and single_learner_fine with 2 env workers give the same parameters,
+    bitwise, and see the same episodes."""
+    two, two_rows = _ppo_params(["policy.actors=2", "policy.envs_per_actor=4"])
+    one, one_rows = _ppo_params(["policy.actors=1", "policy.envs_per_actor=8"])
+    fine, fine_rows = _ppo_params(["policy.name=single_learner_fine", "policy.actors=2", "policy.envs_per_actor=4"])
+    assert max_diff(two, one) == 0.0 and max_diff(two, fine) == 0.0
+    assert max_diff(two, jax.tree.map(np.zeros_like, two)) > 1e-4  # it trained
+    assert [r["episodes"] for r in two_rows] == [r["episodes"] for r in one_rows] == [r["episodes"] for r in fine_rows]
+    assert two_rows[-1]["episodes"] > 0
+
+
+def test_envpool_under_fused_is_a_compile_error():
+    with pytest.raises(msrl.CompileError, match="single_learner_coarse"):
+        msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.id=envpool:CartPole-v1"]))
