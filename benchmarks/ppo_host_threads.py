@@ -1,29 +1,38 @@
-"""msrl (threads, single_learner_coarse, Gymnasium CartPole) vs Stable-Baselines3 PPO, same process.
+"""msrl (threads, single_learner_coarse, host CartPole: Gymnasium's and/or EnvPool's) vs Stable-Baselines3 PPO,
+side by side in one process.
 
-    pip install -e '.[bench]'
+    pip install -e '.[bench,envpool]'
     python benchmarks/ppo_host_threads.py [--env-steps 102400] [--actors 2] [--envs-per-actor 4]
+                                          [--env gymnasium|envpool|both] [--pairs 1]
 
-Both step Gymnasium's CartPole-v1 on the host with the same sizes: actors x envs_per_actor environments
-(SB3: that many in a DummyVecEnv), 128-step rollouts, 4 epochs x 4 minibatches, a 64-64 tanh actor-critic.
-Prints JSON: both SPS (msrl's after its first, compiling, iteration), and the ratio (goal >= 5).
+msrl steps CartPole-v1 on the host with ``gymnasium:CartPole-v1`` (Python envs, one by one) and/or
+``envpool:CartPole-v1`` (EnvPool's C++ pool, one per actor); SB3 steps Gymnasium's CartPole-v1 in a DummyVecEnv.
+Same sizes everywhere: actors x envs_per_actor environments, 128-step rollouts, 4 epochs x 4 minibatches, a 64-64
+tanh actor-critic. ``--pairs N`` runs N rounds of (SB3, each msrl side), alternating the order from round to round
+so a drift in the machine's load falls on every side alike. Prints JSON: each round's SPS (msrl's after its first,
+compiling, iteration), the medians, and each msrl side's ratio to SB3 (goal >= 5).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import statistics
 import time
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole_threads.yaml"
+ENV_IDS = {"gymnasium": "gymnasium:CartPole-v1", "envpool": "envpool:CartPole-v1"}
 
 
-def msrl_sps(env_steps: int, actors: int, envs_per_actor: int) -> tuple[float, float]:
+def msrl_sps(env_steps: int, actors: int, envs_per_actor: int, env: str = "gymnasium") -> tuple[float, float, float]:
     import msrl
     from msrl.config import load_config
 
     cfg = load_config(EXAMPLE, [f"policy.actors={actors}", f"policy.envs_per_actor={envs_per_actor}",
-                                f"run.total_env_steps={env_steps}"])
+                                f"run.total_env_steps={env_steps}", f"env.id={ENV_IDS[env]}"])
     program = msrl.build(cfg)
     iterations = env_steps // program.env_steps_per_iteration
     with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
@@ -60,21 +69,49 @@ def main() -> None:
     ap.add_argument("--env-steps", type=int, default=102_400)
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--envs-per-actor", type=int, default=4)
+    ap.add_argument("--env", choices=["gymnasium", "envpool", "both"], default=None,
+                    help="msrl's host CartPole: Gymnasium's, EnvPool's, or both side by side (default: both where "
+                         "EnvPool is installed, else gymnasium)")
+    ap.add_argument("--pairs", type=int, default=1, help="rounds of (SB3, msrl sides), alternating their order")
     args = ap.parse_args()
     num_envs = args.actors * args.envs_per_actor
-    sb3, sb3_return = sb3_sps(args.env_steps, num_envs)
-    ours, first_iteration_s, our_return = msrl_sps(args.env_steps, args.actors, args.envs_per_actor)
-    print(json.dumps({
+    if args.env is None:
+        args.env = "both" if importlib.util.find_spec("envpool") is not None else "gymnasium"
+    sides = ["gymnasium", "envpool"] if args.env == "both" else [args.env]
+    load_before = os.getloadavg()
+    rounds = []
+    for k in range(args.pairs):
+        order = ["sb3", *sides] if k % 2 == 0 else [*reversed(sides), "sb3"]
+        result = {"order": order}
+        for side in order:
+            if side == "sb3":
+                sps, ret = sb3_sps(args.env_steps, num_envs)
+                result["sb3_sps"], result["sb3_last_return"] = round(sps), ret
+            else:
+                sps, first, ret = msrl_sps(args.env_steps, args.actors, args.envs_per_actor, side)
+                result[f"msrl_{side}_sps"], result[f"msrl_{side}_last_return"] = round(sps), ret
+                result[f"msrl_{side}_first_iteration_s (compile)"] = round(first, 2)
+        rounds.append(result)
+
+    def median(key):
+        return statistics.median(r[key] for r in rounds)
+
+    out = {
         "benchmark": "ppo_host_threads",
-        "env": "gymnasium:CartPole-v1", "actors": args.actors, "envs_per_actor": args.envs_per_actor,
-        "rollout_len": 128, "epochs": 4, "minibatches": 4, "env_steps": args.env_steps,
-        "msrl_threads_sps": round(ours),
-        "sb3_sps": round(sb3),
-        "ratio": round(ours / sb3, 2),
-        "msrl_first_iteration_s (compile)": round(first_iteration_s, 2),
-        "msrl_last_return": our_return,
-        "sb3_last_return": sb3_return,
-    }, indent=2))
+        "envs": {"sb3": "gymnasium CartPole-v1 (DummyVecEnv)", **{f"msrl_{s}": ENV_IDS[s] for s in sides}},
+        "actors": args.actors, "envs_per_actor": args.envs_per_actor,
+        "rollout_len": 128, "epochs": 4, "minibatches": 4, "env_steps": args.env_steps, "pairs": args.pairs,
+        "sb3_sps": round(median("sb3_sps")),
+        # msrl_threads_sps / ratio: the Gymnasium side (the keys `msrl bench` reads); *_envpool_*: EnvPool's
+        **{("msrl_threads_sps" if s == "gymnasium" else f"msrl_threads_{s}_sps"): round(median(f"msrl_{s}_sps"))
+           for s in sides},
+        **{("ratio" if s == "gymnasium" else f"ratio_{s}"): round(median(f"msrl_{s}_sps") / median("sb3_sps"), 2)
+           for s in sides},
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "rounds": rounds,
+    }
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
