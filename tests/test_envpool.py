@@ -186,3 +186,41 @@ def test_ppo_envpool_cartpole_threads_reaches_475(tmp_path):
                          on_iteration=reached(475))
     assert summary["env_steps"] <= 300_000 and summary["policy"] == "single_learner_coarse"
     assert_reaches(tmp_path, 475, within=300_000)
+
+
+def test_nature_cnn_scales_uint8_frames_inside_the_network():
+    """The Nature CNN sees uint8 frames as the same frames / 255 in float, for any leading batch axes."""
+    from msrl.rl import NatureCNNActorCritic
+
+    net = NatureCNNActorCritic(action_dim=4, discrete=True, obs_shape=(4, 40, 40))
+    frames = np.random.default_rng(0).integers(0, 256, (2, 3, 4, 40, 40), dtype=np.uint8)
+    params = net.init(jax.random.PRNGKey(0), frames[0, 0])
+    head, value = net.apply(params, frames)
+    assert head.shape == (2, 3, 4) and value.shape == (2, 3)
+    head_f, value_f = net.apply(params, frames.astype(np.float32) / 255.0)
+    np.testing.assert_allclose(np.asarray(head), np.asarray(head_f), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(value), np.asarray(value_f), rtol=1e-5, atol=1e-6)
+
+
+def test_nature_cnn_refuses_what_it_cannot_see():
+    with pytest.raises(msrl.ConfigError, match=r"algorithm\.network.*image observations"):
+        msrl.build(load_config(EXAMPLES / "ppo_cartpole_envpool.yaml", ["algorithm.network=nature_cnn"]))
+    with pytest.raises(msrl.ConfigError, match=r"algorithm\.network.*PPO's"):
+        msrl.build(load_config(EXAMPLES / "recurrent_ppo_cartpole.yaml", ["algorithm.network=nature_cnn"]))
+
+
+def test_ppo_nature_cnn_on_envpool_breakout_trains(tmp_path):
+    """examples/ppo_breakout_envpool.yaml, shrunk (2 actors x 2 envs, 8-step rollouts): uint8 frames from EnvPool
+    through the actors into the jitted learner; finite losses and every parameter array updated."""
+    overrides = ["run.seed=0", "algorithm.rollout_len=8", "algorithm.epochs=1", "algorithm.minibatches=2",
+                 "env.num_envs=4", "policy.actors=2", "policy.envs_per_actor=2", *QUICK]
+    with msrl.Session(EXAMPLES / "ppo_breakout_envpool.yaml", overrides, iterations_per_dispatch=2) as session:
+        spec = session.program.env.spec
+        assert spec.obs_dtype == np.uint8 and spec.obs_shape == (4, 84, 84)
+        before = session.params()
+        rows = session.run(2)
+        after = session.params()
+    assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
+    moved = [np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
+             zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)]
+    assert not any(moved)

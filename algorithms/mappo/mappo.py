@@ -62,6 +62,9 @@ class MAPPO(PPO):
         if not isinstance(spec, msrl.MultiAgentSpec):
             raise msrl.ConfigError("env.id", f"{spec.id} is a single-agent environment; MAPPO needs a multi-agent "
                                    "one (e.g. jaxmarl:MPE_simple_spread_v3), or use algorithm.name=ppo")
+        if self.cfg.network != "mlp":
+            raise msrl.ConfigError("algorithm.network", f"MAPPO's actor and critic are MLPs; {self.cfg.network!r} is "
+                                   "PPO's (algorithm.name=ppo)")
         return SharedActorCentralCritic(
             action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
             state_ndim=len(spec.state_shape), agent_ids=self.cfg.agent_ids, hidden=tuple(self.cfg.hidden),

@@ -11,9 +11,9 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (ActorCritic, ActorCriticActor, NormalizedActor, action_dim, discounted_returns, gae,
-                     minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
-                     update_stats, with_obs_stats)
+from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNNActorCritic, NormalizedActor, action_dim,
+                     discounted_returns, gae, minibatch_epochs, nature_cnn_fits, normalization_state, normalize,
+                     per_env_carry, policy, scale_reward, update_stats, with_obs_stats)
 
 
 class PPOConfig(msrl.AlgorithmConfig):
@@ -32,6 +32,10 @@ class PPOConfig(msrl.AlgorithmConfig):
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
     activation: Literal["tanh", "relu"] = "tanh"
+    network: Literal["mlp", "nature_cnn"] = Field(
+        "mlp", description="mlp: separate actor and critic MLPs (hidden, activation); nature_cnn: the Nature DQN "
+        "convolutions shared by both heads, for image observations such as EnvPool's Atari frames (uint8 frames "
+        "are scaled to [0, 1] inside the network; hidden and activation do not apply)")
     normalize_obs: bool = Field(False, description="act and learn on observations standardized by running "
                                 "statistics of every observation the learner has seen")
     normalize_reward: bool = Field(False, description="divide rewards by the running std of each env's "
@@ -137,6 +141,12 @@ class PPO(msrl.Algorithm):
         if isinstance(spec, msrl.MultiAgentSpec):
             raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; PPO acts for one "
                                    "(use algorithm.name=mappo)")
+        if self.cfg.network == "nature_cnn":
+            why = nature_cnn_fits(tuple(spec.obs_shape))
+            if why:
+                raise msrl.ConfigError("algorithm.network", f"nature_cnn cannot see {spec.id}'s observations: {why}")
+            return NatureCNNActorCritic(action_dim=action_dim(spec), discrete=spec.discrete,
+                                        obs_shape=tuple(spec.obs_shape))
         return ActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
                            hidden=tuple(self.cfg.hidden), activation=self.cfg.activation)
 

@@ -81,6 +81,9 @@ class RecurrentPPO(PPO):
                                            ctx.learner_envs)
 
     def network(self, spec: msrl.EnvSpec) -> RecurrentActorCritic:
+        if self.cfg.network != "mlp":
+            raise msrl.ConfigError("algorithm.network", f"recurrent PPO's network is its GRU actor-critic; "
+                                   f"{self.cfg.network!r} is PPO's (algorithm.name=ppo)")
         return recurrent_actor_critic(spec, self.cfg)
 
     def train_step(self):
