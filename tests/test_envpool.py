@@ -224,3 +224,13 @@ def test_ppo_nature_cnn_on_envpool_breakout_trains(tmp_path):
     moved = [np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
              zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True)]
     assert not any(moved)
+
+
+def test_ppo_envpool_on_ray_actors_matches_threads(ray_cluster):
+    """EnvPool pools made inside Ray actor processes: single_learner_coarse 2 x 4 on ray gives the parameters of
+    threads (to 1e-5, the ray backend's tolerance) and the same episodes."""
+    threads, threads_rows = _ppo_params(["policy.actors=2", "policy.envs_per_actor=4"])
+    ray, ray_rows = _ppo_params(["policy.actors=2", "policy.envs_per_actor=4", "policy.backend=ray",
+                                 "policy.actor_backend=ray"])
+    assert max_diff(threads, ray) <= 1e-5
+    assert [r["episodes"] for r in threads_rows] == [r["episodes"] for r in ray_rows]
