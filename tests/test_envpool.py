@@ -91,13 +91,16 @@ def _raw_pool(name, seed, **kwargs):
 
 @pytest.mark.parametrize("name, kwargs, ends", [("CartPole-v1", {}, "terminated"),
                                                 ("CartPole-v1", {"max_episode_steps": 7}, "truncated"),
-                                                ("Pendulum-v1", {"max_episode_steps": 9}, "truncated")])
+                                                ("Pendulum-v1", {"max_episode_steps": 9}, "truncated"),
+                                                ("Breakout-v5", {"episodic_life": True}, "terminated")])
 def test_envpool_resets_in_the_same_step_with_the_final_observation(name, kwargs, ends):
     """EnvPool itself resets an env on the step *after* its episode ended (that step ignores its action and pays
     0). Through msrl the ending step already returns the next episode's first observation, with the ended one's
     last as final_obs, and every step applies its action. Checked against a raw one-env EnvPool pool with the same
     seed, given the same actions plus one extra (reset) step after each of its episodes: the observations,
-    rewards and flags agree exactly, and the adapter's reset draws the very state EnvPool's auto-reset draws."""
+    rewards and flags agree exactly, and the adapter's reset gives the very state EnvPool's auto-reset gives —
+    with Breakout's episodic_life too, where it goes on with the same game after a lost life (a pool.reset
+    would start a new one)."""
     env = make_env(f"envpool:{name}", **kwargs)
     key = jax.random.PRNGKey(5)
     state = env.init(key, np.arange(2))
@@ -106,23 +109,27 @@ def test_envpool_resets_in_the_same_step_with_the_final_observation(name, kwargs
         np.testing.assert_array_equal(raw.reset()[0][0], state.obs[i])
     rng = np.random.default_rng(1)
     ended_count = 0
+    lives = []
     for _ in range(120):
         action = _actions(env, rng, 2)
         state, out = env.step(state, action)
         assert not getattr(out, "truncated" if ends == "terminated" else "terminated").any()
         for i, raw in enumerate(raws):
-            o, r, te, tr, _ = raw.step(action[i:i + 1])
+            o, r, te, tr, info = raw.step(action[i:i + 1])
             np.testing.assert_array_equal(o[0], out.final_obs[i])
             assert r[0] == out.reward[i] and bool(te[0] and not tr[0]) == out.terminated[i] and tr[0] == out.truncated[i]
             if te[0] or tr[0]:
                 ended_count += 1
-                o, r, *_ = raw.step(action[i:i + 1])  # EnvPool's reset step: reward 0, the action ignored
+                o, r, *_, after = raw.step(action[i:i + 1])  # EnvPool's reset step: reward 0, the action ignored
                 assert r[0] == 0.0
+                lives += list(after.get("lives", []))
                 np.testing.assert_array_equal(o[0], out.obs[i])
                 assert not np.array_equal(out.obs[i], out.final_obs[i])
             else:
                 np.testing.assert_array_equal(out.obs[i], out.final_obs[i])
     assert ended_count >= 4
+    if name == "Breakout-v5":  # a life lost, the game goes on
+        assert ended_count == len(lives) and all(0 < n < 5 for n in lives), lives
     if ends == "truncated":
         limit = kwargs["max_episode_steps"]
         assert env.stats(state)["episodes"] == 2 * (120 // limit)

@@ -10,11 +10,14 @@ stream depends on the run key and its global index only: envs ``[4..7]`` in one 
 Auto-reset. EnvPool resets an env on the step *after* its episode ended: that step ignores the action and
 returns the first observation of the next episode with reward 0. msrl's contract is gymnax's: the step that ends an
 episode returns the next episode's first observation, with the ended one's last observation as ``final_obs``.
-So after a step where some envs ended, this adapter resets just those envs (``pool.reset(env_id=ended)``, one
-more call into the pool): their ``final_obs`` is what EnvPool returned for the step and their ``obs`` is the reset
-one; the next step then steps every env normally. No step of EnvPool's is spent on a reset, so every action
-is applied and there are no zero-reward reset steps in the data. The reset draws the same initial state that
-EnvPool's own next-step auto-reset would have drawn (tests/test_envpool.py checks it against a raw pool).
+So after a step where some envs ended, this adapter steps just those envs once more at once
+(``pool.step(noop, env_id=ended)``, one more call into the pool): that is EnvPool's own auto-reset, moved into
+the ending step. Their ``final_obs`` is what EnvPool returned for the ending step and their ``obs`` the reset
+one; the next step then steps every env with its action. So every action the actor chose is applied and the data
+has no zero-reward reset steps; the reset step's reward must be 0 and it must not end (else a TrainingError).
+It is not ``pool.reset(env_id)``: with Atari's ``episodic_life`` EnvPool's auto-reset after a lost life goes on
+with the same game (4 lives left), while ``reset`` starts a new game. tests/test_envpool.py checks the adapter
+against a raw pool (CartPole, Pendulum, Breakout with ``episodic_life``), bitwise.
 
 Termination and truncation stay apart: ``terminated &= ~truncated`` (an episode cut by EnvPool's
 ``max_episode_steps`` is bootstrapped, even if it also ended), as for ``gymnasium:`` envs.
@@ -134,6 +137,28 @@ class EnvPoolEnv(Environment):
         self._check_shape(state, obs)
         return obs.astype(self.spec.obs_dtype, copy=False)
 
+    def _auto_reset(self, state: EnvPoolState, ended: np.ndarray) -> np.ndarray:
+        """The next first observations of the envs at positions ``ended`` (ascending), whose episodes just ended:
+        EnvPool's own auto-reset, done now by stepping just those envs once (an env that ended ignores the action
+        of its next step). Not ``pool.reset``: with Atari's ``episodic_life``, EnvPool's auto-reset after a lost life
+        goes on with the same game, while ``reset`` starts a new one."""
+        n = len(ended)
+        space = self.spec.action_space
+        if isinstance(space, Discrete):
+            noop = np.zeros(n, np.int32)
+        else:
+            noop = np.broadcast_to(np.clip(np.zeros(space.shape, np.float32), space.low, space.high), (n, *space.shape))
+        obs, reward, terminated, truncated, info = state.pool.step(np.ascontiguousarray(noop), ended.astype(np.int32))
+        order = np.argsort(info["env_id"])  # EnvPool answers in its own order
+        obs, reward = np.asarray(obs)[order], np.asarray(reward)[order]
+        done = (np.asarray(terminated) | np.asarray(truncated))[order]
+        if (reward != 0).any() or done.any():
+            i = int(ended[np.flatnonzero((reward != 0) | done)[0]])
+            raise TrainingError(f"{self._where(state, i)}: EnvPool's auto-reset step after the episode's end "
+                                "paid a reward or ended again; msrl cannot move it into the ending step")
+        self._check_shape(state, obs)
+        return obs.astype(self.spec.obs_dtype, copy=False)
+
     def observe(self, state: EnvPoolState):
         return state, state.obs
 
@@ -168,7 +193,7 @@ class EnvPoolEnv(Environment):
         if done.any():  # msrl resets in the same step (gymnax's contract); EnvPool would on the next one
             ended = np.flatnonzero(done)
             obs = final.copy()
-            obs[ended] = self._reset(state, ended)
+            obs[ended] = self._auto_reset(state, ended)
         state.busy, state.beat = False, time.monotonic()
         bad = ~np.isfinite(reward)
         if self._float:
