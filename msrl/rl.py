@@ -126,6 +126,37 @@ class ActorCritic(nn.Module):
         return head, value
 
 
+class NatureCNN(nn.Module):
+    """The convolutional torso of DQN's Nature paper (32 8x8/4, 64 4x4/2, 64 3x3/1, a dense 512; ReLU) shared by
+    a policy head and a value head; returns ``(head, value)`` as :class:`ActorCritic` does. Observations are
+    frame stacks ``[..., C, H, W]`` (EnvPool's Atari layout), usually uint8: the network scales them to [0, 1]
+    itself, so frames travel and sit in buffers as bytes."""
+
+    action_dim: int
+    discrete: bool
+
+    @nn.compact
+    def __call__(self, obs: jnp.ndarray):
+        batch = obs.shape[:-3]
+        x = jnp.moveaxis(obs.reshape((-1, *obs.shape[-3:])), -3, -1).astype(jnp.float32) / 255.0
+        for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID",
+                                kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        x = nn.relu(_dense(512, np.sqrt(2))(x.reshape(x.shape[0], -1)))
+        # both heads as one matrix product (a lone matrix-vector product for the value rounds differently for
+        # different batch sizes, which would make acting on 2 x 4 environments differ from acting on 8)
+        scale = jnp.concatenate([jnp.full(self.action_dim, 0.01), jnp.ones(1)])
+        kernel = self.param("heads", lambda k, shape: nn.initializers.orthogonal()(k, shape) * scale,
+                            (x.shape[-1], self.action_dim + 1))
+        out = (x @ kernel + self.param("heads_bias", nn.initializers.zeros, (self.action_dim + 1,)))
+        out = out.reshape(*batch, self.action_dim + 1)
+        head = out[..., :-1]
+        if not self.discrete:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            head = (head, jnp.broadcast_to(log_std, head.shape))
+        return head, out[..., -1]
+
+
 def mlp(x: jnp.ndarray, hidden: Sequence[int]) -> jnp.ndarray:
     """ReLU layers of the given widths."""
     for h in hidden:

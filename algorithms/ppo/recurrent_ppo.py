@@ -71,6 +71,9 @@ class RecurrentPPO(PPO):
         for key in ("normalize_obs", "normalize_reward"):
             if getattr(cfg, key):
                 raise msrl.ConfigError(f"algorithm.{key}", "recurrent_ppo does not normalize (yet): use ppo for that")
+        if cfg.network != "mlp":
+            raise msrl.ConfigError("algorithm.network", f"recurrent_ppo's network is an MLP with a recurrent core; "
+                                   f"{cfg.network} is ppo's only")
         if ctx.num_envs % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the {ctx.num_envs} "
                                    "environments (minibatches are whole sequences of some environments)")
