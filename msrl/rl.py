@@ -126,6 +126,18 @@ class ActorCritic(nn.Module):
         return head, value
 
 
+def conv_valid(x: jnp.ndarray, kernel: jnp.ndarray, stride: int) -> jnp.ndarray:
+    """A 2-D convolution without padding, ``x`` [N, H, W, C] by ``kernel`` [kh, kw, C, O], as one matrix product
+    of the image patches (strided slices, concatenated) and the flattened kernel. XLA's CPU backend runs the
+    gradient of a native convolution inside a loop (a PPO epoch's minibatches) without its fast kernels, ~8x
+    slower (jax 0.10); slices and a matrix product differentiate into slices, pads and matrix products."""
+    kh, kw = kernel.shape[:2]
+    ho, wo = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    patches = [x[:, i: i + stride * (ho - 1) + 1: stride, j: j + stride * (wo - 1) + 1: stride]
+               for i in range(kh) for j in range(kw)]
+    return jnp.concatenate(patches, axis=-1) @ kernel.reshape(-1, kernel.shape[-1])
+
+
 class NatureCNN(nn.Module):
     """The convolutional torso of DQN's Nature paper (32 8x8/4, 64 4x4/2, 64 3x3/1, a dense 512; ReLU) shared by
     a policy head and a value head; returns ``(head, value)`` as :class:`ActorCritic` does. Observations are
@@ -139,9 +151,9 @@ class NatureCNN(nn.Module):
     def __call__(self, obs: jnp.ndarray):
         batch = obs.shape[:-3]
         x = jnp.moveaxis(obs.reshape((-1, *obs.shape[-3:])), -3, -1).astype(jnp.float32) / 255.0
-        for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
-            x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID",
-                                kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        for i, (features, size, stride) in enumerate(((32, 8, 4), (64, 4, 2), (64, 3, 1))):
+            kernel = self.param(f"conv{i}", nn.initializers.orthogonal(np.sqrt(2)), (size, size, x.shape[-1], features))
+            x = nn.relu(conv_valid(x, kernel, stride) + self.param(f"conv{i}_bias", nn.initializers.zeros, (features,)))
         x = nn.relu(_dense(512, np.sqrt(2))(x.reshape(x.shape[0], -1)))
         # both heads as one matrix product (a lone matrix-vector product for the value rounds differently for
         # different batch sizes, which would make acting on 2 x 4 environments differ from acting on 8)
