@@ -126,54 +126,47 @@ class ActorCritic(nn.Module):
         return head, value
 
 
-def nature_cnn_fits(obs_shape: tuple[int, ...]) -> str | None:
-    """Why :class:`NatureCNNActorCritic` cannot see observations of ``obs_shape`` (None: it can)."""
-    if len(obs_shape) != 3:
-        return f"it needs image observations [channels, height, width] (or [height, width, channels]), got {list(obs_shape)}"
-    h, w = (obs_shape[1], obs_shape[2]) if channels_first(obs_shape) else (obs_shape[0], obs_shape[1])
-    if min(h, w) < 36:
-        return f"its three convolutions need frames of at least 36 x 36 pixels, got {h} x {w}"
-    return None
+def conv_valid(x: jnp.ndarray, kernel: jnp.ndarray, stride: int) -> jnp.ndarray:
+    """A 2-D convolution without padding, ``x`` [N, H, W, C] by ``kernel`` [kh, kw, C, O], as one matrix product
+    of the image patches (strided slices, concatenated) and the flattened kernel. XLA's CPU backend runs the
+    gradient of a native convolution inside a loop (a PPO epoch's minibatches) without its fast kernels, ~8x
+    slower (jax 0.10); slices and a matrix product differentiate into slices, pads and matrix products."""
+    kh, kw = kernel.shape[:2]
+    ho, wo = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    patches = [x[:, i: i + stride * (ho - 1) + 1: stride, j: j + stride * (wo - 1) + 1: stride]
+               for i in range(kh) for j in range(kw)]
+    return jnp.concatenate(patches, axis=-1) @ kernel.reshape(-1, kernel.shape[-1])
 
 
-def channels_first(obs_shape: tuple[int, ...]) -> bool:
-    """Whether image observations are [channels, height, width] (EnvPool's Atari: [4, 84, 84]) rather than
-    [height, width, channels]: the smaller of the first and last axis is the channels'."""
-    return obs_shape[0] < obs_shape[-1]
-
-
-class NatureCNNActorCritic(nn.Module):
-    """The Nature DQN torso (Mnih et al. 2015: 32 8x8/4, 64 4x4/2, 64 3x3/1 convolutions, a 512 dense layer, ReLU)
-    shared by a policy head and a value head, as in PPO's Atari setting. uint8 frames are scaled to [0, 1] inside
-    the network (so observations travel and are stored as uint8); float frames are used as they are. Returns
-    ``(head, value)`` like :class:`ActorCritic`, for any leading batch axes."""
+class NatureCNN(nn.Module):
+    """The convolutional torso of DQN's Nature paper (32 8x8/4, 64 4x4/2, 64 3x3/1, a dense 512; ReLU) shared by
+    a policy head and a value head; returns ``(head, value)`` as :class:`ActorCritic` does. Observations are
+    frame stacks ``[..., C, H, W]`` (EnvPool's Atari layout), usually uint8: the network scales them to [0, 1]
+    itself, so frames travel and sit in buffers as bytes."""
 
     action_dim: int
     discrete: bool
-    obs_shape: tuple[int, ...]
 
     @nn.compact
     def __call__(self, obs: jnp.ndarray):
-        lead = obs.shape[: obs.ndim - 3]
-        x = obs.reshape((-1, *self.obs_shape))
-        x = x.astype(jnp.float32) / 255.0 if obs.dtype == jnp.uint8 else x.astype(jnp.float32)
-        if channels_first(self.obs_shape):
-            x = jnp.transpose(x, (0, 2, 3, 1))  # flax convolutions take [batch, height, width, channels]
-        def conv(features: int, size: int, stride: int) -> nn.Conv:
-            return nn.Conv(features, (size, size), (stride, stride), padding="VALID",
-                           kernel_init=nn.initializers.orthogonal(np.sqrt(2)), bias_init=nn.initializers.zeros)
-
-        x = nn.relu(conv(32, 8, 4)(x))
-        x = nn.relu(conv(64, 4, 2)(x))
-        x = nn.relu(conv(64, 3, 1)(x))
-        x = nn.relu(_dense(512, np.sqrt(2))(x.reshape((x.shape[0], -1))))
-        head = _dense(self.action_dim, 0.01)(x)
-        value = RowDense(1, kernel_init=nn.initializers.orthogonal(1.0), bias_init=nn.initializers.zeros)(x)
-        head, value = head.reshape((*lead, self.action_dim)), value.reshape(lead)
+        batch = obs.shape[:-3]
+        x = jnp.moveaxis(obs.reshape((-1, *obs.shape[-3:])), -3, -1).astype(jnp.float32) / 255.0
+        for i, (features, size, stride) in enumerate(((32, 8, 4), (64, 4, 2), (64, 3, 1))):
+            kernel = self.param(f"conv{i}", nn.initializers.orthogonal(np.sqrt(2)), (size, size, x.shape[-1], features))
+            x = nn.relu(conv_valid(x, kernel, stride) + self.param(f"conv{i}_bias", nn.initializers.zeros, (features,)))
+        x = nn.relu(_dense(512, np.sqrt(2))(x.reshape(x.shape[0], -1)))
+        # both heads as one matrix product (a lone matrix-vector product for the value rounds differently for
+        # different batch sizes, which would make acting on 2 x 4 environments differ from acting on 8)
+        scale = jnp.concatenate([jnp.full(self.action_dim, 0.01), jnp.ones(1)])
+        kernel = self.param("heads", lambda k, shape: nn.initializers.orthogonal()(k, shape) * scale,
+                            (x.shape[-1], self.action_dim + 1))
+        out = (x @ kernel + self.param("heads_bias", nn.initializers.zeros, (self.action_dim + 1,)))
+        out = out.reshape(*batch, self.action_dim + 1)
+        head = out[..., :-1]
         if not self.discrete:
             log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
             head = (head, jnp.broadcast_to(log_std, head.shape))
-        return head, value
+        return head, out[..., -1]
 
 
 def mlp(x: jnp.ndarray, hidden: Sequence[int]) -> jnp.ndarray:

@@ -195,27 +195,6 @@ def test_ppo_envpool_cartpole_threads_reaches_475(tmp_path):
     assert_reaches(tmp_path, 475, within=300_000)
 
 
-def test_nature_cnn_scales_uint8_frames_inside_the_network():
-    """The Nature CNN sees uint8 frames as the same frames / 255 in float, for any leading batch axes."""
-    from msrl.rl import NatureCNNActorCritic
-
-    net = NatureCNNActorCritic(action_dim=4, discrete=True, obs_shape=(4, 40, 40))
-    frames = np.random.default_rng(0).integers(0, 256, (2, 3, 4, 40, 40), dtype=np.uint8)
-    params = net.init(jax.random.PRNGKey(0), frames[0, 0])
-    head, value = net.apply(params, frames)
-    assert head.shape == (2, 3, 4) and value.shape == (2, 3)
-    head_f, value_f = net.apply(params, frames.astype(np.float32) / 255.0)
-    np.testing.assert_allclose(np.asarray(head), np.asarray(head_f), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(value), np.asarray(value_f), rtol=1e-5, atol=1e-6)
-
-
-def test_nature_cnn_refuses_what_it_cannot_see():
-    with pytest.raises(msrl.ConfigError, match=r"algorithm\.network.*image observations"):
-        msrl.build(load_config(EXAMPLES / "ppo_cartpole_envpool.yaml", ["algorithm.network=nature_cnn"]))
-    with pytest.raises(msrl.ConfigError, match=r"algorithm\.network.*PPO's"):
-        msrl.build(load_config(EXAMPLES / "recurrent_ppo_cartpole.yaml", ["algorithm.network=nature_cnn"]))
-
-
 def test_ppo_nature_cnn_on_envpool_breakout_trains(tmp_path):
     """examples/ppo_breakout_envpool.yaml, shrunk (2 actors x 2 envs, 8-step rollouts): uint8 frames from EnvPool
     through the actors into the jitted learner; finite losses and every parameter array updated."""
@@ -241,3 +220,17 @@ def test_ppo_envpool_on_ray_actors_matches_threads(ray_cluster):
                                  "policy.actor_backend=ray"])
     assert max_diff(threads, ray) <= 1e-5
     assert [r["episodes"] for r in threads_rows] == [r["episodes"] for r in ray_rows]
+
+
+def test_envpool_atari_logs_whole_games_while_the_learner_sees_lives():
+    """With ``episodic_life`` each lost life is a ``terminated`` step for the learner (and an episode start), but the
+    game goes on; the logged episodes are whole games, scored with the raw reward: several lives per game."""
+    env = make_env("envpool:Breakout-v5", episodic_life=True, reward_clip=True)
+    state, rng, lives_lost = env.init(jax.random.PRNGKey(0), np.arange(2)), np.random.default_rng(0), 0
+    for _ in range(1000):
+        state, out = env.step(state, _actions(env, rng, 2))
+        assert (env.starts(state)[1] == (out.terminated | out.truncated)).all()
+        lives_lost += int(out.terminated.sum())
+    stats = env.stats(state)
+    assert stats["episodes"] >= 2 and lives_lost >= 3 * stats["episodes"], (stats, lives_lost)
+    assert stats["return_sum"] >= 0 and stats["length_sum"] > 100 * stats["finished"]

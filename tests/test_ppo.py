@@ -44,3 +44,35 @@ def test_ppo_image_observations_minatar():
     assert all(np.isfinite(r["loss"]) and np.isfinite(r["entropy"]) for r in rows)
     finished = [r["episode_return"] for r in rows if r["episodes"] > 0]
     assert finished and all(np.isfinite(r) and r >= 0 for r in finished), finished  # a brick pays 1
+
+
+def test_nature_cnn_refuses_what_is_not_a_frame_stack():
+    import pytest
+
+    from msrl.config import load_config
+
+    for overrides, key in ((["algorithm.network=nature_cnn"], "algorithm.network"),  # CartPole: 4 numbers
+                           (["algorithm.network=nature_cnn", "env.id=gymnax:Breakout-MinAtar"], "algorithm.network"),
+                           (["algorithm.name=recurrent_ppo", "algorithm.network=nature_cnn"], "algorithm.network")):
+        with pytest.raises(msrl.ConfigError) as e:
+            msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", overrides))
+        assert e.value.key == key, e.value
+
+
+def test_nature_cnn_scales_bytes_and_acts_alike_on_any_split():
+    """uint8 frame stacks [C, H, W] in, logits and values out; the rows of a batch come out the same whether
+    acted on together or in parts (of two rows or more), so actors' env splits change no number."""
+    import jax.numpy as jnp
+
+    from msrl.rl import NatureCNN
+
+    net = NatureCNN(action_dim=4, discrete=True)
+    frames = jax.random.randint(jax.random.key(0), (8, 4, 84, 84), 0, 256).astype(jnp.uint8)
+    params = net.init(jax.random.key(1), frames[0])
+    apply = jax.jit(net.apply)
+    logits, value = apply(params, frames)
+    assert logits.shape == (8, 4) and value.shape == (8,) and np.isfinite(logits).all() and np.isfinite(value).all()
+    np.testing.assert_allclose(apply(params, frames.astype(jnp.float32))[1], value, rtol=1e-6)  # bytes scaled inside
+    for parts in ([4, 4], [2, 6], [3, 5]):
+        split = [apply(params, f) for f in np.split(np.asarray(frames), np.cumsum(parts)[:-1])]
+        assert (np.concatenate([s[0] for s in split]) == logits).all() and (np.concatenate([s[1] for s in split]) == value).all()

@@ -11,9 +11,9 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNNActorCritic, NormalizedActor, action_dim,
-                     discounted_returns, gae, minibatch_epochs, nature_cnn_fits, normalization_state, normalize,
-                     per_env_carry, policy, scale_reward, update_stats, with_obs_stats)
+from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, action_dim, discounted_returns, gae,
+                     minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
+                     update_stats, with_obs_stats)
 
 
 class PPOConfig(msrl.AlgorithmConfig):
@@ -32,10 +32,9 @@ class PPOConfig(msrl.AlgorithmConfig):
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
     activation: Literal["tanh", "relu"] = "tanh"
-    network: Literal["mlp", "nature_cnn"] = Field(
-        "mlp", description="mlp: separate actor and critic MLPs (hidden, activation); nature_cnn: the Nature DQN "
-        "convolutions shared by both heads, for image observations such as EnvPool's Atari frames (uint8 frames "
-        "are scaled to [0, 1] inside the network; hidden and activation do not apply)")
+    network: Literal["mlp", "nature_cnn"] = Field("mlp", description="mlp: actor and critic MLPs of `hidden`; "
+                                                  "nature_cnn: DQN-Nature convolutions shared by both heads, "
+                                                  "for frame stacks [C, H, W] such as envpool:Breakout-v5's")
     normalize_obs: bool = Field(False, description="act and learn on observations standardized by running "
                                 "statistics of every observation the learner has seen")
     normalize_reward: bool = Field(False, description="divide rewards by the running std of each env's "
@@ -142,11 +141,13 @@ class PPO(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; PPO acts for one "
                                    "(use algorithm.name=mappo)")
         if self.cfg.network == "nature_cnn":
-            why = nature_cnn_fits(tuple(spec.obs_shape))
-            if why:
-                raise msrl.ConfigError("algorithm.network", f"nature_cnn cannot see {spec.id}'s observations: {why}")
-            return NatureCNNActorCritic(action_dim=action_dim(spec), discrete=spec.discrete,
-                                        obs_shape=tuple(spec.obs_shape))
+            if len(spec.obs_shape) != 3 or min(spec.obs_shape[1:]) < 36:
+                raise msrl.ConfigError("algorithm.network", f"nature_cnn convolves frame stacks [C, H, W] of at least "
+                                       f"36 x 36 pixels; {spec.id}'s observations are {list(spec.obs_shape)}")
+            if self.cfg.normalize_obs:
+                raise msrl.ConfigError("algorithm.normalize_obs", "nature_cnn scales its frames to [0, 1] itself; "
+                                       "standardizing pixels by running statistics is not offered")
+            return NatureCNN(action_dim=action_dim(spec), discrete=spec.discrete)
         return ActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
                            hidden=tuple(self.cfg.hidden), activation=self.cfg.activation)
 

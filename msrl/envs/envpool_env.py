@@ -53,6 +53,7 @@ class EnvPoolState:
     running_length: np.ndarray
     last_length: np.ndarray
     ids: np.ndarray  # global indices
+    started: np.ndarray | None = None  # which envs begin the learner's episode at the current observation (None: all)
     steps: int = 0
     busy: bool = False  # inside the pool's step (or its reset) now
     beat: float = 0.0  # time.monotonic() when the last pool step started or ended
@@ -163,12 +164,13 @@ class EnvPoolEnv(Environment):
         return state, state.obs
 
     def starts(self, state: EnvPoolState):
-        return state, state.running_length == 0
+        return state, np.ones(len(state.ids), np.bool_) if state.started is None else state.started
 
     def reset(self, state: EnvPoolState):
         state.obs = self._reset(state, None)
         state.running_return[:] = 0
         state.running_length[:] = 0
+        state.started = None
         return state, state.obs
 
     def step(self, state: EnvPoolState, action: Any):
@@ -204,14 +206,19 @@ class EnvPoolEnv(Environment):
                 f"observation {obs[i] if not np.isfinite(obs[i]).all() else final[i]}"
             raise TrainingError(f"{self._where(state, i)} returned a non-finite {what}")
         state.steps += 1
-        ret = state.running_return + reward
-        state.last_return = np.where(done, ret, state.last_return)
-        state.running_return = np.where(done, 0.0, ret).astype(np.float32)
-        state.episodes = state.episodes + done
+        score, game_end = reward, done
+        if "lives" in info:  # Atari: the logged episodes are whole games (to game over), scored with raw rewards
+            order = np.argsort(ids)
+            score = np.asarray(info["reward"], np.float32)[order]
+            game_end = np.asarray(info["terminated"], np.bool_)[order] | truncated
+        ret = state.running_return + score
+        state.last_return = np.where(game_end, ret, state.last_return)
+        state.running_return = np.where(game_end, 0.0, ret).astype(np.float32)
+        state.episodes = state.episodes + game_end
         length = state.running_length + 1
-        state.last_length = np.where(done, length, state.last_length)
-        state.running_length = np.where(done, 0, length).astype(np.int32)
-        state.obs = obs
+        state.last_length = np.where(game_end, length, state.last_length)
+        state.running_length = np.where(game_end, 0, length).astype(np.int32)
+        state.obs, state.started = obs, done
         return state, EnvStep(obs, reward, terminated, truncated, final)
 
     def busy(self, state: EnvPoolState) -> tuple[str | None, float]:
