@@ -66,7 +66,7 @@ def test_learner_replicas_hold_the_same_statistics_and_parameters():
     all-reduced like the gradients, so both replicas act with the same statistics."""
     cfg = ["run.seed=0", "run.total_env_steps=100000", *NORM, "env.num_envs=4", "algorithm.rollout_len=2",
            "algorithm.batch_size=16", "algorithm.buffer_size=256", "algorithm.learning_starts=8",
-           "algorithm.hidden=[16]", "policy.name=multi_learner", "policy.learners=2"]
+           "algorithm.hidden=[16]", "algorithm.updates=2", "policy.name=multi_learner", "policy.learners=2"]
     with msrl.Session(EXAMPLES / "sac_pendulum.yaml", cfg, iterations_per_dispatch=3) as s:
         s.run(3)
         replicas = [r["learner"] for r in s.snapshot(skip=("buffer",))["learner"]]
