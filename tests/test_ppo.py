@@ -67,12 +67,12 @@ def test_nature_cnn_scales_bytes_and_acts_alike_on_any_split():
     from msrl.rl import NatureCNN
 
     net = NatureCNN(action_dim=4, discrete=True)
-    frames = jax.random.randint(jax.random.key(0), (8, 4, 84, 84), 0, 256).astype(jnp.uint8)
+    frames = jax.random.randint(jax.random.key(0), (6, 4, 36, 36), 0, 256).astype(jnp.uint8)  # the smallest it takes
     params = net.init(jax.random.key(1), frames[0])
     apply = jax.jit(net.apply)
     logits, value = apply(params, frames)
-    assert logits.shape == (8, 4) and value.shape == (8,) and np.isfinite(logits).all() and np.isfinite(value).all()
+    assert logits.shape == (6, 4) and value.shape == (6,) and np.isfinite(logits).all() and np.isfinite(value).all()
     np.testing.assert_allclose(apply(params, frames.astype(jnp.float32))[1], value, rtol=1e-6)  # bytes scaled inside
-    for parts in ([4, 4], [2, 6], [3, 5]):
+    for parts in ([2, 4], [3, 3]):
         split = [apply(params, f) for f in np.split(np.asarray(frames), np.cumsum(parts)[:-1])]
         assert (np.concatenate([s[0] for s in split]) == logits).all() and (np.concatenate([s[1] for s in split]) == value).all()
