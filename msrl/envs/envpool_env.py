@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
+from msrl.envs.gymnasium_env import EpisodeCounts, _ShapeOnly, host_spaces, seed_words
 from msrl.errors import ConfigError, TrainingError
 
 RESERVED = ("num_envs", "batch_size", "seed", "env_seed", "env_type", "gym_reset_return_info")
@@ -47,11 +48,7 @@ RESERVED = ("num_envs", "batch_size", "seed", "env_seed", "env_type", "gym_reset
 class EnvPoolState:
     pool: Any  # one envpool pool for this replica's envs, in global-index order
     obs: np.ndarray
-    running_return: np.ndarray
-    last_return: np.ndarray
-    episodes: np.ndarray
-    running_length: np.ndarray
-    last_length: np.ndarray
+    counts: EpisodeCounts  # of whole games for Atari
     ids: np.ndarray  # global indices
     started: np.ndarray | None = None  # which envs begin the learner's episode at the current observation (None: all)
     steps: int = 0
@@ -60,11 +57,9 @@ class EnvPoolState:
 
 
 def env_seeds(key: jax.Array, env_ids: Any) -> list[int]:
-    """The seed of each env: the first word of ``SeedSequence([key words, global index])``, in int32's range
+    """The seed of each env: ``gymnasium:`` envs' (:func:`~msrl.envs.gymnasium_env.seed_words`), in int32's range
     (EnvPool's)."""
-    words = [int(w) for w in np.asarray(jax.random.key_data(key)).ravel()]
-    return [int(np.random.SeedSequence([*words, int(i)]).generate_state(1)[0]) & 0x7FFFFFFF
-            for i in np.asarray(env_ids)]
+    return [seed & 0x7FFFFFFF for seed in seed_words(key, env_ids)]
 
 
 class EnvPoolEnv(Environment):
@@ -96,18 +91,8 @@ class EnvPoolEnv(Environment):
             raise ConfigError("env.kwargs" if kwargs else "env.id", f"envpool:{name} cannot be made"
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        obs_space, act_space = spec.observation_space, spec.action_space
-        if not isinstance(obs_space, gymnasium.spaces.Box):
-            raise ConfigError("env.id", f"envpool:{name} has a {type(obs_space).__name__} observation space; "
-                              "msrl supports Box observations")
-        if isinstance(act_space, gymnasium.spaces.Discrete):
-            action_space = Discrete(int(act_space.n))
-        elif isinstance(act_space, gymnasium.spaces.Box):
-            action_space = Box(act_space.low.astype(np.float32), act_space.high.astype(np.float32),
-                               tuple(act_space.shape))
-        else:
-            raise ConfigError("env.id", f"envpool:{name} has a {type(act_space).__name__} action space; "
-                              "msrl supports Discrete and Box")
+        obs_space = spec.observation_space
+        action_space = host_spaces(f"envpool:{name}", obs_space, spec.action_space)
         kind = np.dtype(obs_space.dtype)
         if kind == np.uint8:
             obs_dtype = np.dtype(np.uint8)  # Atari frames: the network scales them
@@ -124,9 +109,8 @@ class EnvPoolEnv(Environment):
         env_ids = np.asarray(env_ids)
         n = len(env_ids)
         pool = envpool.make(self.name, env_type="gymnasium", num_envs=n, seed=env_seeds(key, env_ids), **self.kwargs)
-        zeros, counts = np.zeros(n, np.float32), np.zeros(n, np.int32)
-        state = EnvPoolState(pool, np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype), zeros, zeros.copy(),
-                             counts, counts.copy(), counts.copy(), env_ids)
+        state = EnvPoolState(pool, np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype), EpisodeCounts.zeros(n),
+                             env_ids)
         state.obs = self._reset(state, None)
         return state
 
@@ -168,8 +152,7 @@ class EnvPoolEnv(Environment):
 
     def reset(self, state: EnvPoolState):
         state.obs = self._reset(state, None)
-        state.running_return[:] = 0
-        state.running_length[:] = 0
+        state.counts.restart()
         state.started = None
         return state, state.obs
 
@@ -211,13 +194,7 @@ class EnvPoolEnv(Environment):
             order = np.argsort(ids)
             score = np.asarray(info["reward"], np.float32)[order]
             game_end = np.asarray(info["terminated"], np.bool_)[order] | truncated
-        ret = state.running_return + score
-        state.last_return = np.where(game_end, ret, state.last_return)
-        state.running_return = np.where(game_end, 0.0, ret).astype(np.float32)
-        state.episodes = state.episodes + game_end
-        length = state.running_length + 1
-        state.last_length = np.where(game_end, length, state.last_length)
-        state.running_length = np.where(game_end, 0, length).astype(np.int32)
+        state.counts.count(score, game_end)
         state.obs, state.started = obs, done
         return state, EnvStep(obs, reward, terminated, truncated, final)
 
@@ -241,9 +218,7 @@ class EnvPoolEnv(Environment):
                                 f"shape {list(obs.shape[1:])}, but its space says {list(self.spec.obs_shape)}")
 
     def stats(self, state: EnvPoolState):
-        finished = state.episodes > 0
-        return {"return_sum": float(state.last_return[finished].sum()), "finished": int(finished.sum()),
-                "length_sum": int(state.last_length[finished].sum()), "episodes": int(state.episodes.sum())}
+        return state.counts.stats()
 
     def close(self, state: EnvPoolState) -> None:
         close = getattr(state.pool, "close", None)
@@ -251,6 +226,4 @@ class EnvPoolEnv(Environment):
             close()
 
     def shape_stand_in(self) -> Environment:
-        from msrl.envs.gymnasium_env import _ShapeOnly
-
         return _ShapeOnly(self.spec)

@@ -20,14 +20,70 @@ from msrl.errors import ConfigError, TrainingError
 
 
 @dataclasses.dataclass
-class HostEnvState:
-    envs: list[Any]  # one gymnasium env per index, stepped in a plain loop (cheaper than SyncVectorEnv)
-    obs: np.ndarray
+class EpisodeCounts:
+    """A host environment's episode counters, one entry per env: the return and length of the episode in
+    progress and of the last finished one, and how many finished."""
+
     running_return: np.ndarray
     last_return: np.ndarray
     episodes: np.ndarray
     running_length: np.ndarray
     last_length: np.ndarray
+
+    @classmethod
+    def zeros(cls, n: int) -> EpisodeCounts:
+        zeros, counts = np.zeros(n, np.float32), np.zeros(n, np.int32)
+        return cls(zeros, zeros.copy(), counts, counts.copy(), counts.copy())
+
+    def restart(self) -> None:
+        """Every episode in progress starts again (a reset)."""
+        self.running_return[:] = 0
+        self.running_length[:] = 0
+
+    def count(self, reward: np.ndarray, done: np.ndarray) -> None:
+        """One step of every env: ``reward`` earned, ``done`` where an episode ended with it."""
+        ret = self.running_return + reward
+        self.last_return = np.where(done, ret, self.last_return)
+        self.running_return = np.where(done, 0.0, ret).astype(np.float32)
+        self.episodes = self.episodes + done
+        length = self.running_length + 1
+        self.last_length = np.where(done, length, self.last_length)
+        self.running_length = np.where(done, 0, length).astype(np.int32)
+
+    def stats(self) -> dict:
+        finished = self.episodes > 0
+        return {"return_sum": float(self.last_return[finished].sum()), "finished": int(finished.sum()),
+                "length_sum": int(self.last_length[finished].sum()), "episodes": int(self.episodes.sum())}
+
+
+def seed_words(key: jax.Array, env_ids: Any) -> list[int]:
+    """A 32-bit seed for each env: the first word of ``SeedSequence([key words, global index])``, so an env's
+    stream depends on the run's key and its global index only."""
+    words = [int(w) for w in np.asarray(jax.random.key_data(key)).ravel()]
+    return [int(np.random.SeedSequence([*words, int(i)]).generate_state(1)[0]) for i in np.asarray(env_ids)]
+
+
+def host_spaces(env_id: str, obs_space: Any, act_space: Any, obs_hint: str = "") -> Discrete | Box:
+    """msrl's action space for a Gymnasium-API env's spaces (a ConfigError on ``env.id`` for what msrl does not
+    take: observations other than a Box, actions other than Discrete or Box)."""
+    import gymnasium
+
+    if not isinstance(obs_space, gymnasium.spaces.Box):
+        raise ConfigError("env.id", f"{env_id} has a {type(obs_space).__name__} observation space; "
+                          f"msrl supports Box observations{obs_hint}")
+    if isinstance(act_space, gymnasium.spaces.Discrete):
+        return Discrete(int(act_space.n))
+    if isinstance(act_space, gymnasium.spaces.Box):
+        return Box(act_space.low.astype(np.float32), act_space.high.astype(np.float32), tuple(act_space.shape))
+    raise ConfigError("env.id", f"{env_id} has a {type(act_space).__name__} action space; "
+                      "msrl supports Discrete and Box")
+
+
+@dataclasses.dataclass
+class HostEnvState:
+    envs: list[Any]  # one gymnasium env per index, stepped in a plain loop (cheaper than SyncVectorEnv)
+    obs: np.ndarray
+    counts: EpisodeCounts
     ids: np.ndarray  # global indices
     dtypes: list[np.dtype]  # of each env's first observation: it must not change
     steps: int = 0
@@ -51,33 +107,20 @@ class GymnasiumEnv(Environment):
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: {e}") from None
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
-        if not isinstance(obs_space, gymnasium.spaces.Box):
-            raise ConfigError("env.id", f"gymnasium:{name} has a {type(obs_space).__name__} observation space; "
-                              "msrl supports Box observations (wrap it with gymnasium's FlattenObservation)")
-        if isinstance(act_space, gymnasium.spaces.Discrete):
-            action_space = Discrete(int(act_space.n))
-        elif isinstance(act_space, gymnasium.spaces.Box):
-            action_space = Box(act_space.low.astype(np.float32), act_space.high.astype(np.float32),
-                               tuple(act_space.shape))
-        else:
-            raise ConfigError("env.id", f"gymnasium:{name} has a {type(act_space).__name__} action space; "
-                              "msrl supports Discrete and Box")
+        action_space = host_spaces(f"gymnasium:{name}", obs_space, act_space,
+                                   " (wrap it with gymnasium's FlattenObservation)")
         self.spec = EnvSpec(f"gymnasium:{name}", tuple(obs_space.shape), np.dtype(np.float32), action_space)
 
     def init(self, key: jax.Array, env_ids: Any) -> HostEnvState:
         import gymnasium
 
-        words = [int(w) for w in np.asarray(jax.random.key_data(key)).ravel()]
         envs, first = [], []
-        for i in np.asarray(env_ids):
+        for seed in seed_words(key, env_ids):
             env = gymnasium.make(self.name, disable_env_checker=True, **self.kwargs)
-            seed = int(np.random.SeedSequence([*words, int(i)]).generate_state(1)[0])
             first.append(env.reset(seed=seed)[0])
             envs.append(env)
-        zeros, counts = np.zeros(len(envs), np.float32), np.zeros(len(envs), np.int32)
-        state = HostEnvState(envs, np.zeros((len(envs), *self.spec.obs_shape), np.float32), zeros, zeros.copy(),
-                             counts, counts.copy(), counts.copy(), np.asarray(env_ids),
-                             [np.asarray(o).dtype for o in first])
+        state = HostEnvState(envs, np.zeros((len(envs), *self.spec.obs_shape), np.float32),
+                             EpisodeCounts.zeros(len(envs)), np.asarray(env_ids), [np.asarray(o).dtype for o in first])
         for i, o in enumerate(first):
             state.obs[i] = self._checked(state, i, o)
         return state
@@ -86,12 +129,11 @@ class GymnasiumEnv(Environment):
         return state, state.obs
 
     def starts(self, state: HostEnvState):
-        return state, state.running_length == 0
+        return state, state.counts.running_length == 0
 
     def reset(self, state: HostEnvState):
         state.obs = np.stack([env.reset()[0] for env in state.envs]).astype(np.float32)
-        state.running_return[:] = 0
-        state.running_length[:] = 0
+        state.counts.restart()
         return state, state.obs
 
     def step(self, state: HostEnvState, action: Any):
@@ -119,13 +161,7 @@ class GymnasiumEnv(Environment):
                                 f"{'reward' if good[i] else 'observation'}: "
                                 f"{reward[i] if good[i] else (obs[i] if not np.isfinite(obs[i]).all() else final[i])}")
         state.steps += 1
-        ret = state.running_return + reward
-        state.last_return = np.where(done, ret, state.last_return)
-        state.running_return = np.where(done, 0.0, ret).astype(np.float32)
-        state.episodes = state.episodes + done
-        length = state.running_length + 1
-        state.last_length = np.where(done, length, state.last_length)
-        state.running_length = np.where(done, 0, length).astype(np.int32)
+        state.counts.count(reward, done)
         state.obs = obs.astype(np.float32)
         return state, EnvStep(state.obs, reward, terminated, truncated, final)
 
@@ -147,9 +183,7 @@ class GymnasiumEnv(Environment):
         return o
 
     def stats(self, state: HostEnvState):
-        finished = state.episodes > 0
-        return {"return_sum": float(state.last_return[finished].sum()), "finished": int(finished.sum()),
-                "length_sum": int(state.last_length[finished].sum()), "episodes": int(state.episodes.sum())}
+        return state.counts.stats()
 
     def close(self, state: HostEnvState) -> None:
         for env in state.envs:
