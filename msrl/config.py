@@ -28,6 +28,8 @@ class EnvConfig(BaseModel):
     id: str = "gymnax:CartPole-v1"
     num_envs: int = Field(4, gt=0, le=INT32_MAX, description="environments in total, over all replicas")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
+    subprocesses: int = Field(0, ge=0, le=1024, description="gymnasium: envs only: step each replica's envs in this "
+                              "many worker processes, outside its GIL (0: in the replica's own thread)")
 
 
 class WandbConfig(BaseModel):

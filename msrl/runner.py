@@ -36,7 +36,7 @@ def build(cfg: ExperimentConfig):
     """Env, algorithm and compiled program of a config (nothing runs yet)."""
     from msrl.compiler import compile as compile_program
 
-    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    env = make_env(cfg.env.id, cfg.env.subprocesses, **cfg.env.kwargs)
     num_envs = cfg.policy.total_envs(cfg.env.num_envs)
     ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps,
                   updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,

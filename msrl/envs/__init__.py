@@ -21,11 +21,18 @@ def register_env(prefix: str):
     return wrap
 
 
-def make_env(env_id: str, **kwargs) -> Environment:
+def make_env(env_id: str, subprocesses: int = 0, **kwargs) -> Environment:
     """The environment ``env_id`` made with ``kwargs``. One kwarg is msrl's, for every id: ``mask_obs``, a list of
     (flat) indices of the observation that read as 0 (``[1, 3]`` on CartPole hides the velocities: a partially
-    observed task that needs memory)."""
+    observed task that needs memory). ``subprocesses`` (``env.subprocesses``): ``gymnasium:`` envs step in that
+    many worker processes per replica."""
     mask = kwargs.pop("mask_obs", None)
+    if subprocesses:
+        if env_id.partition(":")[0] != "gymnasium":
+            raise ConfigError("env.subprocesses", f"only gymnasium: environments step in worker processes; {env_id} "
+                              "does not (envpool: steps in C++ threads already; gymnax:, brax: and jaxmarl: are "
+                              "jitted). Leave it 0")
+        kwargs["subprocesses"] = subprocesses
     env = _make(env_id, **kwargs)
     return env if mask is None else MaskedObs(env, mask)
 

@@ -3,12 +3,22 @@
 A host environment runs only in host fragments (``single_learner_*`` on ``threads``); its "state" is the
 stateful vector env itself plus episode counters. Environment ``i`` is seeded from the run's key and its
 *global* index, so splitting environments over replicas changes no number.
+
+With ``env.subprocesses: K`` a replica's envs step in K worker processes (``msrl/envs/gym_worker.py``, each a
+contiguous slice of them), all at once and outside the actor's GIL; every env steps exactly as in-process (same
+seed, same calls), so the numbers are the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
+import socket
+import subprocess
+import sys
 import time
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -16,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
+from msrl.envs.gym_worker import step_one
 from msrl.errors import ConfigError, TrainingError
 
 
@@ -79,6 +90,80 @@ def host_spaces(env_id: str, obs_space: Any, act_space: Any, obs_hint: str = "")
                       "msrl supports Discrete and Box")
 
 
+class Workers:
+    """The worker processes of one replica's envs (``env.subprocesses``), each stepping a contiguous slice of them.
+    :meth:`call` sends a command to every worker, then gathers the answers in env order, so the workers step at
+    the same time."""
+
+    SCRIPT = str(Path(__file__).with_name("gym_worker.py"))
+
+    def __init__(self, env_id: str, count: int, name: str, kwargs: dict, seeds: list[int], ids: np.ndarray):
+        self.env_id, self.ids = env_id, ids
+        self.parts = [p for p in np.array_split(np.arange(len(seeds)), min(count, len(seeds)))]
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        for _ in self.parts:
+            mine, theirs = socket.socketpair()
+            self.procs.append(subprocess.Popen([sys.executable, self.SCRIPT, str(theirs.fileno())],
+                                               pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+            theirs.close()
+            self.conns.append(Connection(mine.detach()))
+            self.conns[-1].send(sys.path)
+        import gymnasium
+
+        spec = gymnasium.spec(name)
+        try:
+            self.first = self.call("make", [(spec, kwargs, [seeds[i] for i in p]) for p in self.parts])
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            self.close()
+            raise ConfigError("env.subprocesses", f"{env_id} cannot be sent to worker processes: its entry point "
+                              f"or kwargs do not pickle ({type(e).__name__}: {e}); register it with an importable "
+                              "class, or leave env.subprocesses 0") from None
+
+    def slices(self, per_env: list) -> list[list]:
+        return [per_env[p[0]:p[-1] + 1] for p in self.parts]
+
+    def call(self, command: str, per_worker: list | None = None) -> list:
+        for k, conn in enumerate(self.conns):
+            conn.send((command, None if per_worker is None else per_worker[k]))
+        out, error = [], None
+        for k, conn in enumerate(self.conns):  # every answer is read, so no stale one is left for the next call
+            try:
+                status, value = conn.recv()
+            except (EOFError, OSError):
+                code = self.procs[k].wait(timeout=5)
+                raise TrainingError(f"the worker process of environments {self.env_id} {self.span(k)} "
+                                    f"(env.subprocesses) exited with code {code} during {command}") from None
+            if status == "error" and error is None:
+                at, message, trace = value
+                where = f"#{self.ids[self.parts[k][0] + at]}" if at is not None else self.span(k)
+                hint = (" (an env registered in your script's __main__ is unknown to worker processes: register "
+                        "it in an importable module)" if command == "make" else "")
+                error = TrainingError(f"environment {self.env_id} {where}, in its worker process, failed in "
+                                      f"{command}: {message}{hint}\nthe worker's traceback:\n{trace}")
+            elif status == "ok" and value is not None:
+                out.extend(value)
+        if error is not None:
+            raise error
+        return out
+
+    def span(self, k: int) -> str:
+        ids = self.ids[self.parts[k]]
+        return f"#{ids[0]}..#{ids[-1]}" if len(ids) > 1 else f"#{ids[0]}"
+
+    def close(self) -> None:
+        try:
+            self.call("close")
+        except (TrainingError, OSError):
+            pass
+        for proc, conn in zip(self.procs, self.conns):
+            conn.close()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 @dataclasses.dataclass
 class HostEnvState:
     envs: list[Any]  # one gymnasium env per index, stepped in a plain loop (cheaper than SyncVectorEnv)
@@ -86,18 +171,19 @@ class HostEnvState:
     counts: EpisodeCounts
     ids: np.ndarray  # global indices
     dtypes: list[np.dtype]  # of each env's first observation: it must not change
+    workers: Workers | None = None  # env.subprocesses: the envs live there (and envs is empty)
     steps: int = 0
-    busy: int | None = None  # the environment inside step() (or its reset) now, by position
+    busy: int | None = None  # the environment inside step() (or its reset) now, by position; -1: the workers
     beat: float = 0.0  # time.monotonic() when the last environment step started or ended
 
 
 class GymnasiumEnv(Environment):
     jittable = False
 
-    def __init__(self, name: str, **kwargs: Any):
+    def __init__(self, name: str, subprocesses: int = 0, **kwargs: Any):
         import gymnasium
 
-        self.name, self.kwargs = name, kwargs
+        self.name, self.kwargs, self.subprocesses = name, kwargs, subprocesses
         try:
             probe = gymnasium.make(name, **kwargs)
         except (gymnasium.error.Error, ModuleNotFoundError, ImportError) as e:
@@ -114,13 +200,19 @@ class GymnasiumEnv(Environment):
     def init(self, key: jax.Array, env_ids: Any) -> HostEnvState:
         import gymnasium
 
-        envs, first = [], []
-        for seed in seed_words(key, env_ids):
-            env = gymnasium.make(self.name, disable_env_checker=True, **self.kwargs)
-            first.append(env.reset(seed=seed)[0])
-            envs.append(env)
-        state = HostEnvState(envs, np.zeros((len(envs), *self.spec.obs_shape), np.float32),
-                             EpisodeCounts.zeros(len(envs)), np.asarray(env_ids), [np.asarray(o).dtype for o in first])
+        envs, first, workers = [], [], None
+        if self.subprocesses:
+            workers = Workers(self.spec.id, self.subprocesses, self.name, self.kwargs, seed_words(key, env_ids),
+                              np.asarray(env_ids))
+            first = workers.first
+        else:
+            for seed in seed_words(key, env_ids):
+                env = gymnasium.make(self.name, disable_env_checker=True, **self.kwargs)
+                first.append(env.reset(seed=seed)[0])
+                envs.append(env)
+        n = len(first)
+        state = HostEnvState(envs, np.zeros((n, *self.spec.obs_shape), np.float32), EpisodeCounts.zeros(n),
+                             np.asarray(env_ids), [np.asarray(o).dtype for o in first], workers)
         for i, o in enumerate(first):
             state.obs[i] = self._checked(state, i, o)
         return state
@@ -132,7 +224,8 @@ class GymnasiumEnv(Environment):
         return state, state.counts.running_length == 0
 
     def reset(self, state: HostEnvState):
-        state.obs = np.stack([env.reset()[0] for env in state.envs]).astype(np.float32)
+        first = state.workers.call("reset") if state.workers else [env.reset()[0] for env in state.envs]
+        state.obs = np.stack(first).astype(np.float32)
         state.counts.restart()
         return state, state.obs
 
@@ -140,18 +233,23 @@ class GymnasiumEnv(Environment):
         action = np.asarray(action)
         if isinstance(self.spec.action_space, Box):
             action = np.clip(action, self.spec.action_space.low, self.spec.action_space.high)
-        n = len(state.envs)
+        actions = action.tolist() if action.ndim == 1 else list(action)
+        if state.workers is not None:
+            state.busy, state.beat = -1, time.monotonic()
+            results = state.workers.call("step", state.workers.slices(actions))
+        else:
+            results = []
+            for i, env in enumerate(state.envs):
+                state.busy, state.beat = i, time.monotonic()
+                results.append(step_one(env, actions[i]))
+        n = len(results)
         obs = np.empty((n, *self.spec.obs_shape), np.float32)
         reward = np.empty(n, np.float32)
         terminated, truncated = np.empty(n, np.bool_), np.empty(n, np.bool_)
         final = np.empty((n, *self.spec.obs_shape), np.float32)
-        for i, env in enumerate(state.envs):  # auto-reset in the same step, as gymnax does
-            state.busy, state.beat = i, time.monotonic()
-            o, r, terminated[i], truncated[i], _ = env.step(action[i].item() if action.ndim == 1 else action[i])
-            terminated[i] &= not truncated[i]  # cut by a time limit: bootstrap, even if also terminal
+        for i, (o, reward[i], terminated[i], truncated[i], first) in enumerate(results):
             final[i] = self._checked(state, i, o)
-            obs[i] = self._checked(state, i, env.reset()[0]) if terminated[i] or truncated[i] else final[i]
-            reward[i] = r
+            obs[i] = final[i] if first is None else self._checked(state, i, first)
         state.busy, state.beat = None, time.monotonic()
         done = terminated | truncated
         if not (np.isfinite(obs).all() and np.isfinite(final).all() and np.isfinite(reward).all()):
@@ -169,6 +267,9 @@ class GymnasiumEnv(Environment):
         """For the stall watch: the environment inside a step now, in words (None: none), and when the last
         environment step started or ended (``time.monotonic()``)."""
         i = state.busy
+        if i == -1:
+            return (f"the worker processes of environments {self.spec.id} at step {state.steps} have not answered "
+                    "step()"), state.beat
         return (f"{self._where(state, i)} has not returned from step()" if i is not None else None), state.beat
 
     def _where(self, state: HostEnvState, i: int) -> str:
@@ -186,6 +287,8 @@ class GymnasiumEnv(Environment):
         return state.counts.stats()
 
     def close(self, state: HostEnvState) -> None:
+        if state.workers is not None:
+            state.workers.close()
         for env in state.envs:
             env.close()
 

@@ -1,0 +1,74 @@
+"""A worker process that steps some of a replica's ``gymnasium:`` environments (``env.subprocesses > 0``).
+
+The parent starts it as a plain script (``python gym_worker.py FD``), so it imports numpy and Gymnasium and
+nothing of msrl or JAX (unless the env's module does), and re-runs none of the user's ``__main__``. The env comes
+as the parent's Gymnasium ``EnvSpec``, unpickled and made with the parent's ``sys.path`` (its first message), so an env registered by an importable
+module of the user's works; the two talk over a socket pair with
+:class:`multiprocessing.connection.Connection` (pickled messages). Each request is ``(command, argument)``; each
+answer ``("ok", value)`` or ``("error", (position, message, traceback))``. The worker steps its envs exactly as
+:class:`~msrl.envs.gymnasium_env.GymnasiumEnv` does in-process (:func:`step_one`), so the numbers are the same;
+the parent checks what comes back. When the parent goes away, the socket closes and the worker ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any
+
+
+def step_one(env: Any, action: Any) -> tuple[Any, Any, bool, bool, Any]:
+    """One step of one env with msrl's auto-reset in the same step: ``(obs, reward, terminated, truncated,
+    first)``, where ``first`` is the next episode's first observation if this step ended one (else None) and an
+    episode cut by a time limit is not terminal (it is bootstrapped, even if it also ended)."""
+    obs, reward, terminated, truncated, _ = env.step(action)
+    truncated = bool(truncated)
+    terminated = bool(terminated) and not truncated
+    return obs, reward, terminated, truncated, env.reset()[0] if terminated or truncated else None
+
+
+def serve(conn: Any) -> None:
+    envs: list[Any] = []
+    while True:
+        at = None
+        try:
+            try:
+                command, arg = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                return
+            if command == "make":  # (env spec, kwargs, seeds): make the envs and reset each with its seed
+                import gymnasium
+
+                spec, kwargs, seeds = arg
+
+                value = []
+                for at, seed in enumerate(seeds):
+                    envs.append(gymnasium.make(spec, disable_env_checker=True, **kwargs))
+                    value.append(envs[-1].reset(seed=seed)[0])
+            elif command == "step":  # one action per env
+                value = []
+                for at, (env, action) in enumerate(zip(envs, arg)):
+                    value.append(step_one(env, action))
+            elif command == "reset":
+                value = []
+                for at, env in enumerate(envs):
+                    value.append(env.reset()[0])
+            elif command == "close":
+                for env in envs:
+                    env.close()
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown command {command!r}")
+        except Exception as e:  # noqa: BLE001 - the env's own error, reported by the parent with its env's index
+            conn.send(("error", (at, f"{type(e).__name__}: {e}", traceback.format_exc())))
+            continue
+        conn.send(("ok", value))
+
+
+if __name__ == "__main__":
+    from multiprocessing.connection import Connection
+
+    conn = Connection(int(sys.argv[1]))
+    sys.path[:] = conn.recv()  # the parent's first message: import what it would (not from this script's folder)
+    serve(conn)

@@ -1,0 +1,84 @@
+"""gymnasium: host envs stepped in worker processes (env.subprocesses): the same numbers as in-process, clear
+errors, no process left behind."""
+
+from __future__ import annotations
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import msrl
+from msrl.envs import make_env
+
+import loops  # noqa: F401 - registers gymnasium's MsrlShifty-v0
+from helpers import EXAMPLES, final_params, max_diff
+
+
+def test_worker_envs_step_as_in_process_envs():
+    key = jax.random.PRNGKey(3)
+    here, there = make_env("gymnasium:CartPole-v1"), make_env("gymnasium:CartPole-v1", subprocesses=2)
+    a, b = here.init(key, np.arange(2, 7)), there.init(key, np.arange(2, 7))
+    try:
+        assert [len(p) for p in b.workers.parts] == [3, 2] and not b.envs
+        np.testing.assert_array_equal(a.obs, b.obs)
+        actions = np.array([0, 1, 1, 0, 1])
+        for _ in range(40):
+            a, out_a = here.step(a, actions)
+            b, out_b = there.step(b, actions)
+            for x, y in zip((*out_a, out_a.final_obs), (*out_b, out_b.final_obs)):
+                np.testing.assert_array_equal(x, y)
+        assert here.stats(a) == there.stats(b) and there.stats(b)["episodes"] >= 5
+        a, obs_a = here.reset(a)
+        b, obs_b = there.reset(b)
+        np.testing.assert_array_equal(obs_a, obs_b)
+    finally:
+        there.close(b)
+    assert all(p.returncode is not None for p in b.workers.procs)
+
+
+def test_ppo_with_worker_processes_gives_the_parameters_of_in_process_envs():
+    config = EXAMPLES / "ppo_cartpole_threads.yaml"
+    here, here_rows = final_params([], iterations=3, config=config)
+    there, there_rows = final_params(["env.subprocesses=3"], iterations=3, config=config)  # 4 envs per actor: 2+1+1
+    assert max_diff(here, there) == 0.0
+    assert [r["episodes"] for r in here_rows] == [r["episodes"] for r in there_rows]
+    assert there_rows[-1]["episodes"] > 0
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("explode", r"MsrlShifty-v0 #0, in its worker process, failed in step: RuntimeError: environment exploded on "
+                r"purpose(.|\n)*Traceback"),
+    ("nan", r"MsrlShifty-v0 #0 at step 39 returned a non-finite observation"),
+    ("shape", r"MsrlShifty-v0 #0 at step 39 returned an observation of float32\[5\]"),
+])
+def test_worker_env_errors_name_the_env(mode, message):
+    env = make_env("gymnasium:MsrlShifty-v0", subprocesses=2, mode=mode)
+    state = env.init(jax.random.PRNGKey(0), np.arange(4))
+    try:
+        with pytest.raises(msrl.TrainingError, match=message):
+            for _ in range(45):
+                state, _ = env.step(state, np.zeros(4, np.int32))
+    finally:
+        env.close(state)
+
+
+def test_a_dead_worker_is_a_training_error():
+    env = make_env("gymnasium:CartPole-v1", subprocesses=2)
+    state = env.init(jax.random.PRNGKey(0), np.arange(4))
+    state.workers.procs[1].kill()
+    try:
+        with pytest.raises(msrl.TrainingError, match=r"worker process of environments gymnasium:CartPole-v1 #2..#3 "
+                                                     r"\(env.subprocesses\) exited with code -9 during step"):
+            env.step(state, np.zeros(4, np.int32))
+    finally:
+        env.close(state)
+
+
+def test_subprocess_config_errors():
+    with pytest.raises(msrl.ConfigError, match="env.subprocesses.*only gymnasium:"):
+        make_env("gymnax:CartPole-v1", subprocesses=2)
+    gymnasium.register(id="MsrlLocal-v0", entry_point=lambda: loops.Shifty())
+    env = make_env("gymnasium:MsrlLocal-v0", subprocesses=2)
+    with pytest.raises(msrl.ConfigError, match="env.subprocesses.*cannot be sent to worker processes"):
+        env.init(jax.random.PRNGKey(0), np.arange(2))
