@@ -177,6 +177,6 @@ def test_imported_user_modules_are_imported_in_every_ray_worker(tmp_path):
     """))
     assert main(["train", "--import", str(tmp_path / "my_envs.py"), str(ROOT / "examples" / "ppo_cartpole_threads.yaml"),
                  "env.id=gymnasium:MsrlUserCartPole-v0", "policy.backend=ray", "policy.actor_backend=ray",
-                 "run.total_env_steps=2048",
+                 "run.total_env_steps=2048", "env.subprocesses=2",  # and the Ray actors' worker processes make it too
                  "run.progress=false", "run.tensorboard=false", "--run-dir", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["backend"] == "ray"
