@@ -99,7 +99,7 @@ class Workers:
 
     def __init__(self, env_id: str, count: int, name: str, kwargs: dict, seeds: list[int], ids: np.ndarray):
         self.env_id, self.ids = env_id, ids
-        self.parts = [p for p in np.array_split(np.arange(len(seeds)), min(count, len(seeds)))]
+        self.parts = np.array_split(np.arange(len(seeds)), min(count, len(seeds)))
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
         for _ in self.parts:
@@ -111,7 +111,7 @@ class Workers:
             self.conns[-1].send(sys.path)
         import gymnasium
 
-        spec = gymnasium.spec(name)
+        spec = name if ":" in name else gymnasium.spec(name)  # "module:id" imports its module in the worker
         try:
             self.first = self.call("make", [(spec, kwargs, [seeds[i] for i in p]) for p in self.parts])
         except (pickle.PicklingError, AttributeError, TypeError) as e:
@@ -119,6 +119,9 @@ class Workers:
             raise ConfigError("env.subprocesses", f"{env_id} cannot be sent to worker processes: its entry point "
                               f"or kwargs do not pickle ({type(e).__name__}: {e}); register it with an importable "
                               "class, or leave env.subprocesses 0") from None
+        except BaseException:
+            self.close()
+            raise
 
     def slices(self, per_env: list) -> list[list]:
         return [per_env[p[0]:p[-1] + 1] for p in self.parts]
