@@ -1,12 +1,17 @@
-"""msrl on Ray (single_learner_coarse, gymnax CartPole inside the actors) vs RLlib PPO, one Ray cluster.
+"""msrl on Ray (single_learner_coarse) vs RLlib PPO, one Ray cluster.
 
-    pip install -e '.[bench]'
+    pip install -e '.[bench]'            # and '.[envpool]' for --env envpool
     python benchmarks/ppo_ray_vs_rllib.py [--iterations 30] [--actors 2] [--envs-per-actor 2]
+                                          [--env gymnax,gymnasium,envpool] [--pairs 1]
 
-Same shapes on both sides: ``actors`` actors (RLlib: env runners) with ``envs_per_actor`` CartPole-v1
+msrl's CartPole per ``--env`` side: ``gymnax`` (jitted inside the actors: ``examples/ppo_cartpole.yaml``), or a host
+env stepped in each actor process, ``gymnasium`` (Python envs) or ``envpool`` (EnvPool's C++ pool)
+(``examples/ppo_cartpole_threads.yaml`` with the actors as Ray actors). ``--pairs N`` runs N rounds of (RLlib,
+msrl sides), alternating the order. Same shapes on both sides: ``actors`` actors (RLlib: env runners) with ``envs_per_actor`` CartPole-v1
 environments each, 128-step rollouts, a train batch of actors x envs x 128 steps, 4 epochs of 4 minibatches,
 a 64-64 tanh actor-critic. Both run a few warm-up iterations (msrl compiles in them) before the timed ones.
-Prints JSON: both SPS (env steps sampled and trained on per wall-clock second) and the ratio (goal >= 50).
+Prints JSON: the SPS (env steps sampled and trained on per wall-clock second; medians over the rounds) and each
+msrl side's ratio to RLlib (goal >= 50); ``msrl_ray_sps``/``ratio`` are the first side's.
 """
 
 from __future__ import annotations
@@ -14,19 +19,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import statistics
 import time
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SIDES = {  # msrl's CartPole: the example and the overrides
+    "gymnax": ("ppo_cartpole.yaml", ["policy.name=single_learner_coarse"]),
+    "gymnasium": ("ppo_cartpole_threads.yaml", ["policy.actor_backend=ray", "env.id=gymnasium:CartPole-v1"]),
+    "envpool": ("ppo_cartpole_threads.yaml", ["policy.actor_backend=ray", "env.id=envpool:CartPole-v1"]),
+}
 WARMUP = 3
 
 
-def msrl_sps(iterations: int, actors: int, envs_per_actor: int) -> tuple[float, float]:
+def msrl_sps(iterations: int, actors: int, envs_per_actor: int, env: str = "gymnax") -> tuple[float, float]:
     import msrl
     from msrl.config import load_config
 
-    cfg = load_config(EXAMPLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
-                                f"policy.actors={actors}", f"policy.envs_per_actor={envs_per_actor}"])
+    example, overrides = SIDES[env]
+    cfg = load_config(EXAMPLES / example, [*overrides, "policy.backend=ray", f"policy.actors={actors}",
+                                           f"policy.envs_per_actor={envs_per_actor}"])
     program = msrl.build(cfg)
     with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
         session.run(WARMUP)
@@ -81,17 +94,33 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--envs-per-actor", type=int, default=2)
+    parser.add_argument("--env", default="gymnax", help="msrl sides, comma-separated: gymnax, gymnasium, envpool")
+    parser.add_argument("--pairs", type=int, default=1, help="rounds of (RLlib, msrl sides), alternating their order")
     args = parser.parse_args()
+    sides = args.env.split(",")
+    if unknown := set(sides) - set(SIDES):
+        parser.error(f"--env: unknown {sorted(unknown)}; choose from {sorted(SIDES)}")
     ray.init(address="local", include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
              num_cpus=max(4, args.actors + 2))
+    load_before, rounds = os.getloadavg(), []
     try:
-        m_sps, m_ret = msrl_sps(args.iterations, args.actors, args.envs_per_actor)
-        r_sps, r_ret = rllib_sps(args.iterations, args.actors, args.envs_per_actor)
+        for k in range(args.pairs):
+            order = ["rllib", *sides] if k % 2 == 0 else [*reversed(sides), "rllib"]
+            rounds.append({side: (rllib_sps(args.iterations, args.actors, args.envs_per_actor) if side == "rllib" else
+                                  msrl_sps(args.iterations, args.actors, args.envs_per_actor, side)) for side in order})
     finally:
         ray.shutdown()
-    print(json.dumps({"actors": args.actors, "envs_per_actor": args.envs_per_actor, "iterations": args.iterations,
-                      "msrl_ray_sps": round(m_sps), "rllib_sps": round(r_sps), "ratio": round(m_sps / r_sps, 1),
-                      "msrl_return": m_ret, "rllib_return": r_ret}, indent=2))
+    sps = {side: statistics.median(r[side][0] for r in rounds) for side in ["rllib", *sides]}
+    print(json.dumps({
+        "actors": args.actors, "envs_per_actor": args.envs_per_actor, "iterations": args.iterations,
+        "pairs": args.pairs, "msrl_ray_sps": round(sps[sides[0]]), "rllib_sps": round(sps["rllib"]),
+        "ratio": round(sps[sides[0]] / sps["rllib"], 2),
+        **{f"msrl_ray_{s}_sps": round(sps[s]) for s in sides}, **{f"ratio_{s}": round(sps[s] / sps["rllib"], 2)
+                                                                  for s in sides},
+        "returns": [{side: round(v[1], 1) for side, v in r.items()} for r in rounds],
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+    }, indent=2))
 
 
 if __name__ == "__main__":
