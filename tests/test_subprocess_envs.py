@@ -3,6 +3,10 @@ errors, no process left behind."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import gymnasium
 import jax
 import numpy as np
@@ -82,3 +86,27 @@ def test_subprocess_config_errors():
     env = make_env("gymnasium:MsrlLocal-v0", subprocesses=2)
     with pytest.raises(msrl.ConfigError, match="env.subprocesses.*cannot be sent to worker processes"):
         env.init(jax.random.PRNGKey(0), np.arange(2))
+
+
+def test_an_env_defined_in_main_is_a_clear_error(tmp_path):
+    script = tmp_path / "my_script.py"
+    script.write_text(textwrap.dedent("""
+        import gymnasium, jax, numpy as np
+        import msrl
+        from msrl.envs import make_env
+
+        class Mine(gymnasium.Env):
+            observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+            action_space = gymnasium.spaces.Discrete(2)
+
+        gymnasium.register("MsrlMine-v0", entry_point=Mine)
+        if __name__ == "__main__":
+            env = make_env("gymnasium:MsrlMine-v0", subprocesses=2)
+            try:
+                env.init(jax.random.PRNGKey(0), np.arange(2))
+            except msrl.TrainingError as e:
+                print(str(e).splitlines()[0])
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120).stdout
+    assert "MsrlMine-v0 #0, in its worker process, failed in make" in out
+    assert "defined in your script's __main__ is unknown to worker processes" in out

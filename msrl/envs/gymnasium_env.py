@@ -140,8 +140,8 @@ class Workers:
             if status == "error" and error is None:
                 at, message, trace = value
                 where = f"#{self.ids[self.parts[k][0] + at]}" if at is not None else self.span(k)
-                hint = (" (an env registered in your script's __main__ is unknown to worker processes: register "
-                        "it in an importable module)" if command == "make" else "")
+                hint = (" (an env defined in your script's __main__ is unknown to worker processes: define it in "
+                        "an importable module)" if "__main__" in message else "")
                 error = TrainingError(f"environment {self.env_id} {where}, in its worker process, failed in "
                                       f"{command}: {message}{hint}\nthe worker's traceback:\n{trace}")
             elif status == "ok" and value is not None:
