@@ -1,9 +1,9 @@
 """A worker process that steps some of a replica's ``gymnasium:`` environments (``env.subprocesses > 0``).
 
 The parent starts it as a plain script (``python gym_worker.py FD``), so it imports numpy and Gymnasium and
-nothing of msrl or JAX (unless the env's module does), and re-runs none of the user's ``__main__``. The env comes
-as the parent's Gymnasium ``EnvSpec``, unpickled and made with the parent's ``sys.path`` (its first message), so an env registered by an importable
-module of the user's works; the two talk over a socket pair with
+nothing of msrl or JAX (unless the env's module does), and re-runs none of the user's ``__main__``. Its first
+message is the parent's ``sys.path``; then the env comes as the parent's Gymnasium ``EnvSpec``, so an env registered
+by an importable module of the user's works here too. The two talk over a socket pair with
 :class:`multiprocessing.connection.Connection` (pickled messages). Each request is ``(command, argument)``; each
 answer ``("ok", value)`` or ``("error", (position, message, traceback))``. The worker steps its envs exactly as
 :class:`~msrl.envs.gymnasium_env.GymnasiumEnv` does in-process (:func:`step_one`), so the numbers are the same;
@@ -40,7 +40,6 @@ def serve(conn: Any) -> None:
                 import gymnasium
 
                 spec, kwargs, seeds = arg
-
                 value = []
                 for at, seed in enumerate(seeds):
                     envs.append(gymnasium.make(spec, disable_env_checker=True, **kwargs))
