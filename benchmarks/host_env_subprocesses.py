@@ -23,20 +23,25 @@ from pathlib import Path
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole_threads.yaml"
 
 
-def sps(env: str, actors: int, envs_per_actor: int, subprocesses: int, env_steps: int) -> float:
+def steady_sps(example: str | Path, overrides: list[str], env_steps: int) -> float:
+    """Env steps per second of ``example`` with ``overrides`` for ``env_steps`` steps (seed 0, one dispatch), after
+    its first, compiling, iteration."""
     import msrl
     from msrl.config import load_config
 
-    cfg = load_config(EXAMPLE, [f"env.id=gymnasium:{env}", f"policy.actors={actors}",
-                                f"policy.envs_per_actor={envs_per_actor}", f"env.subprocesses={subprocesses}",
-                                f"run.total_env_steps={env_steps}", "algorithm.anneal_lr=false"])
-    program = msrl.build(cfg)
+    program = msrl.build(load_config(example, [*overrides, f"run.total_env_steps={env_steps}"]))
     iterations = env_steps // program.env_steps_per_iteration
     with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
         session.run(1)  # compiles
         t = time.perf_counter()
         session.run(iterations - 1)
         return (iterations - 1) * program.env_steps_per_iteration / (time.perf_counter() - t)
+
+
+def sps(env: str, actors: int, envs_per_actor: int, subprocesses: int, env_steps: int) -> float:
+    return steady_sps(EXAMPLE, [f"env.id=gymnasium:{env}", f"policy.actors={actors}",
+                                f"policy.envs_per_actor={envs_per_actor}", f"env.subprocesses={subprocesses}",
+                                "algorithm.anneal_lr=false"], env_steps)
 
 
 def main() -> None:

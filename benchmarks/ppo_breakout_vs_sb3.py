@@ -20,21 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
+from host_env_subprocesses import steady_sps  # a sibling script
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_breakout_envpool.yaml"
-
-
-def msrl_sps(env_steps: int) -> float:
-    import msrl
-    from msrl.config import load_config
-
-    cfg = load_config(EXAMPLE, [f"run.total_env_steps={env_steps}"])
-    program = msrl.build(cfg)
-    iterations = env_steps // program.env_steps_per_iteration
-    with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
-        session.run(1)  # compiles
-        t = time.perf_counter()
-        session.run(iterations - 1)
-        return (iterations - 1) * program.env_steps_per_iteration / (time.perf_counter() - t)
 
 
 def sb3_sps(env_steps: int) -> float:
@@ -76,7 +64,7 @@ def main() -> None:
     load_before, rounds = os.getloadavg(), []
     for k in range(args.pairs):
         order = ["sb3", "msrl"] if k % 2 == 0 else ["msrl", "sb3"]
-        rounds.append({side: round(sb3_sps(args.env_steps) if side == "sb3" else msrl_sps(args.env_steps), 1)
+        rounds.append({side: round(sb3_sps(args.env_steps) if side == "sb3" else steady_sps(EXAMPLE, [], args.env_steps), 1)
                        for side in order})
     sb3, ours = (statistics.median(r[s] for r in rounds) for s in ("sb3", "msrl"))
     print(json.dumps({
