@@ -35,6 +35,33 @@ def test_gymnax_env_steps_and_resets(name):
     assert int(env.stats(state)["nonfinite"]) == 0
 
 
+@pytest.mark.parametrize("name", ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar", "Catch-bsuite"])
+def test_gymnax_step_is_gymnax_own_step(name):
+    """The adapter writes gymnax's step out (the auto-reset runs only when an episode ended): the same
+    episodes, rewards and observations as gymnax's ``env.step`` with the same keys, over many resets."""
+    env = make_env(f"gymnax:{name}")
+    own = jax.jit(jax.vmap(env.env.step, in_axes=(0, 0, 0, None)))
+    ours = jax.jit(env._step)
+    n, key = 8, jax.random.PRNGKey(3)
+    _, inner = env._reset(jax.random.split(key, n))
+    theirs, ended = inner, 0
+    for _ in range(200):
+        key, k_env, k_act = jax.random.split(key, 3)
+        keys = jax.random.split(k_env, n)
+        space = env.spec.action_space
+        action = (jax.random.randint(k_act, (n,), 0, space.n) if env.spec.discrete
+                  else jax.random.uniform(k_act, (n, *space.shape), minval=space.low, maxval=space.high))
+        obs, inner, reward, terminated, truncated, final_obs = ours(keys, inner, action)
+        obs2, theirs, reward2, terminated2, truncated2, info = own(keys, theirs, action, env.params)
+        np.testing.assert_array_equal(terminated | truncated, np.asarray(terminated2) | np.asarray(truncated2))
+        for a, b in zip(jax.tree.leaves((obs, inner, reward, final_obs)),
+                        jax.tree.leaves((obs2, theirs, reward2, info["final_observation"]))):
+            np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-5, atol=1e-5)
+        theirs = inner  # (an ulp of physics apart at most: each goes on from the same state)
+        ended += int(np.sum(np.asarray(terminated | truncated)))
+    assert ended >= 8
+
+
 def test_cartpole_episodes_end_and_are_counted():
     env = make_env("gymnax:CartPole-v1")
     state = env.init(jax.random.PRNGKey(1), jnp.arange(2))

@@ -125,6 +125,13 @@ def import_gymnax() -> Any:
     return gymnax
 
 
+def gymnax_step() -> Any:
+    """gymnax's ``Environment.step`` (step, then auto-reset), which :meth:`GymnaxEnv._step` writes out."""
+    from gymnax.environments.environment import Environment
+
+    return Environment.step
+
+
 class GymnaxEnv(FunctionalEnv):
     def __init__(self, name: str, **kwargs: Any):
         gymnax = import_gymnax()
@@ -149,9 +156,29 @@ class GymnaxEnv(FunctionalEnv):
         return jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
 
     def _step(self, keys, inner, action):
-        obs, inner, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
-            keys, inner, action, self.params
-        )
+        env, params = self.env, self.params
+        if type(env).step is not gymnax_step():  # an env with its own step (DeepSea-bsuite)
+            obs, inner, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                keys, inner, action, params)
+            final_obs = info["final_observation"]
+        else:  # gymnax's own step, numbers unchanged, except that the reset runs only when an episode ended
+            halves = jax.vmap(jax.random.split)(keys)  # gymnax's (step key, reset key) of every env
+            final_obs, state, reward, terminated, _ = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
+                halves[:, 0], inner, action, params)
+            truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(state, params)
+            done = terminated | truncated
+
+            def reset(_):  # every env reset, then kept only where done; the cheap branch skips the reset
+                obs_re, state_re = jax.vmap(env.reset_env, in_axes=(0, None))(
+                    jax.vmap(jax.random.split)(keys)[:, 1], params)  # recomputed here, so that where step_env
+                # takes no key the split above is dead code and this is the only one, on the rare branch
+
+                def pick(re, st):
+                    return jax.lax.select(jnp.broadcast_to(done.reshape(done.shape + (1,) * (st.ndim - 1)),
+                                                           st.shape), re, st)
+                return jax.tree.map(pick, obs_re, final_obs), jax.tree.map(pick, state_re, state)
+
+            obs, inner = jax.lax.cond(done.any(), reset, lambda _: (final_obs, state), None)
         truncated = jnp.asarray(truncated, bool)  # a time limit reached is a truncation, even where the env
         terminated = jnp.asarray(terminated, bool) & ~truncated  # also calls it terminal (gymnax's Pendulum)
-        return obs, inner, reward.astype(jnp.float32), terminated, truncated, info["final_observation"]
+        return obs, inner, reward.astype(jnp.float32), terminated, truncated, final_obs
