@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+import msrl  # first: it sets an XLA CPU option that counts only before JAX starts its backend
+
 import jax
 import numpy as np
 
@@ -25,7 +27,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from rejax_peer import Peer, peer_python, timed  # noqa: E402
 
-import msrl  # noqa: E402
 from msrl.config import load_config  # noqa: E402
 
 BATCH, BUFFER, STARTS, LR, TARGET_EVERY_STEPS, UPDATES = 128, 100_000, 1_000, 1e-3, 1_000, 2

@@ -1,7 +1,7 @@
 """msrl ``fused`` PPO vs the hand-written single-function PPO (``handwritten_ppo.py``) vs Rejax, same settings.
 
     python benchmarks/ppo_fused.py [--configs cartpole4,cartpole16,acrobot,pendulum] [--pairs 3]
-                                   [--steps N] [--peer-python PATH | --no-peer]
+                                   [--steps N] [--peer-python PATH | --no-peer] [--peer-msrl-xla-flag]
 
 Every config runs the three side by side, alternating (msrl, hand-written, Rejax) ``--pairs`` times after one
 warm-up run each (compile excluded), and prints one JSON object: per config the median wall SPS and CPU
@@ -9,7 +9,9 @@ seconds per million env steps of each, and the median over rounds of the per-rou
 (``msrl / rejax``, ``msrl / handwritten``; goal >= 1.0). Rejax runs in the peers' venv
 (``../shared/peers/setup.sh``) through ``rejax_worker.py``. The same settings: envs, rollout, epochs,
 minibatches, learning rate (constant), clipping, coefficients, and a 64x64 tanh actor and critic. Check that
-the machine is quiet first: the load average is printed, before and after.
+the machine is quiet first: the load average is printed, before and after. msrl and the hand-written PPO run
+with the XLA CPU option ``import msrl`` sets (``msrl.XLA_CPU_FLAG``); Rejax runs without it, as its users run it,
+unless ``--peer-msrl-xla-flag``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+import msrl  # first: it sets an XLA CPU option that counts only before JAX starts its backend
+
 import jax
 import numpy as np
 
@@ -28,7 +32,6 @@ sys.path.insert(0, str(HERE))
 from handwritten_ppo import make_train  # noqa: E402
 from rejax_peer import Peer, peer_python, timed  # noqa: E402
 
-import msrl  # noqa: E402
 from msrl.config import load_config  # noqa: E402
 
 CONFIGS = {  # name: (gymnax env, envs, rollout, epochs, minibatches, example to start from)
@@ -40,7 +43,7 @@ CONFIGS = {  # name: (gymnax env, envs, rollout, epochs, minibatches, example to
 LR, CLIP, MAX_GRAD_NORM = 2.5e-4, 0.2, 0.5
 
 
-def bench(name: str, steps: int, pairs: int, python: str | None) -> dict:
+def bench(name: str, steps: int, pairs: int, python: str | None, peer_flag: bool = False) -> dict:
     env, envs, rollout, epochs, minibatches, example = CONFIGS[name]
     cfg = load_config(HERE.parent / "examples" / example, [
         f"env.id=gymnax:{env}", f"env.num_envs={envs}", f"algorithm.rollout_len={rollout}",
@@ -63,7 +66,7 @@ def bench(name: str, steps: int, pairs: int, python: str | None) -> dict:
         peer = Peer(python, {"algo": "ppo", "env": env, "steps": steps, "config": {
             "num_envs": envs, "num_steps": rollout, "num_epochs": epochs, "num_minibatches": minibatches,
             "learning_rate": LR, "max_grad_norm": MAX_GRAD_NORM, "clip_eps": CLIP, "ent_coef": 0.01, "vf_coef": 0.5,
-            "gamma": 0.99, "gae_lambda": 0.95, "agent_kwargs": {"activation": "tanh", "hidden_layer_sizes": [64, 64]}}})
+            "gamma": 0.99, "gae_lambda": 0.95, "agent_kwargs": {"activation": "tanh", "hidden_layer_sizes": [64, 64]}}}, peer_flag)
         sides["rejax"] = peer.run
     for side, fn in sides.items():  # warm-up (compiles)
         if side != "rejax":
@@ -93,16 +96,20 @@ def main() -> None:
     ap.add_argument("--steps", "--total-env-steps", type=int, default=500_000)
     ap.add_argument("--peer-python", default=None)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--peer-msrl-xla-flag", action="store_true",
+                    help="run Rejax with the XLA CPU option msrl sets at import (msrl.XLA_CPU_FLAG) too")
     args = ap.parse_args()
     python = None if args.no_peer else peer_python(args.peer_python)
     load_before = os.getloadavg()[0]
-    results = {name: bench(name, args.steps, args.pairs, python) for name in args.configs.split(",")}
+    results = {name: bench(name, args.steps, args.pairs, python, args.peer_msrl_xla_flag)
+               for name in args.configs.split(",")}
     first = next(iter(results.values()))  # its figures at the top too, for `msrl bench`
     print(json.dumps({"benchmark": "ppo_fused", "msrl_fused_sps": first["msrl_sps"],
                       "handwritten_sps": first.get("handwritten_sps"), "rejax_sps": first.get("rejax_sps"),
                       "pairs": args.pairs, "load_average_before": round(load_before, 2),
                       "load_average_after": round(os.getloadavg()[0], 2), "device": str(jax.devices()[0]),
-                      "rejax": python is not None, "results": results}, indent=2))
+                      "rejax": python is not None, "rejax_with_msrl_xla_flag": args.peer_msrl_xla_flag,
+                      "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ that a benchmark alternates with its own timed runs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -25,9 +26,15 @@ def peer_python(arg: str | None) -> str | None:
 class Peer:
     """A Rejax worker process: compiled once, then one timed training run per :meth:`run`."""
 
-    def __init__(self, python: str, spec: dict):
+    def __init__(self, python: str, spec: dict, msrl_xla_flag: bool = False):
+        """``msrl_xla_flag``: give Rejax the XLA CPU option ``import msrl`` sets (``msrl.XLA_CPU_FLAG``); by
+        default it runs as its users run it, without."""
+        import msrl
+
+        flags = os.environ.get("XLA_FLAGS", "")
+        env = {**os.environ, "XLA_FLAGS": flags if msrl_xla_flag else flags.replace(msrl.XLA_CPU_FLAG, "").strip()}
         self.proc = subprocess.Popen([python, str(HERE / "rejax_worker.py"), json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         self.ready = self._read()
 
     def _read(self) -> dict:
