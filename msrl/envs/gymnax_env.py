@@ -161,21 +161,21 @@ class GymnaxEnv(FunctionalEnv):
             obs, inner, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
                 keys, inner, action, params)
             final_obs = info["final_observation"]
-        else:  # gymnax's own step, numbers unchanged, except that the reset runs only when an episode ended
+        else:  # gymnax's own step, except that the auto-reset runs only on a step where some episode ended
             halves = jax.vmap(jax.random.split)(keys)  # gymnax's (step key, reset key) of every env
             final_obs, state, reward, terminated, _ = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
                 halves[:, 0], inner, action, params)
             truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(state, params)
-            done = terminated | truncated
+            done = jnp.logical_or(terminated, truncated)
 
-            def reset(_):  # every env reset, then kept only where done; the cheap branch skips the reset
-                obs_re, state_re = jax.vmap(env.reset_env, in_axes=(0, None))(
-                    jax.vmap(jax.random.split)(keys)[:, 1], params)  # recomputed here, so that where step_env
-                # takes no key the split above is dead code and this is the only one, on the rare branch
+            def reset(_):  # every env reset, kept where done. The split is redone here: where step_env takes
+                # no key (CartPole, Pendulum, ...), the one above is dead code and this is the only one
+                reset_keys = jax.vmap(jax.random.split)(keys)[:, 1]
+                obs_re, state_re = jax.vmap(env.reset_env, in_axes=(0, None))(reset_keys, params)
 
                 def pick(re, st):
-                    return jax.lax.select(jnp.broadcast_to(done.reshape(done.shape + (1,) * (st.ndim - 1)),
-                                                           st.shape), re, st)
+                    where = jnp.broadcast_to(done.reshape(done.shape + (1,) * (st.ndim - 1)), st.shape)
+                    return jax.lax.select(where, re, st)
                 return jax.tree.map(pick, obs_re, final_obs), jax.tree.map(pick, state_re, state)
 
             obs, inner = jax.lax.cond(done.any(), reset, lambda _: (final_obs, state), None)
