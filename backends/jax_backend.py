@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import Any
 
 import jax
@@ -31,7 +32,8 @@ from msrl.backends.threads import ThreadsRuntime
 
 
 class JaxRuntime(Runtime):
-    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1):
+    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1,
+                 vmap_seeds: bool = True):
         self.program, self.fragment = program, next(iter(program.fragments.values()))
         self.replicas, self.seeds = self.fragment.spec.replicas, seeds
         self.k = max(1, int(iterations_per_dispatch))
@@ -42,8 +44,10 @@ class JaxRuntime(Runtime):
             state, result = frag_fn(state)
             return state, {"train": result, "env": env.stats(state["env"])}
 
-        if seeds > 1:  # the whole program once per seed: every state leaf has a leading seed axis
-            one = jax.vmap(one)
+        if seeds > 1:  # the whole program once per seed: every state leaf has a leading seed axis; batched
+            # (vmap), or one seed after another in the same program (lax.map: each seed's numbers are bitwise
+            # those of its run alone, where a batch of rows may be summed in another order than one row)
+            one = jax.vmap(one) if vmap_seeds else partial(jax.lax.map, one)
 
         if self.replicas > 1:  # one program over every replica: shard_map over the devices, vmap on each
             self.mesh = replica_mesh(self.replicas)
@@ -183,13 +187,14 @@ class DevicesRuntime(ThreadsRuntime):
 class JaxBackend(Backend):
     multi_seed = True
 
-    def build(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1) -> Runtime:
+    def build(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1,
+              vmap_seeds: bool = True) -> Runtime:
         frags = list(program.fragments.values())
         if len(frags) == 1 and frags[0].mode == "scan":
             if seeds > 1 and frags[0].spec.replicas > 1:
                 raise ConfigError("run.num_seeds", f"several seeds in one program need a single replica; "
                                   f"{program.policy.name} runs {frags[0].spec.replicas} (use policy.name=fused)")
-            return JaxRuntime(program, seed, iterations_per_dispatch, seeds)
+            return JaxRuntime(program, seed, iterations_per_dispatch, seeds, vmap_seeds)
         if seeds > 1:
             raise ConfigError("run.num_seeds", f"several seeds in one program need one jitted program (policy "
                               f"fused); {program.policy.name} on the jax backend runs {len(frags)} fragments")

@@ -57,7 +57,8 @@ class Runtime:
 
 class Backend:
     """Subclass and register with ``@msrl.register_backend(name)`` (or the ``msrl.backends`` entry points).
-    ``multi_seed``: ``build`` takes ``seeds=N`` and runs the program for N seeds at once (``run.num_seeds``)."""
+    ``multi_seed``: ``build`` takes ``seeds=N`` and runs the program for N seeds at once (``run.num_seeds``),
+    batched if ``vmap_seeds`` (``run.seed_batching``)."""
 
     multi_seed = False
 

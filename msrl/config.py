@@ -52,6 +52,10 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0, le=2**32 - 1, description="jax PRNG seed (32 bits)")
     num_seeds: int = Field(1, ge=1, le=4096, description="train seeds seed .. seed+num_seeds-1 at once, in one "
                            "program (fused only); metrics per seed under RUN_DIR/seed_N/")
+    seed_batching: Literal["auto", "vmap", "sequential"] = Field(
+        "auto", description="how the num_seeds seeds share the program: vmap (batched; on CPU a seed's numbers then "
+        "match its run alone only to float rounding), sequential (one after another in the same program: every "
+        "seed bitwise its run alone); auto: sequential on CPU, where it costs the same, vmap on accelerators")
     iterations_per_dispatch: int | None = Field(
         None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
     progress: bool = True

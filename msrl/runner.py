@@ -406,7 +406,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
           + (" (XLA compiles the program now)" if cfg.policy.backend == "jax" else
              " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
     session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch,
-                      stall_timeout_s=cfg.run.stall_timeout_s, seeds=cfg.run.num_seeds)
+                      stall_timeout_s=cfg.run.stall_timeout_s, seeds=cfg.run.num_seeds,
+                      seed_batching=cfg.run.seed_batching)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 

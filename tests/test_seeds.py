@@ -1,4 +1,4 @@
-"""run.num_seeds: several seeds of a fused program in one XLA program (vmapped), logged, checkpointed, resumed,
+"""run.num_seeds: several seeds of a fused program in one XLA program (one after another, or vmapped), logged, checkpointed, resumed,
 evaluated and plotted per seed."""
 
 from __future__ import annotations
@@ -18,15 +18,31 @@ from helpers import CARTPOLE, QUICK, assert_reaches, max_diff
 LOOP = ["policy.name=fused", "run.total_env_steps=2048"]
 
 
+def test_each_seed_of_a_sequential_program_is_bitwise_its_own_run():
+    """run.seed_batching=sequential (auto's choice on CPU): every seed's curve and parameters after 8 iterations
+    are bitwise those of the run with that seed alone."""
+    overrides = ["policy.name=fused", "run.total_env_steps=16384", "run.seed_batching=sequential"]
+    with msrl.Session(CARTPOLE, [*overrides, "run.seed=3", "run.num_seeds=2"]) as s:
+        rows, after = s.run(8), s.snapshot()["main"][0]
+    for i in range(2):
+        with msrl.Session(CARTPOLE, [*overrides, f"run.seed={3 + i}"]) as one:
+            rows1, after1 = one.run(8), one.snapshot()["main"][0]
+        assert max_diff(jax.tree.map(lambda x, i=i: x[i], after), after1) == 0.0
+        assert [r["per_seed"][i]["episode_return"] for r in rows] == [r["episode_return"] for r in rows1]
+        assert [r["per_seed"][i]["loss"] for r in rows] == [r["loss"] for r in rows1]
+    assert rows[-1]["episode_return"] == pytest.approx(np.mean([r["episode_return"] for r in rows[-1]["per_seed"]]))
+
+
 def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
-    """Every seed's initial state and first rollout are bitwise those of the run with that seed alone. The
-    learner's update is equal up to float rounding: XLA on CPU sums a batch of rows in another order than one
-    row (the advantage's mean differs in its last bit), so longer curves are the same in distribution, not
-    bitwise (README)."""
-    with msrl.Session(CARTPOLE, [*LOOP, "run.seed=3", "run.num_seeds=2"]) as s:
+    """run.seed_batching=vmap: every seed's initial state and first rollout are bitwise those of the run with that
+    seed alone. The learner's update is equal up to float rounding: XLA on CPU sums a batch of rows in another
+    order than one row (the advantage's mean differs in its last bit), so longer curves are the same in
+    distribution, not bitwise (README)."""
+    loop = [*LOOP, "run.seed_batching=vmap"]
+    with msrl.Session(CARTPOLE, [*loop, "run.seed=3", "run.num_seeds=2"]) as s:
         init, rows, after = s.snapshot()["main"][0], s.run(1), s.snapshot()["main"][0]
     for i in range(2):
-        with msrl.Session(CARTPOLE, [*LOOP, f"run.seed={3 + i}"]) as one:
+        with msrl.Session(CARTPOLE, [*loop, f"run.seed={3 + i}"]) as one:
             init1, rows1, after1 = one.snapshot()["main"][0], one.run(1), one.snapshot()["main"][0]
         def pick(tree, i=i):
             return jax.tree.map(lambda x: x[i], tree)
@@ -37,7 +53,6 @@ def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
         seed_row = rows[0]["per_seed"][i]
         assert seed_row["episode_return"] == rows1[0]["episode_return"]
         assert seed_row["iteration"] == rows1[0]["iteration"] == 1
-    assert rows[0]["episode_return"] == pytest.approx(np.mean([r["episode_return"] for r in rows[0]["per_seed"]]))
 
 
 def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(tmp_path, capsys):

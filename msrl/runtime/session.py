@@ -21,11 +21,12 @@ class Session:
     ``stall_timeout_s``: a replica making no progress this long raises a TrainingError (default: the config's
     ``run.stall_timeout_s``; 0: never). ``seeds``: run the program for seeds ``seed .. seed + seeds - 1`` at
     once (default: the config's ``run.num_seeds``); every state leaf then has a leading seed axis, and every row
-    holds the mean over the seeds with each seed's own row under ``per_seed``."""
+    holds the mean over the seeds with each seed's own row under ``per_seed``. ``seed_batching``: how the seeds
+    share the program (default: the config's ``run.seed_batching``, or ``auto``)."""
 
     def __init__(self, config: Any = None, overrides: list[str] | tuple = (), *, program: Any = None,
                  seed: int | None = None, iterations_per_dispatch: int = 1, stall_timeout_s: float | None = None,
-                 seeds: int | None = None):
+                 seeds: int | None = None, seed_batching: str | None = None):
         from msrl.config import ExperimentConfig, load_config
         from msrl.registry import BACKENDS
 
@@ -39,6 +40,7 @@ class Session:
             program = build(self.config)
             seed = self.config.run.seed if seed is None else seed
             seeds = self.config.run.num_seeds if seeds is None else seeds
+            seed_batching = seed_batching or self.config.run.seed_batching
         self.program, self.seed, self.iteration, self.seeds = program, int(seed or 0), 0, int(seeds or 1)
         backend = BACKENDS.get(program.policy.backend)()
         if self.seeds > 1 and not backend.multi_seed:
@@ -46,8 +48,8 @@ class Session:
 
             raise ConfigError("run.num_seeds", f"the {program.policy.backend} backend runs one seed per program; "
                               "several seeds in one program need policy.name=fused (backend jax)")
-        self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)),
-                                     **({"seeds": self.seeds} if self.seeds > 1 else {}))
+        several = {"seeds": self.seeds, "vmap_seeds": vmap_seeds(seed_batching or "auto")} if self.seeds > 1 else {}
+        self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)), **several)
         if stall_timeout_s is None:
             from msrl.config import RunConfig
 
@@ -112,3 +114,12 @@ class Session:
 def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), **kwargs: Any) -> Session:
     """``msrl.session(...)``: a :class:`Session` (see there)."""
     return Session(config, overrides, **kwargs)
+
+
+def vmap_seeds(seed_batching: str) -> bool:
+    """Whether several seeds run batched (``vmap``) rather than one after another (``run.seed_batching``)."""
+    if seed_batching == "auto":
+        import jax
+
+        return jax.default_backend() != "cpu"
+    return seed_batching == "vmap"
