@@ -55,7 +55,7 @@ class RunConfig(BaseModel):
     seed_batching: Literal["auto", "vmap", "sequential"] = Field(
         "auto", description="how the num_seeds seeds share the program: vmap (batched; on CPU a seed's numbers then "
         "match its run alone only to float rounding), sequential (one after another in the same program: every "
-        "seed bitwise its run alone); auto: sequential on CPU, where it costs the same, vmap on accelerators")
+        "seed bitwise its run alone); auto: sequential on CPU, where it costs a few percent more, vmap on accelerators")
     iterations_per_dispatch: int | None = Field(
         None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
     progress: bool = True

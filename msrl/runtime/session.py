@@ -118,6 +118,10 @@ def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), 
 
 def vmap_seeds(seed_batching: str) -> bool:
     """Whether several seeds run batched (``vmap``) rather than one after another (``run.seed_batching``)."""
+    if seed_batching not in ("auto", "vmap", "sequential"):
+        from msrl.errors import ConfigError
+
+        raise ConfigError("run.seed_batching", f"'{seed_batching}' is not one of auto, vmap, sequential")
     if seed_batching == "auto":
         import jax
 
