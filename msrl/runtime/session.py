@@ -118,10 +118,15 @@ def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), 
 
 def vmap_seeds(seed_batching: str) -> bool:
     """Whether several seeds run batched (``vmap``) rather than one after another (``run.seed_batching``)."""
-    if seed_batching not in ("auto", "vmap", "sequential"):
+    from typing import get_args
+
+    from msrl.config import RunConfig
+
+    allowed = get_args(RunConfig.model_fields["seed_batching"].annotation)  # the config key's own choices
+    if seed_batching not in allowed:
         from msrl.errors import ConfigError
 
-        raise ConfigError("run.seed_batching", f"'{seed_batching}' is not one of auto, vmap, sequential")
+        raise ConfigError("run.seed_batching", f"'{seed_batching}' is not one of {', '.join(allowed)}")
     if seed_batching == "auto":
         import jax
 
