@@ -28,57 +28,71 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from msrl.backend import Backend, Runtime, metric_rows, replica_env_ids, replicated
 from msrl.compiler.lower import reraise_at_user_line
 from msrl.errors import ConfigError
+from msrl.sweep import python_use
 from msrl.backends.threads import ThreadsRuntime
 
 
 class JaxRuntime(Runtime):
-    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1,
-                 vmap_seeds: bool = True):
+    def __init__(self, program: Any, seed: int, iterations_per_dispatch: int,
+                 members: list[tuple[int, dict[str, float]]] | None = None, vmap_seeds: bool = True):
+        members = members or [(seed, {})]
         self.program, self.fragment = program, next(iter(program.fragments.values()))
-        self.replicas, self.seeds = self.fragment.spec.replicas, seeds
+        self.replicas, self.seeds = self.fragment.spec.replicas, len(members)
         self.k = max(1, int(iterations_per_dispatch))
         env = program.env
         frag_fn = self.fragment.fn
+        swept = list(members[0][1])
+        # each swept key's value per member: while the program is traced, the algorithm's config holds them
+        self._hp = {k: jnp.asarray([values[k] for _, values in members], jnp.float32) for k in swept}
 
-        def one(state):
-            state, result = frag_fn(state)
+        def one(state, hp):
+            with program.hyperparameters(hp):
+                state, result = frag_fn(state)
             return state, {"train": result, "env": env.stats(state["env"])}
 
-        if seeds > 1:  # the whole program once per seed: every state leaf has a leading seed axis; batched
-            # (vmap), or one seed after another in the same program (lax.map: each seed's numbers are bitwise
-            # those of its run alone, where a batch of rows may be summed in another order than one row)
-            one = jax.vmap(one) if vmap_seeds else partial(jax.lax.map, one)
+        if self.seeds > 1:  # the whole program once per member (seed x swept values): every state leaf has a
+            # leading member axis; batched (vmap), or one member after another in the same program (lax.map: each
+            # seed's numbers are bitwise those of its run alone, where a batch of rows may be summed in another
+            # order than one row)
+            one = jax.vmap(one) if vmap_seeds else partial(lambda f, *args: jax.lax.map(lambda a: f(*a), args), one)
 
         if self.replicas > 1:  # one program over every replica: shard_map over the devices, vmap on each
             self.mesh = replica_mesh(self.replicas)
-            each = replicated(one, self.mesh)
+            each = replicated(lambda state: one(state, {}), self.mesh)
 
-            def one(state):  # noqa: F811 - the replicas' metrics averaged, their episode statistics summed
+            def one(state, hp):  # noqa: F811 - the replicas' metrics averaged, their episode statistics summed
                 state, out = each(state)
                 return state, {"train": jax.tree.map(lambda x: x.mean(0), out["train"]),
                                "env": jax.tree.map(lambda x: x.sum(0), out["env"])}
 
-        def chunk(state, n):
-            out_spec = jax.eval_shape(one, state)[1]
+        def chunk(state, hp, n):
+            out_spec = jax.eval_shape(one, state, hp)[1]
             buf = jax.tree.map(lambda s: jnp.zeros((self.k, *s.shape), s.dtype), out_spec)
 
             def body(i, carry):
                 st, b = carry
-                st, out = one(st)
+                st, out = one(st, hp)
                 return st, jax.tree.map(lambda x, y: x.at[i].set(y), b, out)
 
             return jax.lax.fori_loop(0, n, body, (state, buf))
 
-        inits = [[program.init_states(self.fragment.state_keys, seed + i, ids) for i in range(seeds)]
+        def init(ids, member_seed, values):
+            with program.hyperparameters(values):  # (its concrete values: an init may read them)
+                return program.init_states(self.fragment.state_keys, member_seed, ids)
+
+        inits = [[init(ids, s, values) for s, values in members]
                  for ids in replica_env_ids(program.num_envs, self.fragment)]
-        self._state = self._place([init[0] if seeds == 1 else stack(init) for init in inits])
+        self._state = self._place([init[0] if self.seeds == 1 else stack(init) for init in inits])
         t0 = time.perf_counter()
         try:
             # the state is donated (updated in place) only when large (a replay buffer): donating a small one
             # made XLA's CPU loop ~25% slower (PPO on CartPole), and a copy of a few MB per dispatch costs nothing
             donate = (0,) if state_bytes(self._state) > DONATE_BYTES else ()
-            lowered = jax.jit(chunk, donate_argnums=donate).lower(self._state, jnp.int32(self.k))
+            lowered = jax.jit(chunk, donate_argnums=donate).lower(self._state, self._hp, jnp.int32(self.k))
         except Exception as e:  # noqa: BLE001 - reported at the user's line
+            refused = python_use(e, swept) if swept else None
+            if refused is not None:
+                raise refused from None
             reraise_at_user_line(e, [self.fragment.lowered], "tracing")
         self._compiled = lowered.compile()
         self.compile_seconds = time.perf_counter() - t0
@@ -108,7 +122,7 @@ class JaxRuntime(Runtime):
             dispatched = None
             if iterations > 0 and not stop():
                 n = min(iterations, self.k, chunk)
-                self._state, out = self._compiled(self._state, jnp.int32(n))
+                self._state, out = self._compiled(self._state, self._hp, jnp.int32(n))
                 dispatched, iterations = (out, n), iterations - n
             elif pending is None:
                 return
@@ -187,16 +201,18 @@ class DevicesRuntime(ThreadsRuntime):
 class JaxBackend(Backend):
     multi_seed = True
 
-    def build(self, program: Any, seed: int, iterations_per_dispatch: int, seeds: int = 1,
-              vmap_seeds: bool = True) -> Runtime:
+    def build(self, program: Any, seed: int, iterations_per_dispatch: int,
+              members: list[tuple[int, dict[str, float]]] | None = None, vmap_seeds: bool = True) -> Runtime:
         frags = list(program.fragments.values())
+        several = members is not None and len(members) > 1
+        key = "run.sweep" if several and members[0][1] else "run.num_seeds"
         if len(frags) == 1 and frags[0].mode == "scan":
-            if seeds > 1 and frags[0].spec.replicas > 1:
-                raise ConfigError("run.num_seeds", f"several seeds in one program need a single replica; "
+            if several and frags[0].spec.replicas > 1:
+                raise ConfigError(key, f"several seeds or swept values in one program need a single replica; "
                                   f"{program.policy.name} runs {frags[0].spec.replicas} (use policy.name=fused)")
-            return JaxRuntime(program, seed, iterations_per_dispatch, seeds, vmap_seeds)
-        if seeds > 1:
-            raise ConfigError("run.num_seeds", f"several seeds in one program need one jitted program (policy "
+            return JaxRuntime(program, seed, iterations_per_dispatch, members, vmap_seeds)
+        if several:
+            raise ConfigError(key, f"several seeds or swept values in one program need one jitted program (policy "
                               f"fused); {program.policy.name} on the jax backend runs {len(frags)} fragments")
         return DevicesRuntime(program, seed)
 

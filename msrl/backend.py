@@ -57,8 +57,9 @@ class Runtime:
 
 class Backend:
     """Subclass and register with ``@msrl.register_backend(name)`` (or the ``msrl.backends`` entry points).
-    ``multi_seed``: ``build`` takes ``seeds=N`` and runs the program for N seeds at once (``run.num_seeds``),
-    batched if ``vmap_seeds`` (``run.seed_batching``)."""
+    ``multi_seed``: ``build`` takes ``members=[(seed, values), ...]`` and runs the program once per member at once
+    (``run.num_seeds`` x ``run.sweep``: the algorithm's config holds a member's ``values`` while its program is
+    traced and initialized, :meth:`Program.hyperparameters`), batched if ``vmap_seeds`` (``run.seed_batching``)."""
 
     multi_seed = False
 

@@ -167,7 +167,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from msrl.evaluate import evaluate
 
     out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
-    which = f", seed {out['run_seed']}" if "run_seed" in out else ""
+    which = f", {out['member']}" if "member" in out else f", seed {out['run_seed']}" if "run_seed" in out else ""
     print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes "
           f"(greedy; {out['checkpoint']}, iteration {out['iteration']}{which})")
     if args.render:
@@ -223,7 +223,8 @@ def make_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_graph)
 
     e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run greedily over fresh episodes")
-    e.add_argument("run_dir", metavar="RUN_DIR")
+    e.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or a member's folder in one (a sweep's "
+                   "RUN_DIR/lr=0.001)")
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed")
     e.add_argument("--run-seed", type=int, default=None, metavar="N",

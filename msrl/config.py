@@ -56,6 +56,10 @@ class RunConfig(BaseModel):
         "auto", description="how the num_seeds seeds share the program: vmap (batched; on CPU a seed's numbers then "
         "match its run alone only to float rounding), sequential (one after another in the same program: every "
         "seed bitwise its run alone); auto: sequential on CPU, where it costs a few percent more, vmap on accelerators")
+    sweep: dict[str, list[float]] = Field(
+        default_factory=dict, description="algorithm float keys and their values, trained at once in one program "
+        "(fused only): every combination x num_seeds, each logged under RUN_DIR/KEY=VALUE/; also written as a list "
+        "value of the key itself (algorithm.lr=[1e-3,5e-4])")
     iterations_per_dispatch: int | None = Field(
         None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
     progress: bool = True
@@ -168,12 +172,45 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     policy = dict(data.get("policy") or {"name": "fused"})
     policy.setdefault("name", "fused")
     policy_cls = POLICIES.get(policy["name"])
+    run = _validate(RunConfig, _swept(algo_cls.Config, algo, dict(data.get("run") or {})), "run")
+    for key, values in run.sweep.items():  # each value as the key's own value would be
+        for v in values:
+            _validate(algo_cls.Config, {**algo, key: v}, "algorithm")
     return ExperimentConfig(
         algorithm=_validate(algo_cls.Config, algo, "algorithm"),
         env=_validate(EnvConfig, data.get("env") or {}, "env"),
         policy=_validate(policy_cls, policy, "policy"),
-        run=_validate(RunConfig, data.get("run") or {}, "run"),
+        run=run,
     )
+
+
+def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with the algorithm's list-valued float keys (``lr: [1e-3, 5e-4]``) moved into ``run.sweep``;
+    ``algo`` keeps each swept key's first value. Returns ``run``; refuses keys a sweep cannot vary."""
+    sweep = run.get("sweep") or {}
+    if not isinstance(sweep, dict):
+        raise ConfigError("run.sweep", f"must be a mapping of algorithm keys to lists of values, got {quote(sweep)}")
+    sweep = dict(sweep)
+    for key, value in algo.items():
+        field = model.model_fields.get(key)
+        if isinstance(value, list) and field is not None and "list" not in str(field.annotation).lower():
+            if key in sweep:
+                raise ConfigError(f"algorithm.{key}", "is swept twice (a list here and in run.sweep); keep one")
+            sweep[key] = value
+    for key, values in sweep.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            raise ConfigError(f"run.sweep.{_name(key)}", f"not a key of algorithm {algo.get('name')}; its float keys: "
+                              + ", ".join(k for k, f in model.model_fields.items() if f.annotation is float))
+        if field.annotation is not float:
+            raise ConfigError(f"algorithm.{key}", "one program sweeps float keys only (a count, a size or a choice "
+                              "changes the program's shapes): run one program per value")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"run.sweep.{key}", f"must be a non-empty list of values, got {quote(values)}")
+        if len(set(map(repr, values))) < len(values):
+            raise ConfigError(f"run.sweep.{key}", f"lists a value twice: {quote(values)}")
+        algo[key] = values[0]
+    return {**run, "sweep": sweep} if sweep else run
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from msrl.envs import make_env
 from msrl.errors import ConfigError
 from msrl.policy import prepare_learner
 from msrl.registry import ALGORITHMS
+from msrl.sweep import member_config, members
 
 MAX_STEPS = 100_000
 MAX_FRAMES = 1_000
@@ -24,8 +25,12 @@ MAX_EPISODES = 100_000  # episodes run side by side: more would not fit in memor
 def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, Any, Path, dict]:
     """The run's config, algorithm and policy parameters from its newest good checkpoint (a corrupt or
     non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used). A run of
-    several seeds (``run.num_seeds``) gives the policy of ``run_seed`` (default: its first seed)."""
-    run_dir = Path(run_dir)
+    several seeds or swept values gives the policy of one member: the one whose folder ``run_dir`` is
+    (``RUN_DIR/lr=0.001``), or that of seed ``run_seed``, or else the first."""
+    run_dir, member = Path(run_dir), None
+    if not (run_dir / "checkpoints").exists() and (run_dir.parent / "config.yaml").exists() \
+            and (run_dir.parent / "checkpoints").exists():  # a member's folder: the run is its parent's
+        run_dir, member = run_dir.parent, run_dir.name
     if not (run_dir / "config.yaml").exists():
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
     good = checkpoint.latest_good(run_dir)
@@ -34,6 +39,25 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     path, states, meta = good
     meta = {**meta, "checkpoint": str(path)}
     cfg = load_config(run_dir / "config.yaml")
+    each = members(cfg.run)
+    i = 0
+    if member is not None:
+        names = [m.name for m in each]
+        if member not in names:
+            raise ConfigError("RUN_DIR", f"{run_dir / member} is not a member of the run in {run_dir} "
+                              f"(its members: {', '.join(names)})")
+        i = names.index(member)
+    elif run_seed is not None:
+        seeds = sorted({m.seed for m in each})
+        found = [j for j, m in enumerate(each) if m.seed == run_seed]
+        if not found:
+            raise ConfigError("--run-seed", f"{run_dir} trained seed{'s' if len(seeds) > 1 else ''} "
+                              f"{seeds[0]}{f'..{seeds[-1]}' if len(seeds) > 1 else ''}, not {run_seed}")
+        if len(found) > 1:
+            raise ConfigError("--run-seed", f"{run_dir} trained seed {run_seed} with {len(found)} swept values; "
+                              f"evaluate one member's folder instead (e.g. {run_dir / each[found[0]].name})")
+        i = found[0]
+    cfg = member_config(cfg, each[i])
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
                   total_env_steps=cfg.run.total_env_steps,
@@ -43,14 +67,9 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:
         raise ConfigError("RUN_DIR", f"{path} holds no learner state")
-    seeds = range(cfg.run.seed, cfg.run.seed + cfg.run.num_seeds)
-    if run_seed is not None and run_seed not in seeds:
-        raise ConfigError("--run-seed", f"{run_dir} trained seed{'s' if len(seeds) > 1 else ''} "
-                          f"{seeds[0]}{f'..{seeds[-1]}' if len(seeds) > 1 else ''}, not {run_seed}")
-    if len(seeds) > 1:  # every saved array has a leading seed axis
-        i = (seeds[0] if run_seed is None else run_seed) - seeds[0]
+    if len(each) > 1:  # every saved array has a leading member axis
         states = {**states, key: [None if x is None else np.asarray(x)[i] for x in states[key]]}
-        meta = {**meta, "run_seed": seeds[i]}
+        meta = {**meta, "run_seed": each[i].seed, **({"member": each[i].name} if cfg.run.sweep or member else {})}
     learner, _ = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
     state = checkpoint.restore_state(learner.init(jax.random.PRNGKey(0)), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
@@ -114,7 +133,7 @@ def greedy_policy(actor: Any) -> tuple[Any, Any]:
 
 def load(run_dir: str | Path, run_seed: int | None = None) -> TrainedPolicy:
     """``msrl.load(RUN_DIR)``: the policy of the run's latest checkpoint (:class:`TrainedPolicy`); of seed
-    ``run_seed`` for a run of several."""
+    ``run_seed`` for a run of several, or of the member whose folder ``RUN_DIR/lr=0.001`` is (a sweep)."""
     return TrainedPolicy(run_dir, run_seed)
 
 
@@ -141,7 +160,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
             break
     env.close(state)
     out = {"checkpoint": meta["checkpoint"], "iteration": meta["iteration"],
-           **({"run_seed": meta["run_seed"]} if "run_seed" in meta else {}),
+           **{k: meta[k] for k in ("run_seed", "member") if k in meta},
            "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std())}
     if render is not None:
         out["frames"] = _render(cfg.env.id, cfg.env.kwargs, (initial_carry, act), params, Path(render), seed)

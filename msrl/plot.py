@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -72,12 +73,29 @@ def _label(run_dir: Path, name: str) -> str:
 
 def _group_key(run_dir: Path) -> str:
     """What runs that differ only by seed share: their config without ``run`` (or the folder's parent)."""
-    if run_dir.name.startswith("seed_") and (run_dir.parent / "config.yaml").exists():  # one seed of a run
+    if run_dir.name.startswith("seed_") and not (run_dir / "config.yaml").exists() \
+            and (run_dir.parent / "config.yaml").exists():  # one seed of a run (written before a member had a config)
         return _group_key(run_dir.parent)
     cfg = _config(run_dir)
     if cfg is None:
         return str(run_dir.resolve().parent)
     return yaml.safe_dump({k: v for k, v in cfg.items() if k != "run"}, sort_keys=True)
+
+
+def _members(run_dir: Path) -> list[Path]:
+    """The folders of a run of several seeds or swept values (``seed_N``, ``lr=0.001``, ``lr=0.001,seed_N``),
+    in the order it ran them."""
+    cfg = _config(run_dir)
+    if cfg is None:
+        return []
+    try:
+        from msrl.config import RunConfig
+        from msrl.sweep import members
+
+        names = [m.name for m in members(RunConfig.model_validate(cfg.get("run") or {}))]
+    except (ValueError, TypeError):
+        return []
+    return [run_dir / n for n in names if n and (run_dir / n / "metrics.csv").exists()]
 
 
 def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200) -> dict[str, np.ndarray]:
@@ -102,10 +120,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
     if not run_dirs:
         raise ConfigError("", "no run directory given")
     dirs = []
-    for d in map(Path, run_dirs):  # a run of several seeds: its seeds' curves, drawn as their mean ± std
-        seeds = sorted(d.glob("seed_*/metrics.csv"), key=lambda p: int(p.parent.name[5:]))
-        dirs += [p.parent for p in seeds] or [d]
-        aggregate = aggregate or bool(seeds)
+    for d in map(Path, run_dirs):  # a run of several seeds or swept values: its members' curves, drawn as
+        each = _members(d)         # the mean ± std of each config's seeds
+        dirs += each or [d]
+        aggregate = aggregate or bool(each)
     curves = [read_curve(d) for d in dirs]
     for c in curves:
         c["episode_return"] = moving_average(c["episode_return"], smooth)
@@ -121,7 +139,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
             groups.setdefault(_group_key(d), []).append(i)
         for members in groups.values():
             m = mean_curve([curves[i] for i in members])
-            shown = ", ".join(names[i] for i in members[:3]) + (", …" if len(members) > 3 else "")
+            values = {re.sub(r",?seed_\d+$", "", names[i]) for i in members}  # a sweep's members: their value
+            shown = values.pop() if len(values) == 1 and "" not in values else \
+                ", ".join(names[i] for i in members[:3]) + (", …" if len(members) > 3 else "")
             label = f"{_label(dirs[members[0]], shown)}: mean ± std of {len(members)} runs"
             line, = ax_steps.plot(m["env_steps"], m["mean"], label=label)
             for ax, x in ((ax_steps, m["env_steps"]), (ax_time, m["wall_time"])):

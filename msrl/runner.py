@@ -19,6 +19,7 @@ from msrl.config import ExperimentConfig, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import ALGORITHMS
+from msrl.sweep import build_guard, member_config, members
 
 TARGET_STEPS_PER_DISPATCH = 16_384
 PLAIN_LOG_S = 10.0  # seconds between progress lines when stdout is not a terminal
@@ -41,7 +42,8 @@ def build(cfg: ExperimentConfig):
     ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps,
                   updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
                   learner_replicas=cfg.policy.learner_plan().learner_replicas)
-    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
+    with build_guard(cfg.algorithm, list(cfg.run.sweep)):  # (a swept key used here would hold one value only)
+        algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
     return compile_program(algorithm, cfg.policy, env, num_envs)
 
 
@@ -108,21 +110,25 @@ class _Table:
         self.csv_file.close()
 
 
-def seed_dirs(run_dir: Path, cfg: ExperimentConfig) -> list[Path]:
-    """Where each seed of a run of several (``run.num_seeds``) logs: ``RUN_DIR/seed_N``."""
-    n = cfg.run.num_seeds
-    return [run_dir / f"seed_{cfg.run.seed + i}" for i in range(n)] if n > 1 else []
+def member_dirs(run_dir: Path, cfg: ExperimentConfig) -> list[tuple[Path, ExperimentConfig]]:
+    """Where each member of a run of several (``run.num_seeds`` x ``run.sweep``) logs, with its own config:
+    ``RUN_DIR/seed_N``, ``RUN_DIR/lr=0.001`` or ``RUN_DIR/lr=0.001,seed_N``."""
+    each = members(cfg.run)
+    return [(run_dir / m.name, member_config(cfg, m)) for m in each] if len(each) > 1 else []
 
 
 class _Logger:
     """metrics.csv (one row per logged interval), TensorBoard events, Weights & Biases, and the progress bar.
-    A run of several seeds logs their mean (and ``episode_return_std``) in the run directory and each seed's
-    own rows in ``RUN_DIR/seed_N``."""
+    A run of several seeds or swept values logs their mean (and ``episode_return_std``) in the run directory and
+    each member's own rows and config in its folder (:func:`member_dirs`)."""
 
     def __init__(self, run_dir: Path, cfg: ExperimentConfig, total_steps: int, resume_at: int | None = None):
         self.run_dir, self.cfg = run_dir, cfg
         self.table = _Table(run_dir, cfg, resume_at)
-        self.seeds = [_Table(d, cfg, resume_at) for d in seed_dirs(run_dir, cfg)]
+        self.members = []
+        for d, member_cfg in member_dirs(run_dir, cfg):
+            self.members.append((_Table(d, member_cfg, resume_at), member_cfg))
+            (d / "config.yaml").write_text(yaml.safe_dump(member_cfg.dump(), sort_keys=False))
         self.wandb = None
         if cfg.run.wandb is not None:
             self.wandb = _wandb_run(run_dir, cfg)
@@ -143,14 +149,14 @@ class _Logger:
 
     def log(self, row: dict[str, float], per_seed: list[dict[str, float]] = ()) -> None:
         scalars = self.table.log(row)
-        for table, seed_row in zip(self.seeds, per_seed):
+        for (table, _), seed_row in zip(self.members, per_seed):
             for k, v in table.log(seed_row).items():
                 scalars[f"{table.csv_file.name.split('/')[-2]}/{k}"] = v
         if self.wandb is not None:
             self.wandb.log({**scalars, "iteration": row["iteration"]}, step=int(row["env_steps"]))
 
     def update(self, row: dict[str, float]) -> None:
-        for table in (self.table, *self.seeds):
+        for table in (self.table, *(t for t, _ in self.members)):
             table.csv_file.flush()
         ret = "-" if math.isnan(row["episode_return"]) else f"{row['episode_return']:.1f}"
         if self.plain is not None and (time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total):
@@ -165,8 +171,8 @@ class _Logger:
             self.progress.stop()
         try:
             self.table.close(self.cfg, final_return)
-            for table, ret in zip(self.seeds, seed_returns):
-                table.close(self.cfg, ret)
+            for (table, member_cfg), ret in zip(self.members, seed_returns):
+                table.close(member_cfg, ret)
         finally:
             if self.wandb is not None:
                 self.wandb.finish()
@@ -209,7 +215,7 @@ def _wandb_run(run_dir: Path, cfg: ExperimentConfig) -> Any:
 
 
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", "wandb")  # what a run directory holds
-# (and seed_N/ folders, for a run of several seeds)
+# (and the folders of a run of several seeds or swept values: seed_N/, KEY=VALUE/)
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -228,7 +234,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         raise ConfigError("--overwrite", f"{run_dir} holds files but no run ({', '.join(RUN_FILES)}): not clearing it")
     import shutil
 
-    for path in [*(run_dir / name for name in RUN_FILES), *run_dir.glob("seed_*")]:
+    for path in [*(run_dir / name for name in RUN_FILES), *run_dir.glob("seed_*"), *run_dir.glob("*=*")]:
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
@@ -407,12 +413,12 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
              " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
     session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch,
                       stall_timeout_s=cfg.run.stall_timeout_s, seeds=cfg.run.num_seeds,
-                      seed_batching=cfg.run.seed_batching)
+                      seed_batching=cfg.run.seed_batching, sweep=cfg.run.sweep)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
     elapsed0, last_return = 0.0, float("nan")
-    seed_returns = [math.nan] * cfg.run.num_seeds if cfg.run.num_seeds > 1 else []  # each seed's last return
+    seed_returns = [math.nan] * len(session.members) if len(session.members) > 1 else []  # each member's last return
     try:
         if resume:
             session.restore(checkpoint.restore(session.snapshot(skip), states, path), iteration=meta["iteration"])
@@ -533,7 +539,9 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         "backend": cfg.policy.backend,
     }
     if seed_returns:
-        summary.update(seeds=[cfg.run.seed + i for i in range(len(seed_returns))], episode_return_per_seed=seed_returns)
+        summary.update(seeds=[m.seed for m in session.members], episode_return_per_seed=seed_returns)
+        if cfg.run.sweep:
+            summary.update(members=[m.name for m in session.members])
     checkpoint.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
     if signals.received:
         from msrl.errors import Interrupted

@@ -376,6 +376,13 @@ class Program:
             jax.ShapeDtypeStruct(tuple(num_envs if i == ax else d for i, d in enumerate(x.shape)), x.dtype)
             for x, ax in zip(leaves, self.item_axes, strict=True)])
 
+    def hyperparameters(self, values: dict[str, Any]):
+        """A block in which the algorithm's config keys hold ``values`` (``run.sweep``: a member's values, or
+        traced scalars while its program is traced)."""
+        from msrl.sweep import hyperparameters
+
+        return hyperparameters(self.algorithm.cfg, values)
+
     def run_fragment(self, fragment: Fragment, state: dict) -> tuple[dict, Any]:
         """Call a fragment's function; errors raised in user code are reported at the user's line."""
         try:

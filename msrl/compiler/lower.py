@@ -23,7 +23,7 @@ import linecache
 from typing import Any, Callable
 
 from msrl.compiler.ir import Stmt, is_state, liveness, loop_defs, walk
-from msrl.errors import CompileError
+from msrl.errors import CompileError, ConfigError
 
 STATE_PREFIX = "_s_"
 
@@ -281,7 +281,7 @@ def user_frame(exc: BaseException, lowered: list[Lowered]) -> tuple[str, int, st
 def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str) -> None:
     """Re-raise an exception from generated code as a CompileError at the user's file:line."""
     frame = user_frame(exc, lowered)
-    if frame is None or (isinstance(exc, CompileError) and exc.file is not None):
+    if frame is None or (isinstance(exc, CompileError) and exc.file is not None) or isinstance(exc, ConfigError):
         raise exc
     file, line, source = frame
     if isinstance(exc, CompileError):  # raised by msrl itself while running the user's statement

@@ -20,15 +20,18 @@ class Session:
     ``iterations_per_dispatch``: iterations a jitted program runs per call (default: one).
     ``stall_timeout_s``: a replica making no progress this long raises a TrainingError (default: the config's
     ``run.stall_timeout_s``; 0: never). ``seeds``: run the program for seeds ``seed .. seed + seeds - 1`` at
-    once (default: the config's ``run.num_seeds``); every state leaf then has a leading seed axis, and every row
-    holds the mean over the seeds with each seed's own row under ``per_seed``. ``seed_batching``: how the seeds
-    share the program (default: the config's ``run.seed_batching``, or ``auto``)."""
+    once (default: the config's ``run.num_seeds``), each for every combination of the config's ``run.sweep``
+    values (``sweep``: for a compiled ``program``, built by ``msrl.runner.build`` from a config with that
+    ``run.sweep``): ``members`` lists them (:class:`msrl.sweep.Member`). Every state leaf then has a leading member axis,
+    and every row holds the mean over the members with each member's own row under ``per_seed``.
+    ``seed_batching``: how the members share the program (default: the config's ``run.seed_batching``, or ``auto``)."""
 
     def __init__(self, config: Any = None, overrides: list[str] | tuple = (), *, program: Any = None,
                  seed: int | None = None, iterations_per_dispatch: int = 1, stall_timeout_s: float | None = None,
-                 seeds: int | None = None, seed_batching: str | None = None):
-        from msrl.config import ExperimentConfig, load_config
+                 seeds: int | None = None, seed_batching: str | None = None, sweep: dict | None = None):
+        from msrl.config import ExperimentConfig, RunConfig, load_config
         from msrl.registry import BACKENDS
+        from msrl.sweep import members
 
         if (config is None) == (program is None):
             raise TypeError("Session takes a config or a compiled program, not both")
@@ -41,18 +44,24 @@ class Session:
             seed = self.config.run.seed if seed is None else seed
             seeds = self.config.run.num_seeds if seeds is None else seeds
             seed_batching = seed_batching or self.config.run.seed_batching
-        self.program, self.seed, self.iteration, self.seeds = program, int(seed or 0), 0, int(seeds or 1)
+            sweep = self.config.run.sweep if sweep is None else sweep
+        run = RunConfig(seed=int(seed or 0), num_seeds=int(seeds or 1), sweep=sweep or {})
+        self.program, self.seed, self.iteration = program, run.seed, 0
+        self.members = members(run)  # what the program runs for: every combination of swept values x every seed
         backend = BACKENDS.get(program.policy.backend)()
-        if self.seeds > 1 and not backend.multi_seed:
-            from msrl.errors import ConfigError
+        several = {}
+        if len(self.members) > 1:
+            if not backend.multi_seed:
+                from msrl.errors import ConfigError
 
-            raise ConfigError("run.num_seeds", f"the {program.policy.backend} backend runs one seed per program; "
-                              "several seeds in one program need policy.name=fused (backend jax)")
-        several = {"seeds": self.seeds, "vmap_seeds": vmap_seeds(seed_batching or "auto")} if self.seeds > 1 else {}
+                what = "swept values" if run.sweep else "seeds"
+                raise ConfigError("run.sweep" if run.sweep else "run.num_seeds",
+                                  f"the {program.policy.backend} backend runs one seed per program; several {what} "
+                                  "in one program need policy.name=fused (backend jax)")
+            several = {"members": [(m.seed, m.values) for m in self.members],
+                       "vmap_seeds": vmap_seeds(seed_batching or "auto")}
         self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)), **several)
         if stall_timeout_s is None:
-            from msrl.config import RunConfig
-
             stall_timeout_s = (self.config.run if self.config is not None else RunConfig()).stall_timeout_s
         self.runtime.stall_timeout_s = float(stall_timeout_s)
 

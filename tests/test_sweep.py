@@ -1,0 +1,121 @@
+"""run.sweep: several values of an algorithm's float keys (x several seeds) trained in one fused program, each
+member equal to its own run, logged, evaluated and plotted per member; keys one program cannot vary refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jax
+import pytest
+import yaml
+
+import msrl
+from msrl.algorithms.ppo.ppo import PPO, PPOConfig, PPOLearner
+from msrl.cli import main
+from msrl.config import load_config
+from msrl.errors import ConfigError
+
+from helpers import CARTPOLE, QUICK, assert_reaches, max_diff
+
+LOOP = ["policy.name=fused", "run.total_env_steps=16384", "run.seed_batching=sequential"]
+
+
+def test_each_member_of_a_sweep_is_bitwise_its_own_run():
+    """Two learning rates x two seeds in one program (members lr-major, seed-minor): each member's state and curve
+    after 6 iterations are bitwise those of the run with its learning rate and seed alone."""
+    with msrl.Session(CARTPOLE, [*LOOP, "algorithm.lr=[0.001,0.0003]", "run.num_seeds=2"]) as s:
+        assert [m.name for m in s.members] == ["lr=0.001,seed_0", "lr=0.001,seed_1", "lr=0.0003,seed_0",
+                                               "lr=0.0003,seed_1"]
+        rows, after = s.run(6), s.snapshot()["main"][0]
+    for i, (lr, seed) in ((1, (0.001, 1)), (2, (0.0003, 0))):
+        with msrl.Session(CARTPOLE, [*LOOP, f"algorithm.lr={lr}", f"run.seed={seed}"]) as one:
+            rows1, after1 = one.run(6), one.snapshot()["main"][0]
+        assert max_diff(jax.tree.map(lambda x, i=i: x[i], after), after1) == 0.0
+        assert [r["per_seed"][i]["loss"] for r in rows] == [r["loss"] for r in rows1]
+    assert max_diff(jax.tree.map(lambda x: x[0], after["learner"]), jax.tree.map(lambda x: x[2], after["learner"])) > 0
+
+
+def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
+    cfg = load_config(CARTPOLE, ["algorithm.gamma=[0.99, 0.9]", "algorithm.hidden=[32, 32]"])
+    assert cfg.run.sweep == {"gamma": [0.99, 0.9]} and cfg.algorithm.gamma == 0.99 and cfg.algorithm.hidden == [32, 32]
+    assert load_config(cfg.dump()).run.sweep == cfg.run.sweep  # a run directory's config.yaml reads back the same
+    refused = {"algorithm.epochs=[1,2]": "algorithm.epochs: one program sweeps float keys only",
+               "algorithm.lr=[0.001,-1]": r"algorithm.lr: .*greater than 0",
+               "algorithm.lr=[]": "run.sweep.lr: must be a non-empty list",
+               "algorithm.lr=[0.001,0.001]": "run.sweep.lr: lists a value twice",
+               "run.sweep={lrr: [0.1]}": "run.sweep.lrr: not a key of algorithm ppo; its float keys: lr, gamma"}
+    for override, message in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(CARTPOLE, [override])
+    with pytest.raises(ConfigError, match="run.sweep: .*several swept values in one program need policy.name=fused"):
+        msrl.Session(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=threads",
+                                "algorithm.lr=[0.001,0.0003]", *QUICK])
+
+
+class BuiltConfig(PPOConfig):
+    name: Literal["sweep_built"] = "sweep_built"
+
+
+@msrl.register_algorithm("sweep_built")
+class BuiltPPO(PPO):
+    """PPO that reads ent_coef once, when it is built: one program cannot sweep it."""
+
+    Config = BuiltConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.bonus = cfg.ent_coef * 2  # read when built
+
+
+class BranchLearner(PPOLearner):
+    def learn(self, state, batch, last_obs):
+        if self.cfg.vf_coef > 0:  # a Python branch on the value, while the loop runs
+            pass
+        return super().learn(state, batch, last_obs)
+
+
+class BranchConfig(PPOConfig):
+    name: Literal["sweep_branch"] = "sweep_branch"
+
+
+@msrl.register_algorithm("sweep_branch")
+class BranchPPO(PPO):
+    Config = BranchConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        old = self.learner
+        self.learner = BranchLearner(old.net, cfg, old.obs, old.num_updates, old.num_envs)
+
+
+def test_a_value_read_when_built_or_branched_on_is_refused_naming_the_line():
+    """A sweep of a key the algorithm reads in __init__ (it would hold one value for every member), or uses as a
+    Python value while its loop runs (it cannot be a traced number), is refused with the key and the line."""
+    with pytest.raises(ConfigError, match=r"run.sweep.ent_coef: algorithm.ent_coef is read when the algorithm is "
+                                          r"built \(used at .*test_sweep.py:\d+\)"):
+        msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_built", "algorithm.ent_coef=[0.01,0.0]"])
+    with msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_built", "algorithm.lr=[0.001,0.0003]"]) as s:
+        assert len(s.members) == 2  # its other keys sweep
+    with pytest.raises(ConfigError, match=r"run.sweep: algorithm.vf_coef is used as a Python value .* at "
+                                          r".*test_sweep.py:\d+"):
+        msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_branch", "algorithm.vf_coef=[0.5,1.0]"])
+
+
+def test_a_sweep_logs_each_member_with_its_config_learns_and_evaluates_each(tmp_path, capsys):
+    run = tmp_path / "run"
+    result = msrl.train(CARTPOLE, ["algorithm.lr=[0.0025,0.001]", "run.total_env_steps=60000",
+                                   "run.checkpoint_every_steps=30000", "run.progress=false"], run_dir=run)
+    assert result["members"] == ["lr=0.0025", "lr=0.001"] and result["seeds"] == [0, 0]
+    for name, lr in (("lr=0.0025", 0.0025), ("lr=0.001", 0.001)):
+        member = yaml.safe_load((run / name / "config.yaml").read_text())
+        assert member["algorithm"]["lr"] == lr and member["run"]["sweep"] == {}
+        assert_reaches(run / name, 150.0, within=60000)  # each learns (a random policy scores ~22)
+    assert json.loads((run / "summary.json").read_text())["members"] == result["members"]
+
+    assert main(["eval", str(run / "lr=0.001"), "--episodes", "2"]) == 0
+    assert "lr=0.001)" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--run-seed: .* seed 0 with 2 swept values"):
+        msrl.load(run, run_seed=0)
+    assert main(["plot", str(run), "-o", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
