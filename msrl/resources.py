@@ -70,11 +70,18 @@ def _size(n: float) -> str:
 
 def check_memory(program: Any, cfg: Any) -> None:
     """Refuse a config whose states and largest value need more memory than is free, naming the key that
-    sets the biggest part: ``algorithm.buffer_size`` (a replay buffer) or ``env.num_envs``."""
-    parts = memory_estimate(program)
-    need, free = sum(parts.values()), available_bytes()
+    sets the biggest part: ``algorithm.buffer_size`` (a replay buffer), ``env.num_envs``, or the number of
+    members one program trains (``run.num_seeds``, ``run.sweep``)."""
+    from msrl.sweep import members
+
+    parts, runs = memory_estimate(program), len(members(cfg.run))  # one program state per seed x swept value
+    need, free = sum(parts.values()) * runs, available_bytes()
     if need <= free:
         return
+    if need // runs <= free:
+        key = "run.sweep" if cfg.run.sweep else "run.num_seeds"
+        raise ConfigError(key, f"{runs} members (seeds x swept values) need about {_size(need)} ({_size(need // runs)} "
+                          f"each), but {_size(free)} are free; train fewer at once")
     key = "algorithm.buffer_size" if parts.get("buffer", 0) * 2 >= need and "buffer_size" in type(
         cfg.algorithm).model_fields else "env.num_envs"
     value = cfg.algorithm.buffer_size if key == "algorithm.buffer_size" else cfg.env.num_envs

@@ -16,7 +16,7 @@ from msrl.cli import main
 from msrl.config import load_config
 from msrl.errors import ConfigError
 
-from helpers import CARTPOLE, QUICK, assert_reaches, max_diff
+from helpers import CARTPOLE, EXAMPLES, QUICK, assert_reaches, max_diff
 
 LOOP = ["policy.name=fused", "run.total_env_steps=16384", "run.seed_batching=sequential"]
 
@@ -119,3 +119,10 @@ def test_a_sweep_logs_each_member_with_its_config_learns_and_evaluates_each(tmp_
         msrl.load(run, run_seed=0)
     assert main(["plot", str(run), "-o", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_members_that_do_not_fit_in_memory_together_are_refused_before_allocating(tmp_path):
+    with pytest.raises(ConfigError, match=r"run.sweep: 200 members \(seeds x swept values\) need about [\d.]+ [GT]B "
+                                          r"\([\d.]+ [MG]B each\), but .* are free; train fewer at once"):
+        msrl.train(EXAMPLES / "dqn_cartpole.yaml", ["algorithm.buffer_size=2e7", "run.num_seeds=100",
+                                                    "algorithm.lr=[0.001,0.0005]", *QUICK], run_dir=tmp_path)
