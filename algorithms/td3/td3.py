@@ -46,8 +46,8 @@ class TD3Actor(msrl.Actor):
     """Uniformly random actions for the first ``learning_starts`` transitions, then the policy's action plus
     Gaussian noise (one key per environment), clipped to the action box."""
 
-    def __init__(self, net: Deterministic, space: msrl.Box, noise: float, random_steps: int):
-        self.net, self.space, self.noise, self.random_steps = net, space, noise, random_steps
+    def __init__(self, net: Deterministic, space: msrl.Box, cfg: TD3Config, random_steps: int):
+        self.net, self.space, self.cfg, self.random_steps = net, space, cfg, random_steps
         self.scale, self.center = squash_of(space)
 
     def init(self, key, env_ids):
@@ -56,7 +56,7 @@ class TD3Actor(msrl.Actor):
     def act(self, state, params, obs):
         keys, use = msrl.split_keys(state["keys"])
         shape = self.space.shape
-        noise = jax.vmap(lambda k: jax.random.normal(k, shape))(use) * self.noise * self.scale
+        noise = jax.vmap(lambda k: jax.random.normal(k, shape))(use) * self.cfg.exploration_noise * self.scale
         action = jnp.clip(self.greedy(params, obs) + noise, self.space.low, self.space.high)
         uniform = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 1), shape, minval=self.space.low,
                                                         maxval=self.space.high))(use)
@@ -131,5 +131,5 @@ class TD3(ContinuousOffPolicy):
         spec = ctx.env_spec
         space, hidden = spec.action_space, tuple(cfg.hidden)
         actor = Deterministic(space.shape[0], len(spec.obs_shape), hidden)
-        self.actor = self.normalized(TD3Actor(actor, space, cfg.exploration_noise, self.random_steps))
+        self.actor = self.normalized(TD3Actor(actor, space, cfg, self.random_steps))
         self.learner = TD3Learner(actor, TwinQ(len(spec.obs_shape), hidden), cfg, space, spec.example_obs())
