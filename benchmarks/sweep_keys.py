@@ -1,0 +1,56 @@
+"""Does every float key of the built-in algorithms sweep (``run.sweep``), each member computing its own run?
+
+    python benchmarks/sweep_keys.py [EXAMPLE ...]      (default: the ten built-in algorithms' examples)
+
+For every float key of each example's algorithm: a fused program sweeping the key over two values (its own and
+half of it; ``run.seed_batching=sequential``) runs 2 iterations, and so does a run alone with the second value.
+Prints one JSON line per key: the largest difference between the second member's state and the lone run's (0.0:
+bitwise), or the ConfigError that refused the sweep. Not a test: it takes ~15 minutes here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import msrl
+from msrl.config import load_config
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEFAULT = ["a2c_cartpole", "dqn_cartpole", "impala_cartpole", "mappo_spread", "ppo_cartpole", "recurrent_dqn_cartpole",
+           "recurrent_impala_cartpole", "recurrent_ppo_cartpole", "sac_pendulum", "td3_pendulum"]
+BASE = ["policy.name=fused", "run.seed_batching=sequential"]
+
+
+def state_after(path: Path, overrides: list[str]) -> list[np.ndarray]:
+    with msrl.Session(path, [*BASE, *overrides]) as s:
+        s.run(2)
+        return [np.asarray(x, np.float64) for x in jax.tree.leaves(s.snapshot()["main"][0])]
+
+
+def main() -> None:
+    for name in sys.argv[1:] or DEFAULT:
+        path = EXAMPLES / f"{name}.yaml"
+        cfg = load_config(path, BASE)
+        for key, field in type(cfg.algorithm).model_fields.items():
+            if field.annotation is not float:
+                continue
+            value = getattr(cfg.algorithm, key)
+            other = value * 0.5 if value else 0.1
+            out = {"example": name, "key": key, "values": [value, other]}
+            try:
+                swept = state_after(path, [f"algorithm.{key}=[{value},{other}]"])
+                alone = state_after(path, [f"algorithm.{key}={other}"])
+                out["max_diff"] = max((float(np.max(np.abs(a[1] - b))) for a, b in zip(swept, alone) if b.size),
+                                      default=0.0)
+            except msrl.ConfigError as e:
+                out["refused"] = str(e)
+            print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
