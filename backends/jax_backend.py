@@ -58,7 +58,7 @@ class JaxRuntime(Runtime):
 
         if self.replicas > 1:  # one program over every replica: shard_map over the devices, vmap on each
             self.mesh = replica_mesh(self.replicas)
-            each = replicated(lambda state: one(state, {}), self.mesh)
+            each = replicated(partial(one, hp={}), self.mesh)
 
             def one(state, hp):  # noqa: F811 - the replicas' metrics averaged, their episode statistics summed
                 state, out = each(state)
