@@ -56,6 +56,12 @@ class JaxRuntime(Runtime):
             # order than one row)
             one = jax.vmap(one) if vmap_seeds else partial(lambda f, *args: jax.lax.map(lambda a: f(*a), args), one)
 
+        self.mesh = None  # the devices a leading axis of the state is split over (replicas, or members)
+        if self.seeds > 1 and len(jax.devices()) > 1:  # the members split over the devices, all at once
+            self.mesh = replica_mesh(self.seeds)
+            spec = PartitionSpec(self.mesh.axis_names[0])
+            one = jax.shard_map(one, mesh=self.mesh, in_specs=spec, out_specs=spec, check_vma=False)
+
         if self.replicas > 1:  # one program over every replica: shard_map over the devices, vmap on each
             self.mesh = replica_mesh(self.replicas)
             each = replicated(partial(one, hp={}), self.mesh)
@@ -83,6 +89,7 @@ class JaxRuntime(Runtime):
         inits = [[init(ids, s, values) for s, values in members]
                  for ids in replica_env_ids(program.num_envs, self.fragment)]
         self._state = self._place([init[0] if self.seeds == 1 else stack(init) for init in inits])
+        self._hp = self._place([self._hp]) if self.seeds > 1 else self._hp
         t0 = time.perf_counter()
         try:
             # the state is donated (updated in place) only when large (a replay buffer): donating a small one
@@ -98,12 +105,12 @@ class JaxRuntime(Runtime):
         self.compile_seconds = time.perf_counter() - t0
 
     def _place(self, states: list[Any]) -> Any:
-        """Device state from per-replica states (stacked on a leading axis split over the mesh when several);
-        fresh buffers, so they can be donated."""
-        if self.replicas == 1:
-            return jax.tree.map(lambda x: jnp.array(x, copy=True), states[0])
-        sharding = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
-        return jax.device_put(stack(states), sharding)
+        """Device state from per-replica states (stacked on a leading axis split over the mesh when several; a
+        member axis is split over it too); fresh buffers, so they can be donated."""
+        state = states[0] if self.replicas == 1 else stack(states)
+        if self.mesh is None:
+            return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
+        return jax.device_put(state, NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0])))
 
     def _replica_states(self, state: Any) -> list[Any]:
         state = jax.device_get(state)

@@ -1,6 +1,7 @@
 """Wall time of N seeds of ``fused`` PPO in one program (``run.num_seeds``) against one seed.
 
     python benchmarks/seeds_fused.py [--seeds 8] [--steps 204800] [--pairs 3] [--seed-batching auto|vmap|sequential]
+                                     [--one-device]
 
 PPO on gymnax CartPole-v1 with examples/ppo_cartpole.yaml's settings (4 envs). One warm-up each (compile
 excluded), then ``--pairs`` alternating rounds; prints JSON with the median wall time of each and the median
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 import msrl
+from msrl.config import load_config
+from msrl.sweep import spread_over_cores
 from rejax_peer import Peer, peer_python
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml"
@@ -32,7 +35,10 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--seed-batching", default="auto", choices=["auto", "vmap", "sequential"])
     ap.add_argument("--peer-python", default=None, help="the peers' venv python (default: what setup.sh prints)")
+    ap.add_argument("--one-device", action="store_true", help="keep JAX's one CPU device (msrl train gives a run "
+                    "of several seeds one per core, and its program splits them over those)")
     args = ap.parse_args()
+    devices = None if args.one_device else spread_over_cores(load_config(EXAMPLE, [f"run.num_seeds={args.seeds}"]))
     load_before = os.getloadavg()[0]
     sides = {}
     for n in (1, args.seeds):
@@ -65,7 +71,7 @@ def main() -> None:
     for peer in peers:
         peer.close()
     out = {"benchmark": "seeds_fused", "seeds": args.seeds, "seed_batching": args.seed_batching,
-           "env_steps_per_seed": args.steps}
+           "env_steps_per_seed": args.steps, "msrl_cpu_devices": devices or 1}
     for name in ("msrl", "rejax"):
         if (name, 1) not in times:
             continue

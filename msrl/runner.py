@@ -19,7 +19,7 @@ from msrl.config import ExperimentConfig, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import ALGORITHMS
-from msrl.sweep import build_guard, member_config, members
+from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
 TARGET_STEPS_PER_DISPATCH = 16_384
 PLAIN_LOG_S = 10.0  # seconds between progress lines when stdout is not a terminal
@@ -355,6 +355,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         cfg = load_config(cfg, overrides)
     elif overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
+    spread_over_cores(cfg)  # (before anything starts JAX)
     if resume:  # refuse before building anything
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:

@@ -11,6 +11,7 @@ members; :func:`build_guard` makes any such use an error naming the key and the 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,29 @@ def member_config(cfg: Any, member: Member) -> Any:
     return cfg.model_copy(update={
         "algorithm": cfg.algorithm.model_copy(update=member.values),
         "run": cfg.run.model_copy(update={"seed": member.seed, "num_seeds": 1, "sweep": {}})})
+
+
+def spread_over_cores(cfg: Any) -> int | None:
+    """Give JAX one CPU device per core (``jax_num_cpu_devices``, at most one per member) for a run of several
+    members on the jax backend: its program then splits the members over the devices and runs them at once.
+    Only before JAX has started and where the user set no device count (a Python session that already ran JAX
+    keeps its devices). Returns the count set, or None. An accelerator's devices are unaffected."""
+    runs = len(members(cfg.run))
+    if runs < 2 or cfg.policy.backend != "jax" or "xla_force_host_platform_device_count" in os.environ.get(
+            "XLA_FLAGS", ""):
+        return None
+    import jax
+
+    if jax.config.jax_num_cpu_devices != -1:  # the user's choice
+        return None
+    cores = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, runs)
+    if cores < 2:
+        return None
+    try:
+        jax.config.update("jax_num_cpu_devices", cores)
+    except RuntimeError:  # JAX has started already
+        return None
+    return cores
 
 
 @contextmanager

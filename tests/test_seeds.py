@@ -4,6 +4,10 @@ evaluated and plotted per seed."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -90,3 +94,35 @@ def test_several_seeds_need_one_fused_program(policy):
     with pytest.raises(ConfigError, match="run.num_seeds"):
         msrl.Session(CARTPOLE, [f"policy.name={policy}", "policy.backend=" + ("threads" if "coarse" in policy else "jax"),
                                 "run.num_seeds=2", *QUICK])
+
+
+def test_a_fresh_process_spreads_the_seeds_over_one_cpu_device_per_core_and_each_stays_its_own_run():
+    """Where JAX has not started (``msrl train``), a run of several seeds gets one CPU device per core
+    (``jax_num_cpu_devices``) and its program splits the seeds over them: every seed is still bitwise its own run."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nothing to spread over")
+    code = f"""
+        import json, jax, numpy as np, msrl
+        from msrl.config import load_config
+        from msrl.sweep import spread_over_cores
+        loop = [*{LOOP!r}, "run.seed_batching=sequential"]
+        cfg = load_config({CARTPOLE!r}, [*loop, "run.num_seeds=2"])
+        spread = spread_over_cores(cfg)
+        with msrl.Session(cfg) as s:
+            s.run(4)
+            devices, after = s.runtime.mesh.devices.size, s.snapshot()["main"][0]
+        diffs = []
+        for i in range(2):
+            with msrl.Session({CARTPOLE!r}, [*loop, f"run.seed={{i}}"]) as one:
+                one.run(4)
+                alone = one.snapshot()["main"][0]
+            diffs.append(max(float(np.max(np.abs(np.asarray(a, float)[i] - np.asarray(b, float))))
+                             for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(alone)) if np.size(b)))
+        print(json.dumps({{"spread": spread, "devices": devices, "diffs": diffs}}))
+    """
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"spread": 2, "devices": 2, "diffs": [0.0, 0.0]}
