@@ -102,7 +102,7 @@ def test_a_value_read_when_built_or_branched_on_is_refused_naming_the_line():
         msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_branch", "algorithm.vf_coef=[0.5,1.0]"])
 
 
-def test_a_sweep_logs_each_member_with_its_config_learns_and_evaluates_each(tmp_path, capsys):
+def test_a_sweep_logs_each_member_with_its_config_learns_resumes_and_evaluates_each(tmp_path, capsys):
     run = tmp_path / "run"
     result = msrl.train(CARTPOLE, ["algorithm.lr=[0.0025,0.001]", "run.total_env_steps=60000",
                                    "run.checkpoint_every_steps=30000", "run.progress=false"], run_dir=run)
@@ -112,6 +112,10 @@ def test_a_sweep_logs_each_member_with_its_config_learns_and_evaluates_each(tmp_
         assert member["algorithm"]["lr"] == lr and member["run"]["sweep"] == {}
         assert_reaches(run / name, 150.0, within=60000)  # each learns (a random policy scores ~22)
     assert json.loads((run / "summary.json").read_text())["members"] == result["members"]
+
+    # resumed: every member's table is cut back to the checkpoint and continues
+    assert main(["train", "--resume", str(run), "run.total_env_steps=70000"]) == 0
+    assert [len((run / n / "metrics.csv").read_text().splitlines()) for n in result["members"]] == [1 + 136] * 2
 
     assert main(["eval", str(run / "lr=0.001"), "--episodes", "2"]) == 0
     assert "lr=0.001)" in capsys.readouterr().out
