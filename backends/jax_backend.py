@@ -37,7 +37,7 @@ class JaxRuntime(Runtime):
                  members: list[tuple[int, dict[str, float]]] | None = None, vmap_seeds: bool = True):
         members = members or [(seed, {})]
         self.program, self.fragment = program, next(iter(program.fragments.values()))
-        self.replicas, self.seeds = self.fragment.spec.replicas, len(members)
+        self.replicas, self.members = self.fragment.spec.replicas, len(members)
         self.k = max(1, int(iterations_per_dispatch))
         env = program.env
         frag_fn = self.fragment.fn
@@ -50,15 +50,15 @@ class JaxRuntime(Runtime):
                 state, result = frag_fn(state)
             return state, {"train": result, "env": env.stats(state["env"])}
 
-        if self.seeds > 1:  # the whole program once per member (seed x swept values): every state leaf has a
+        if self.members > 1:  # the whole program once per member (seed x swept values): every state leaf has a
             # leading member axis; batched (vmap), or one member after another in the same program (lax.map: each
             # seed's numbers are bitwise those of its run alone, where a batch of rows may be summed in another
             # order than one row)
             one = jax.vmap(one) if vmap_seeds else partial(lambda f, *args: jax.lax.map(lambda a: f(*a), args), one)
 
         self.mesh = None  # the devices a leading axis of the state is split over (replicas, or members)
-        if self.seeds > 1 and len(jax.devices()) > 1:  # the members split over the devices, all at once
-            self.mesh = replica_mesh(self.seeds)
+        if self.members > 1 and len(jax.devices()) > 1:  # the members split over the devices, all at once
+            self.mesh = replica_mesh(self.members)
             spec = PartitionSpec(self.mesh.axis_names[0])
             one = jax.shard_map(one, mesh=self.mesh, in_specs=spec, out_specs=spec, check_vma=False)
 
@@ -82,14 +82,14 @@ class JaxRuntime(Runtime):
 
             return jax.lax.fori_loop(0, n, body, (state, buf))
 
-        def init(ids, member_seed, values):
+        def init_member(ids, member_seed, values):
             with program.hyperparameters(values):  # (its concrete values: an init may read them)
                 return program.init_states(self.fragment.state_keys, member_seed, ids)
 
-        inits = [[init(ids, s, values) for s, values in members]
+        inits = [[init_member(ids, s, values) for s, values in members]
                  for ids in replica_env_ids(program.num_envs, self.fragment)]
-        self._state = self._place([init[0] if self.seeds == 1 else stack(init) for init in inits])
-        self._hp = self._place([self._hp]) if self.seeds > 1 else self._hp
+        self._state = self._place([init[0] if self.members == 1 else stack(init) for init in inits])
+        self._hp = self._place([self._hp]) if self.members > 1 else self._hp
         t0 = time.perf_counter()
         try:
             # the state is donated (updated in place) only when large (a replay buffer): donating a small one
@@ -135,7 +135,7 @@ class JaxRuntime(Runtime):
                 return
             if pending is not None:
                 out, n = jax.device_get(pending[0]), pending[1]
-                yield metric_rows(out["train"], out["env"], n) if self.seeds == 1 else seed_rows(out, n, self.seeds)
+                yield metric_rows(out["train"], out["env"], n) if self.members == 1 else seed_rows(out, n, self.members)
             pending = dispatched
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:

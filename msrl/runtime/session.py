@@ -45,8 +45,8 @@ class Session:
             seeds = self.config.run.num_seeds if seeds is None else seeds
             seed_batching = seed_batching or self.config.run.seed_batching
             sweep = self.config.run.sweep if sweep is None else sweep
-        run = RunConfig(seed=int(seed or 0), num_seeds=int(seeds or 1), sweep=sweep or {})
-        self.program, self.seed, self.iteration = program, run.seed, 0
+        run = RunConfig.model_construct(seed=int(seed or 0), num_seeds=int(seeds or 1), sweep=sweep or {})
+        self.program, self.seed, self.seeds, self.iteration = program, run.seed, run.num_seeds, 0
         self.members = members(run)  # what the program runs for: every combination of swept values x every seed
         backend = BACKENDS.get(program.policy.backend)()
         several = {}
