@@ -73,8 +73,7 @@ def _label(run_dir: Path, name: str) -> str:
 
 def _group_key(run_dir: Path) -> str:
     """What runs that differ only by seed share: their config without ``run`` (or the folder's parent)."""
-    if run_dir.name.startswith("seed_") and not (run_dir / "config.yaml").exists() \
-            and (run_dir.parent / "config.yaml").exists():  # one seed of a run (written before a member had a config)
+    if run_dir.name.startswith("seed_") and (run_dir.parent / "config.yaml").exists():  # one seed of a run
         return _group_key(run_dir.parent)
     cfg = _config(run_dir)
     if cfg is None:
