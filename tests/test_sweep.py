@@ -53,21 +53,6 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
                                 "algorithm.lr=[0.001,0.0003]", *QUICK])
 
 
-class BuiltConfig(PPOConfig):
-    name: Literal["sweep_built"] = "sweep_built"
-
-
-@msrl.register_algorithm("sweep_built")
-class BuiltPPO(PPO):
-    """PPO that reads ent_coef once, when it is built: one program cannot sweep it."""
-
-    Config = BuiltConfig
-
-    def __init__(self, cfg, ctx):
-        super().__init__(cfg, ctx)
-        self.bonus = cfg.ent_coef * 2  # read when built
-
-
 class BranchLearner(PPOLearner):
     def learn(self, state, batch, last_obs):
         if self.cfg.vf_coef > 0:  # a Python branch on the value, while the loop runs
@@ -75,16 +60,20 @@ class BranchLearner(PPOLearner):
         return super().learn(state, batch, last_obs)
 
 
-class BranchConfig(PPOConfig):
-    name: Literal["sweep_branch"] = "sweep_branch"
+class MisuseConfig(PPOConfig):
+    name: Literal["sweep_misuse"] = "sweep_misuse"
 
 
-@msrl.register_algorithm("sweep_branch")
-class BranchPPO(PPO):
-    Config = BranchConfig
+@msrl.register_algorithm("sweep_misuse")
+class MisusePPO(PPO):
+    """PPO that reads ent_coef once, when it is built, and branches on vf_coef in Python while it learns: one
+    program can sweep neither."""
+
+    Config = MisuseConfig
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
+        self.bonus = cfg.ent_coef * 2  # read when built
         old = self.learner
         self.learner = BranchLearner(old.net, cfg, old.obs, old.num_updates, old.num_envs)
 
@@ -94,12 +83,12 @@ def test_a_value_read_when_built_or_branched_on_is_refused_naming_the_line():
     Python value while its loop runs (it cannot be a traced number), is refused with the key and the line."""
     with pytest.raises(ConfigError, match=r"run.sweep.ent_coef: algorithm.ent_coef is read when the algorithm is "
                                           r"built \(used at .*test_sweep.py:\d+\)"):
-        msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_built", "algorithm.ent_coef=[0.01,0.0]"])
-    with msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_built", "algorithm.lr=[0.001,0.0003]"]) as s:
+        msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_misuse", "algorithm.ent_coef=[0.01,0.0]"])
+    with msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_misuse", "algorithm.lr=[0.001,0.0003]"]) as s:
         assert len(s.members) == 2  # its other keys sweep
     with pytest.raises(ConfigError, match=r"run.sweep: algorithm.vf_coef is used as a Python value .* at "
                                           r".*test_sweep.py:\d+"):
-        msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_branch", "algorithm.vf_coef=[0.5,1.0]"])
+        msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_misuse", "algorithm.vf_coef=[0.5,1.0]"])
 
 
 def test_a_sweep_logs_each_member_with_its_config_learns_resumes_and_evaluates_each(tmp_path, capsys):
