@@ -230,9 +230,9 @@ class Learner:
 
     Gradients go through ``self.tx``: the algorithm's optax chain (``optimizer()``) preceded by
     ``grad_transforms`` that a distribution policy may set (an all-reduce, say) without touching the
-    algorithm. The built-in algorithms wrap their optimizers in ``optax.flatten``: the update then runs on one
-    flat vector, not once per parameter array (a third fewer XLA ops per PPO minibatch step).
-    """
+    algorithm. The built-in algorithms wrap their optimizers in :func:`msrl.rl.flat` (``optax.flatten``'s
+    numbers): the update then runs on one flat vector, not once per parameter array (a third fewer XLA ops per
+    PPO minibatch step)."""
 
     grad_transforms: tuple[optax.GradientTransformation, ...] = ()
 

@@ -193,6 +193,32 @@ def squash_of(space) -> tuple[jnp.ndarray, jnp.ndarray]:
     return (jnp.asarray((space.high - space.low) / 2, jnp.float32), jnp.asarray((space.high + space.low) / 2, jnp.float32))
 
 
+def flat(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+    """``optax.flatten(inner)``, the same numbers: ``inner`` updates all parameters as one vector, one fused
+    update instead of one per array. The vector is written by in-place copies, not ``optax.flatten``'s one
+    concatenation: XLA's CPU backend splits a large concatenation over its threads, and on some runs that op
+    alone then took 2-8x the rest of the update (SAC's 256-wide actor, jax 0.10; ``benchmarks/sac_vs_sb3.py``)."""
+    inner = optax.with_extra_args_support(inner)
+
+    def ravel(tree):
+        leaves = jax.tree.leaves(tree)
+        out, at = jnp.zeros(sum(x.size for x in leaves), jnp.result_type(*leaves)), 0
+        for x in leaves:
+            out, at = jax.lax.dynamic_update_slice(out, x.reshape(-1).astype(out.dtype), (at,)), at + x.size
+        return out
+
+    def unravel(like, vector):
+        leaves, tree = jax.tree.flatten(like)
+        ends = np.cumsum([x.size for x in leaves])
+        return tree.unflatten([vector[e - x.size: e].reshape(x.shape) for x, e in zip(leaves, ends)])
+
+    def update(updates, state, params=None, **extra):
+        vector, state = inner.update(ravel(updates), state, None if params is None else ravel(params), **extra)
+        return unravel(updates, vector), state
+
+    return optax.GradientTransformationExtraArgs(lambda params: inner.init(ravel(params)), update)
+
+
 def several_updates(update, state, sample, updates: int):
     """``updates`` calls of ``update(state, sample) -> (state, metrics)`` in turn, each on an equal slice of
     ``sample``'s items (a :class:`msrl.Sample` of ``updates x batch`` entries); returns the last state and the

@@ -88,3 +88,30 @@ def test_sac_on_mujoco_halfcheetah_through_gymnasium_under_replay_server(tmp_pat
     assert rows[-1]["env_steps"] == 400 and rows[-1]["episodes"] == 4 * (100 // 40)
     assert rows[-1]["episode_length"] == 40 and np.isfinite(rows[-1]["critic_loss"])
     assert all(np.isfinite(r["actor_loss"]) for r in rows)
+
+
+def test_flat_gives_optax_flatten_numbers_and_state():
+    """msrl.rl.flat (every built-in optimizer) is optax.flatten written without its concatenation: the same
+    updates bitwise, and the same optimizer state, so checkpoints of either load into the other."""
+    from msrl.rl import flat
+    import optax
+
+    params = {"a": jnp.arange(6.0).reshape(2, 3), "b": {"c": jnp.ones(4), "d": jnp.full((1, 2), -0.5)}}
+    make = lambda wrap: wrap(optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-2)))  # noqa: E731
+
+    @jax.jit
+    def run(params, key):
+        states = [make(w).init(params) for w in (flat, optax.flatten)]
+        outs = [params, params]
+        for k in jax.random.split(key, 3):
+            g = jax.tree.map(lambda x: jax.random.normal(k, x.shape), params)
+            for i, w in enumerate((flat, optax.flatten)):
+                u, states[i] = make(w).update(g, states[i], outs[i])
+                outs[i] = optax.apply_updates(outs[i], u)
+        return outs, states
+
+    (ours, theirs), (s_ours, s_theirs) = run(params, jax.random.PRNGKey(0))
+    assert jax.tree.structure(s_ours) == jax.tree.structure(s_theirs)
+    for x, y in zip(jax.tree.leaves((ours, s_ours)), jax.tree.leaves((theirs, s_theirs)), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not np.array_equal(np.asarray(ours["a"]), np.asarray(params["a"]))

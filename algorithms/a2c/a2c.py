@@ -20,7 +20,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import ActorCritic, ActorCriticActor, action_dim, gae, policy
+from msrl.rl import ActorCritic, ActorCriticActor, action_dim, flat, gae, policy
 
 
 class A2CConfig(msrl.AlgorithmConfig):
@@ -58,7 +58,7 @@ def make_optimizer(cfg: A2CConfig, total_steps: int) -> optax.GradientTransforma
     lr = optax.linear_schedule(cfg.lr, 0.0, max(1, total_steps)) if cfg.anneal_lr else cfg.lr
     opt = (optax.adam(lr, eps=cfg.opt_eps) if cfg.optimizer == "adam"
            else optax.rmsprop(lr, decay=cfg.rms_decay, eps=cfg.opt_eps))
-    return optax.flatten(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt))
+    return flat(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt))
 
 
 def actor_critic(spec: msrl.EnvSpec, cfg: A2CConfig, algorithm: str) -> ActorCritic:

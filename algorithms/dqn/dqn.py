@@ -17,7 +17,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import action_dim, flatten
+from msrl.rl import action_dim, flat, flatten
 
 
 class DQNConfig(msrl.AlgorithmConfig):
@@ -119,7 +119,7 @@ class DQNLearner(msrl.Learner):
     def optimizer(self):
         cfg = self.cfg
         lr = optax.linear_schedule(cfg.lr, 0.0, self.num_updates) if cfg.anneal_lr else cfg.lr
-        return optax.flatten(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr)))
+        return flat(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr)))
 
     def init(self, key):
         params = self.net.init(key, self.obs)

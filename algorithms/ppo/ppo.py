@@ -11,7 +11,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, action_dim, discounted_returns, gae,
+from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, action_dim, discounted_returns, flat, gae,
                      minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
                      update_stats, with_obs_stats)
 
@@ -61,7 +61,7 @@ class PPOLearner(msrl.Learner):
         if cfg.anneal_lr:
             steps_per_update = cfg.epochs * cfg.minibatches
             lr = lambda count: cfg.lr * (1.0 - (count // steps_per_update) / float(self.num_updates))  # noqa: E731
-        return optax.flatten(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5)))
+        return flat(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5)))
 
     def init(self, key):
         init_key, key = jax.random.split(key)

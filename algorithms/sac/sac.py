@@ -18,7 +18,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (NormalizedActor, TwinQ, flatten, mlp, normalization_state, normalize, scale_reward,
+from msrl.rl import (NormalizedActor, TwinQ, flat, flatten, mlp, normalization_state, normalize, scale_reward,
                      several_updates, squash_of, update_stats, with_obs_stats)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -167,8 +167,8 @@ class SACLearner(OffPolicyLearner):
     @property
     def txs(self) -> dict[str, optax.GradientTransformation]:
         cfg = self.cfg
-        return {"actor": self.chain(optax.flatten(optax.adam(cfg.actor_lr))),
-                "critic": self.chain(optax.flatten(optax.adam(cfg.critic_lr))),
+        return {"actor": self.chain(flat(optax.adam(cfg.actor_lr))),
+                "critic": self.chain(flat(optax.adam(cfg.critic_lr))),
                 "alpha": self.chain(optax.adam(cfg.alpha_lr))}
 
     def init(self, key):

@@ -18,7 +18,7 @@ from pydantic import Field
 
 import msrl
 from msrl.algorithms.sac.sac import ContinuousOffPolicy, OffPolicyConfig, OffPolicyLearner, Transition
-from msrl.rl import TwinQ, flatten, mlp, squash_of
+from msrl.rl import TwinQ, flat, flatten, mlp, squash_of
 
 
 class TD3Config(OffPolicyConfig):
@@ -74,8 +74,8 @@ class TD3Learner(OffPolicyLearner):
 
     @property
     def txs(self) -> dict[str, optax.GradientTransformation]:
-        return {"actor": self.chain(optax.flatten(optax.adam(self.cfg.actor_lr))),
-                "critic": self.chain(optax.flatten(optax.adam(self.cfg.critic_lr)))}
+        return {"actor": self.chain(flat(optax.adam(self.cfg.actor_lr))),
+                "critic": self.chain(flat(optax.adam(self.cfg.critic_lr)))}
 
     def init(self, key):
         k_actor, k_critic, key = jax.random.split(key, 3)
