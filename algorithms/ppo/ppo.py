@@ -11,8 +11,8 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, action_dim, discounted_returns, flat, gae,
-                     minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
+from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, action_dim, discounted_returns, flat,
+                     gae, minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
                      update_stats, with_obs_stats)
 
 
