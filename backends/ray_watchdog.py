@@ -75,8 +75,8 @@ def _running(p: psutil.Process) -> bool:
 
 def _track(known: dict[int, psutil.Process]) -> None:
     """Add the descendants of every tracked process, from one pass over the process table (``children()``
-    per process reads all of /proc each time: with a cluster's ~30 processes, 4 polls a second, that was
-    10-15 % of a core). A child is never older than its parent, so a reused pid is not followed."""
+    reads all of /proc; called per tracked process, 4 polls a second, it took 10-15 % of a core during the
+    Ray tests). A child is never older than its parent, so a reused pid is not followed."""
     kids: dict[int, list[psutil.Process]] = {}
     for p in psutil.process_iter(["ppid", "create_time"]):
         kids.setdefault(p.info["ppid"], []).append(p)
