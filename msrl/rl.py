@@ -13,6 +13,7 @@ import numpy as np
 import optax
 from pydantic import BaseModel, Field
 
+from msrl.backend import ravel, unravel
 from msrl.components import SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
 
 
@@ -195,23 +196,10 @@ def squash_of(space) -> tuple[jnp.ndarray, jnp.ndarray]:
 
 def flat(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
     """``optax.flatten(inner)``, the same numbers: ``inner`` updates all parameters as one vector, one fused
-    update instead of one per array. The vector is written by in-place copies, not ``optax.flatten``'s one
-    concatenation, which XLA's CPU backend (jax 0.10) splits over its threads and then runs erratically slowly:
-    Adam on a 256-wide MLP took 0.9 ms a step, and 0.9-7.6 ms with the concatenation, varying from run to run;
-    fused SAC (``benchmarks/sac_vs_sb3.py``) went from 270 to 435 steps per second with this."""
+    update instead of one per array. The vector is made by :func:`msrl.backend.ravel`, not ``optax.flatten``'s
+    concatenation, which XLA's CPU backend runs erratically slowly: fused SAC (``benchmarks/sac_vs_sb3.py``)
+    went from 270 to 435 steps per second with this."""
     inner = optax.with_extra_args_support(inner)
-
-    def ravel(tree):
-        leaves = jax.tree.leaves(tree)
-        out, at = jnp.zeros(sum(x.size for x in leaves), jnp.result_type(*leaves)), 0
-        for x in leaves:
-            out, at = jax.lax.dynamic_update_slice(out, x.reshape(-1).astype(out.dtype), (at,)), at + x.size
-        return out
-
-    def unravel(like, vector):
-        leaves, tree = jax.tree.flatten(like)
-        ends = np.cumsum([x.size for x in leaves])
-        return tree.unflatten([vector[e - x.size: e].reshape(x.shape) for x, e in zip(leaves, ends)])
 
     def update(updates, state, params=None, **extra):
         vector, state = inner.update(ravel(updates), state, None if params is None else ravel(params), **extra)
