@@ -40,6 +40,11 @@ class JaxRuntime(Runtime):
         self.replicas, self.members = self.fragment.spec.replicas, len(members)
         self.k = max(1, int(iterations_per_dispatch))
         env = program.env
+        if env.host_simulator and (self.members > 1 or self.replicas > 1):
+            raise ConfigError("env.xla", f"{env.spec.id}'s pools step from inside one XLA program each, which cannot be "
+                              f"batched over {'run.num_seeds / run.sweep members' if self.members > 1 else 'replicas'} "
+                              "on the jax backend; train one seed per run, or place the envs on threads "
+                              "(policy.name=single_learner_coarse policy.backend=threads)")
         frag_fn = self.fragment.fn
         swept = list(members[0][1])
         # each swept key's value per member: while the program is traced, the algorithm's config holds them

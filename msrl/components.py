@@ -144,6 +144,8 @@ class Environment:
 
     spec: EnvSpec
     jittable = True
+    host_simulator = False  # True: ``init`` runs on the host and makes simulators of this process that the state
+    # holds (EnvPool pools stepped from XLA): a state that is never stacked, stored or sent elsewhere
 
     def init(self, key: jax.Array, env_ids: jax.Array) -> PyTree:
         raise NotImplementedError

@@ -30,6 +30,9 @@ class EnvConfig(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
     subprocesses: int = Field(0, ge=0, le=1024, description="gymnasium: envs only: step each replica's envs in this "
                               "many worker processes, outside its GIL (0: in the replica's own thread)")
+    xla: bool = Field(False, description="envpool: ids only: step each replica's pool from inside its jitted program "
+                      "(EnvPool's XLA interface), so the env can be placed in jitted fragments (fused, or coarse actors) "
+                      "and a rollout runs with no Python between steps")
 
 
 class WandbConfig(BaseModel):

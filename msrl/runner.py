@@ -37,7 +37,7 @@ def build(cfg: ExperimentConfig):
     """Env, algorithm and compiled program of a config (nothing runs yet)."""
     from msrl.compiler import compile as compile_program
 
-    env = make_env(cfg.env.id, cfg.env.subprocesses, **cfg.env.kwargs)
+    env = make_env(cfg.env.id, cfg.env.subprocesses, cfg.env.xla, **cfg.env.kwargs)
     num_envs = cfg.policy.total_envs(cfg.env.num_envs)
     ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps,
                   updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
@@ -416,7 +416,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                       stall_timeout_s=cfg.run.stall_timeout_s, seeds=cfg.run.num_seeds,
                       seed_batching=cfg.run.seed_batching, sweep=cfg.run.sweep)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
-    skip = tuple(k for k, drop in (("env", not program.env.jittable), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
+    skip = tuple(k for k, drop in (("env", not program.env.jittable or program.env.host_simulator), ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
     elapsed0, last_return = 0.0, float("nan")
     seed_returns = [math.nan] * len(session.members) if len(session.members) > 1 else []  # each member's last return

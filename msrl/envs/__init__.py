@@ -21,11 +21,12 @@ def register_env(prefix: str):
     return wrap
 
 
-def make_env(env_id: str, subprocesses: int = 0, **kwargs) -> Environment:
+def make_env(env_id: str, subprocesses: int = 0, xla: bool = False, **kwargs) -> Environment:
     """The environment ``env_id`` made with ``kwargs``. One kwarg is msrl's, for every id: ``mask_obs``, a list of
     (flat) indices of the observation that read as 0 (``[1, 3]`` on CartPole hides the velocities: a partially
     observed task that needs memory). ``subprocesses`` (``env.subprocesses``): ``gymnasium:`` envs step in that
-    many worker processes per replica."""
+    many worker processes per replica; ``xla`` (``env.xla``): ``envpool:`` pools stepped from inside the jitted
+    program."""
     mask = kwargs.pop("mask_obs", None)
     if subprocesses:
         if env_id.partition(":")[0] != "gymnasium":
@@ -33,6 +34,14 @@ def make_env(env_id: str, subprocesses: int = 0, **kwargs) -> Environment:
                               "does not (envpool: steps in C++ threads already; gymnax:, brax: and jaxmarl: are "
                               "jitted). Leave it 0")
         kwargs["subprocesses"] = subprocesses
+    if xla:
+        if env_id.partition(":")[0] != "envpool":
+            raise ConfigError("env.xla", f"only envpool: environments step through XLA calls; {env_id} does not "
+                              "(gymnax:, brax: and jaxmarl: are jitted already). Leave it false")
+        from msrl.envs.envpool_env import EnvPoolXlaEnv
+
+        env = EnvPoolXlaEnv(env_id.partition(":")[2], **kwargs)
+        return env if mask is None else MaskedObs(env, mask)
     env = _make(env_id, **kwargs)
     return env if mask is None else MaskedObs(env, mask)
 
@@ -44,6 +53,7 @@ class MaskedObs(Environment):
         import numpy as np
 
         self.env, self.spec, self.jittable = env, env.spec, env.jittable
+        self.host_simulator = getattr(env, "host_simulator", False)
         size = int(np.prod(env.spec.obs_shape))
         if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
                                                               for i in indices):

@@ -35,7 +35,9 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
 from msrl.envs.gymnasium_env import EpisodeCounts, _ShapeOnly, host_spaces, seed_words
@@ -227,3 +229,166 @@ class EnvPoolEnv(Environment):
 
     def shape_stand_in(self) -> Environment:
         return _ShapeOnly(self.spec)
+
+
+class PoolRef:
+    """A live EnvPool pool and its XLA ``send``/``recv``, held as *static* data of the env state (part of its tree
+    structure, compared by identity): EnvPool bakes the pool into the XLA call it makes (the handle array is only
+    threaded through for ordering), so a program traced for one pool must never run with another's state. A
+    distinct pool is a distinct tree structure, hence its own trace."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+        handle, self.recv, self.send, _ = pool.xla()
+        self.handle = np.asarray(handle)
+
+    def __repr__(self) -> str:
+        return f"PoolRef({id(self.pool):#x})"
+
+    def __reduce__(self):
+        raise TypeError("an env.xla EnvPool pool lives in the process that made it and cannot be pickled")
+
+
+@struct.dataclass
+class EnvPoolXlaState:
+    handle: jax.Array  # uint8 [8]: EnvPool's handle, threaded through every call to order them
+    obs: jax.Array  # [N, *obs_shape]
+    running_return: jax.Array
+    last_return: jax.Array
+    episodes: jax.Array
+    running_length: jax.Array
+    last_length: jax.Array
+    ref: PoolRef | None = struct.field(pytree_node=False, default=None)  # None: the compiler's shape stand-in
+
+
+class EnvPoolXlaEnv(EnvPoolEnv):
+    """``envpool:ID`` with ``env.xla: true``: the pool is stepped from *inside* the jitted program through EnvPool's
+    XLA interface (its ``xla()`` send/recv as XLA custom calls), so a rollout of a host-simulated env runs as one
+    XLA loop, with no Python between steps.
+
+    Each replica's pool is made on the host when its state is (``host_simulator``), in EnvPool's asynchronous mode
+    with ``batch_size=1``: a step sends every env its action (one call per env), then receives the N results in
+    whatever order they finish and puts each at its env's index. The envs that ended step once more (EnvPool's
+    auto-reset step, its action ignored), as the host adapter does, so msrl's contract holds: the ending step returns
+    the next episode's first observation and ``final_obs``. Seeds are the host adapter's, so every env steps exactly
+    as an ``envpool:`` env on the host (tests/test_envpool.py checks it bitwise).
+
+    The state holds the pool itself: it cannot be stacked (``run.num_seeds``, replicas on the jax backend), stored in
+    a checkpoint (a resumed run starts the episodes afresh, as host envs do) or sent to another process."""
+
+    jittable = True
+    host_simulator = True
+    busy = None  # its steps run inside the replica's program: the stall watch sees a step that has not finished
+
+    def __init__(self, name: str, stand_in: EnvPoolEnv | None = None, **kwargs: Any):
+        if stand_in is not None:  # the shape stand-in: this env's shapes, no pool
+            self.name, self.kwargs, self.spec, self._float = stand_in.name, stand_in.kwargs, stand_in.spec, stand_in._float
+            self.host_simulator = False
+            return
+        super().__init__(name, **kwargs)
+
+    def shape_stand_in(self) -> Environment:
+        return EnvPoolXlaEnv(self.name, stand_in=self)
+
+    def _zeros(self, n: int, ref: PoolRef | None, obs: Any = None) -> EnvPoolXlaState:
+        zeros, counts = jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32)
+        obs = jnp.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype) if obs is None else jnp.asarray(obs)
+        return EnvPoolXlaState(jnp.zeros(8, jnp.uint8), obs, zeros, zeros, counts, counts, counts, ref)
+
+    def init(self, key: jax.Array, env_ids: Any) -> EnvPoolXlaState:
+        if not self.host_simulator:
+            return self._zeros(len(env_ids), None)
+        import envpool
+
+        env_ids = np.asarray(env_ids)
+        n = len(env_ids)
+        pool = envpool.make(self.name, env_type="gymnasium", num_envs=n, batch_size=1, seed=env_seeds(key, env_ids),
+                            **self.kwargs)
+        pool.async_reset()
+        obs = np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype)
+        for _ in range(n):
+            o, _, _, _, info = pool.recv()
+            if "lives" in info:
+                pool.close()
+                raise ConfigError("env.xla", f"envpool:{self.name} is an Atari game, whose whole-game scores env.xla "
+                                  "does not log yet; leave env.xla off (the pool then steps on the host)")
+            obs[int(info["env_id"][0])] = np.asarray(o[0])
+        ref = PoolRef(pool)
+        return self._zeros(n, ref, obs).replace(handle=jnp.asarray(ref.handle))
+
+    def observe(self, state: EnvPoolXlaState):
+        return state, state.obs
+
+    def starts(self, state: EnvPoolXlaState):
+        return state, state.running_length == 0
+
+    def reset(self, state: EnvPoolXlaState):
+        raise ConfigError("env.xla", f"envpool:{self.name} with env.xla cannot reset every env inside the program "
+                          "(msrl.env_reset); EnvPool's XLA interface only steps. Leave env.xla off for this loop")
+
+    def step(self, state: EnvPoolXlaState, action: jax.Array):
+        space, n = self.spec.action_space, state.obs.shape[0]
+        dtype = self.spec.obs_dtype
+        if isinstance(space, Box):
+            action = jnp.clip(action.astype(jnp.float32), space.low, space.high)
+            noop = jnp.clip(jnp.zeros((1, *space.shape), jnp.float32), space.low, space.high)
+        else:
+            action, noop = action.astype(jnp.int32), jnp.zeros(1, jnp.int32)
+        zeros_f, zeros_b = jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_)
+        if state.ref is None:  # the shape stand-in
+            final, reward, terminated, truncated, handle = state.obs, zeros_f, zeros_b, zeros_b, state.handle
+            obs = final
+        else:
+            send, recv = state.ref.send, state.ref.recv
+
+            def send_one(i, handle):  # env i gets its action
+                return send(handle, jax.lax.dynamic_slice_in_dim(action, i, 1), i[None])
+
+            def recv_one(_, carry):  # whichever env finished first, put at its index
+                handle, obs, reward, terminated, truncated = carry
+                handle, (o, r, te, tr, info) = recv(handle)
+                e = info["env_id"][0]
+                return (handle, obs.at[e].set(o[0].astype(dtype)), reward.at[e].set(r[0].astype(jnp.float32)),
+                        terminated.at[e].set(te[0]), truncated.at[e].set(tr[0]))
+
+            handle = jax.lax.fori_loop(0, n, send_one, state.handle)
+            handle, final, reward, terminated, truncated = jax.lax.fori_loop(
+                0, n, recv_one, (handle, jnp.zeros_like(state.obs), zeros_f, zeros_b, zeros_b))
+            terminated = terminated & ~truncated  # cut by a time limit: bootstrap (as on the host)
+            done = terminated | truncated
+
+            def auto_reset(carry):  # the ended envs step once more: EnvPool's auto-reset, moved into this step
+                handle, obs = carry
+                ended, k = jnp.nonzero(done, size=n, fill_value=0)[0].astype(jnp.int32), done.sum()
+
+                def recv_reset(_, carry):
+                    handle, obs = carry
+                    handle, (o, _, _, _, info) = recv(handle)
+                    return handle, obs.at[info["env_id"][0]].set(o[0].astype(dtype))
+
+                handle = jax.lax.fori_loop(0, k, lambda j, h: send(h, noop, ended[j][None]), handle)
+                return jax.lax.fori_loop(0, k, recv_reset, (handle, obs))
+
+            handle, obs = jax.lax.cond(done.any(), auto_reset, lambda carry: carry, (handle, final))
+        done = terminated | truncated
+        ret, length = state.running_return + reward, state.running_length + 1
+        state = state.replace(handle=handle, obs=obs, running_return=jnp.where(done, 0.0, ret),
+                              last_return=jnp.where(done, ret, state.last_return),
+                              episodes=state.episodes + done.astype(jnp.int32),
+                              running_length=jnp.where(done, 0, length),
+                              last_length=jnp.where(done, length, state.last_length))
+        return state, EnvStep(obs, reward, terminated, truncated, final)
+
+    def stats(self, state: EnvPoolXlaState):
+        finished = state.episodes > 0
+        bad = jnp.sum(~jnp.isfinite(state.obs)) + jnp.sum(~jnp.isfinite(state.running_return)) if self._float else \
+            jnp.sum(~jnp.isfinite(state.running_return))
+        return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
+                "length_sum": jnp.sum(jnp.where(finished, state.last_length, 0)),
+                "episodes": state.episodes.sum(), "nonfinite": bad}
+
+    def close(self, state: EnvPoolXlaState) -> None:
+        if state.ref is not None:
+            close = getattr(state.ref.pool, "close", None)
+            if close is not None:
+                close()
