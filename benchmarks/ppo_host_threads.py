@@ -3,10 +3,12 @@ side by side in one process.
 
     pip install -e '.[bench,envpool]'
     python benchmarks/ppo_host_threads.py [--env-steps 102400] [--actors 2] [--envs-per-actor 4]
-                                          [--env gymnasium|envpool|both] [--pairs 1]
+                                          [--env gymnasium,envpool,envpool_xla|both|all] [--pairs 1]
 
-msrl steps CartPole-v1 on the host with ``gymnasium:CartPole-v1`` (Python envs, one by one) and/or
-``envpool:CartPole-v1`` (EnvPool's C++ pool, one per actor); SB3 steps Gymnasium's CartPole-v1 in a DummyVecEnv.
+msrl steps CartPole-v1 on the host with ``gymnasium:CartPole-v1`` (Python envs, one by one), ``envpool:CartPole-v1``
+(EnvPool's C++ pool, one per actor, stepped from the actor's Python loop) and/or ``envpool_xla`` (the same pools
+with ``env.xla=true``: stepped from inside each actor's jitted rollout); SB3 steps Gymnasium's CartPole-v1 in a
+DummyVecEnv.
 Same sizes everywhere: actors x envs_per_actor environments, 128-step rollouts, 4 epochs x 4 minibatches, a 64-64
 tanh actor-critic. ``--pairs N`` runs N rounds of (SB3, each msrl side), alternating the order from round to round
 so a drift in the machine's load falls on every side alike. Prints JSON: each round's SPS (msrl's after its first,
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole_threads.yaml"
-ENV_IDS = {"gymnasium": "gymnasium:CartPole-v1", "envpool": "envpool:CartPole-v1"}
+ENV_IDS = {"gymnasium": "gymnasium:CartPole-v1", "envpool": "envpool:CartPole-v1", "envpool_xla": "envpool:CartPole-v1"}
 
 
 def msrl_sps(env_steps: int, actors: int, envs_per_actor: int, env: str = "gymnasium") -> tuple[float, float, float]:
@@ -32,7 +34,8 @@ def msrl_sps(env_steps: int, actors: int, envs_per_actor: int, env: str = "gymna
     from msrl.config import load_config
 
     cfg = load_config(EXAMPLE, [f"policy.actors={actors}", f"policy.envs_per_actor={envs_per_actor}",
-                                f"run.total_env_steps={env_steps}", f"env.id={ENV_IDS[env]}"])
+                                f"run.total_env_steps={env_steps}", f"env.id={ENV_IDS[env]}",
+                                f"env.xla={env == 'envpool_xla'}"])
     program = msrl.build(cfg)
     iterations = env_steps // program.env_steps_per_iteration
     with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
@@ -69,15 +72,18 @@ def main() -> None:
     ap.add_argument("--env-steps", type=int, default=102_400)
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--envs-per-actor", type=int, default=4)
-    ap.add_argument("--env", choices=["gymnasium", "envpool", "both"], default=None,
-                    help="msrl's host CartPole: Gymnasium's, EnvPool's, or both side by side (default: both where "
-                         "EnvPool is installed, else gymnasium)")
+    ap.add_argument("--env", default=None,
+                    help="msrl's host CartPole, comma-separated: gymnasium, envpool, envpool_xla; both (gymnasium and "
+                         "envpool) or all (default: all where EnvPool is installed, else gymnasium)")
     ap.add_argument("--pairs", type=int, default=1, help="rounds of (SB3, msrl sides), alternating their order")
     args = ap.parse_args()
     num_envs = args.actors * args.envs_per_actor
     if args.env is None:
-        args.env = "both" if importlib.util.find_spec("envpool") is not None else "gymnasium"
-    sides = ["gymnasium", "envpool"] if args.env == "both" else [args.env]
+        args.env = "all" if importlib.util.find_spec("envpool") is not None else "gymnasium"
+    sides = {"both": ["gymnasium", "envpool"], "all": list(ENV_IDS)}.get(args.env, args.env.split(","))
+    unknown = sorted(set(sides) - set(ENV_IDS))
+    if unknown:
+        ap.error(f"--env: unknown {unknown}; choose from {list(ENV_IDS)}, both or all")
     load_before = os.getloadavg()
     rounds = []
     for k in range(args.pairs):
@@ -98,7 +104,8 @@ def main() -> None:
 
     out = {
         "benchmark": "ppo_host_threads",
-        "envs": {"sb3": "gymnasium CartPole-v1 (DummyVecEnv)", **{f"msrl_{s}": ENV_IDS[s] for s in sides}},
+        "envs": {"sb3": "gymnasium CartPole-v1 (DummyVecEnv)",
+                 **{f"msrl_{s}": ENV_IDS[s] + (" (env.xla=true)" if s == "envpool_xla" else "") for s in sides}},
         "actors": args.actors, "envs_per_actor": args.envs_per_actor,
         "rollout_len": 128, "epochs": 4, "minibatches": 4, "env_steps": args.env_steps, "pairs": args.pairs,
         "sb3_sps": round(median("sb3_sps")),

@@ -168,17 +168,59 @@ def _ppo_params(overrides, iterations=3):
         return session.params(), rows
 
 
-def test_ppo_envpool_same_parameters_however_the_envs_are_split():
-    """The host-env conformance rule (no fused reference: a host env cannot be jitted): single_learner_coarse with
-    2 actors x 4 envs, with 1 actor x 8 envs, and single_learner_fine with 2 env workers give the same parameters,
+def test_ppo_envpool_same_parameters_however_the_envs_are_split_or_stepped():
+    """The host-env conformance rule. On the host (``env.xla=false``): single_learner_coarse with 2 actors x 4 envs,
+    with 1 actor x 8 envs, and single_learner_fine with 2 env workers. Stepped from inside the jitted programs
+    (``env.xla=true``): fused (the reference), and coarse with 2 actors x 4 envs. All give the same parameters,
     bitwise, and see the same episodes."""
-    two, two_rows = _ppo_params(["policy.actors=2", "policy.envs_per_actor=4"])
-    one, one_rows = _ppo_params(["policy.actors=1", "policy.envs_per_actor=8"])
-    fine, fine_rows = _ppo_params(["policy.name=single_learner_fine", "policy.actors=2", "policy.envs_per_actor=4"])
-    assert max_diff(two, one) == 0.0 and max_diff(two, fine) == 0.0
-    assert max_diff(two, jax.tree.map(np.zeros_like, two)) > 1e-4  # it trained
-    assert [r["episodes"] for r in two_rows] == [r["episodes"] for r in one_rows] == [r["episodes"] for r in fine_rows]
-    assert two_rows[-1]["episodes"] > 0
+    host = ["env.xla=false"]
+    runs = {"coarse 2x4": _ppo_params([*host, "policy.actors=2", "policy.envs_per_actor=4"]),
+            "coarse 1x8": _ppo_params([*host, "policy.actors=1", "policy.envs_per_actor=8"]),
+            "fine": _ppo_params([*host, "policy.name=single_learner_fine", "policy.actors=2", "policy.envs_per_actor=4"]),
+            "fused xla": _ppo_params(["policy.name=fused", "policy.backend=jax"]),
+            "coarse 2x4 xla": _ppo_params(["policy.actors=2", "policy.envs_per_actor=4"])}
+    ref, ref_rows = runs["fused xla"]
+    for name, (params, rows) in runs.items():
+        assert max_diff(ref, params) == 0.0, name
+        assert [r["episodes"] for r in rows] == [r["episodes"] for r in ref_rows], name
+    assert max_diff(ref, jax.tree.map(np.zeros_like, ref)) > 1e-4  # it trained
+    assert ref_rows[-1]["episodes"] > 0
+
+
+@pytest.mark.parametrize("name", ["CartPole-v1", "Pendulum-v1"])
+def test_envpool_xla_steps_every_env_as_the_host_adapter_does(name):
+    """``env.xla``: the pool stepped from a jitted step gives bitwise the host adapter's observations, rewards,
+    terminations, truncations (Pendulum's time limit) and final observations, and the same episode statistics."""
+    host, xla = make_env(f"envpool:{name}"), make_env(f"envpool:{name}", xla=True)
+    assert xla.jittable and xla.host_simulator and xla.spec == host.spec
+    key, ids, rng = jax.random.PRNGKey(3), np.arange(2, 7), np.random.default_rng(0)
+    hs, xs, step, ends = host.init(key, ids), xla.init(key, ids), jax.jit(xla.transition), 0
+    assert np.array_equal(host.observe(hs)[1], np.asarray(xla.observe(xs)[1]))
+    for _ in range(450):
+        action = _actions(host, rng, len(ids))
+        hs, h = host.transition(hs, action)
+        xs, x = step(xs, action)
+        for field in ("obs", "reward", "terminated", "truncated", "final_obs"):
+            assert np.array_equal(np.asarray(getattr(h, field)), np.asarray(getattr(x, field))), field
+        ends += int((h.terminated | h.truncated).sum())
+    assert ends >= 5
+    assert {k: float(v) for k, v in host.stats(hs).items()} == \
+        {k: float(v) for k, v in xla.stats(xs).items() if k != "nonfinite"}
+    xla.close(xs)
+
+
+def test_envpool_xla_refuses_what_it_cannot_do():
+    """Clear errors on ``env.xla``: an id that is not EnvPool's, several seeds in one jax program (a pool cannot be
+    batched), an Atari game (its whole-game scores are not logged yet), and a loop that resets every env."""
+    with pytest.raises(msrl.ConfigError, match="env.xla"):
+        msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.xla=true"]))
+    with pytest.raises(msrl.ConfigError, match="env.xla.*cannot be batched"):
+        _ppo_params(["policy.name=fused", "policy.backend=jax", "run.num_seeds=2"])
+    env = make_env("envpool:Breakout-v5", xla=True)
+    with pytest.raises(msrl.ConfigError, match="env.xla.*Atari"):
+        env.init(jax.random.PRNGKey(0), np.arange(2))
+    with pytest.raises(msrl.ConfigError, match="env.xla.*msrl.env_reset"):
+        make_env("envpool:CartPole-v1", xla=True).reset(None)
 
 
 def test_envpool_under_fused_is_a_compile_error():

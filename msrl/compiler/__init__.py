@@ -322,7 +322,9 @@ class Program:
             raise CompileError(
                 f"environment {self.env.spec.id!r} runs on the host (numpy), but policy {self.policy.name!r} "
                 f"places it in fragment {spec.name!r} on the jax backend, which jits it",
-                hint="use policy.name=single_learner_coarse (or single_learner_fine) with policy.backend=threads")
+                hint="use policy.name=single_learner_coarse (or single_learner_fine) with policy.backend=threads"
+                + ("; or env.xla=true, which steps EnvPool's pools from inside the jitted program"
+                   if self.env.spec.id.startswith("envpool:") else ""))
         on_host = host or any(s.kind in ("send", "recv") for s in leaves(stmts))
         mode = "python" if not spec.jit else "host" if on_host else "scan"
         per_step = [s for s in walk(stmts) if s.kind == "loop" and any(b.kind in ("send", "recv") for b in walk(s.body))]
