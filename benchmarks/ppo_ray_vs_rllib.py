@@ -2,10 +2,11 @@
 
     pip install -e '.[bench]'            # and '.[envpool]' for --env envpool
     python benchmarks/ppo_ray_vs_rllib.py [--iterations 30] [--actors 2] [--envs-per-actor 2]
-                                          [--env gymnax,gymnasium,envpool] [--pairs 1]
+                                          [--env gymnax,gymnasium,envpool,envpool_xla] [--pairs 1]
 
 msrl's CartPole per ``--env`` side: ``gymnax`` (jitted inside the actors: ``examples/ppo_cartpole.yaml``), or a host
-env stepped in each actor process, ``gymnasium`` (Python envs) or ``envpool`` (EnvPool's C++ pool)
+env stepped in each actor process, ``gymnasium`` (Python envs) or ``envpool`` (EnvPool's C++ pool; ``envpool_xla``:
+the same pool stepped from inside the actor's jitted rollout, ``env.xla=true``)
 (``examples/ppo_cartpole_threads.yaml`` with the actors as Ray actors). ``--pairs N`` runs N rounds of (RLlib,
 msrl sides), alternating the order. Same shapes on both sides: ``actors`` actors (RLlib: env runners) with ``envs_per_actor`` CartPole-v1
 environments each, 128-step rollouts, a train batch of actors x envs x 128 steps, 4 epochs of 4 minibatches,
@@ -29,6 +30,8 @@ SIDES = {  # msrl's CartPole: the example and the overrides
     "gymnax": ("ppo_cartpole.yaml", ["policy.name=single_learner_coarse"]),
     "gymnasium": ("ppo_cartpole_threads.yaml", ["policy.actor_backend=ray", "env.id=gymnasium:CartPole-v1"]),
     "envpool": ("ppo_cartpole_threads.yaml", ["policy.actor_backend=ray", "env.id=envpool:CartPole-v1"]),
+    "envpool_xla": ("ppo_cartpole_threads.yaml", ["policy.actor_backend=ray", "env.id=envpool:CartPole-v1",
+                                                  "env.xla=true"]),
 }
 WARMUP = 3
 
@@ -94,7 +97,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--envs-per-actor", type=int, default=2)
-    parser.add_argument("--env", default="gymnax", help="msrl sides, comma-separated: gymnax, gymnasium, envpool")
+    parser.add_argument("--env", default="gymnax", help="msrl sides, comma-separated: gymnax, gymnasium, envpool, envpool_xla")
     parser.add_argument("--pairs", type=int, default=1, help="rounds of (RLlib, msrl sides), alternating their order")
     args = parser.parse_args()
     sides = args.env.split(",")

@@ -211,14 +211,16 @@ def test_envpool_xla_steps_every_env_as_the_host_adapter_does(name):
 
 def test_envpool_xla_refuses_what_it_cannot_do():
     """Clear errors on ``env.xla``: an id that is not EnvPool's, several seeds in one jax program (a pool cannot be
-    batched), an Atari game (its whole-game scores are not logged yet), and a loop that resets every env."""
+    batched), an Atari game (its whole-game scores are not logged yet), a MuJoCo env (float64 arrays, which JAX makes
+    only with x64) and a loop that resets every env."""
     with pytest.raises(msrl.ConfigError, match="env.xla"):
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.xla=true"]))
     with pytest.raises(msrl.ConfigError, match="env.xla.*cannot be batched"):
         _ppo_params(["policy.name=fused", "policy.backend=jax", "run.num_seeds=2"])
-    env = make_env("envpool:Breakout-v5", xla=True)
     with pytest.raises(msrl.ConfigError, match="env.xla.*Atari"):
-        env.init(jax.random.PRNGKey(0), np.arange(2))
+        make_env("envpool:Breakout-v5", xla=True)
+    with pytest.raises(msrl.ConfigError, match="env.xla.*64-bit arrays.*action"):
+        make_env("envpool:HalfCheetah-v4", xla=True)  # MuJoCo: float64 actions and observations
     with pytest.raises(msrl.ConfigError, match="env.xla.*msrl.env_reset"):
         make_env("envpool:CartPole-v1", xla=True).reset(None)
 

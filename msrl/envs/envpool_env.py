@@ -283,9 +283,23 @@ class EnvPoolXlaEnv(EnvPoolEnv):
     def __init__(self, name: str, stand_in: EnvPoolEnv | None = None, **kwargs: Any):
         if stand_in is not None:  # the shape stand-in: this env's shapes, no pool
             self.name, self.kwargs, self.spec, self._float = stand_in.name, stand_in.kwargs, stand_in.spec, stand_in._float
+            self._act_dtype = stand_in._act_dtype
             self.host_simulator = False
             return
         super().__init__(name, **kwargs)
+        import envpool
+
+        spec = envpool.make_spec(name, **kwargs)
+        arrays = {**spec.state_array_spec, **spec.action_array_spec}
+        if any(k.endswith("lives") for k in arrays):
+            raise ConfigError("env.xla", f"envpool:{name} is an Atari game, whose whole-game scores env.xla does not "
+                              "log yet; leave env.xla off (the pool then steps on the host)")
+        self._act_dtype = np.dtype(spec.action_array_spec["action"].dtype)  # EnvPool checks it exactly
+        wide = sorted(k for k, a in arrays.items() if np.dtype(a.dtype).itemsize == 8)
+        if wide and not jax.config.jax_enable_x64:
+            raise ConfigError("env.xla", f"envpool:{name} exchanges 64-bit arrays ({', '.join(wide)}), which JAX "
+                              "makes only with jax_enable_x64; leave env.xla off (the pool then steps on the host, "
+                              "converting them)")
 
     def shape_stand_in(self) -> Environment:
         return EnvPoolXlaEnv(self.name, stand_in=self)
@@ -308,10 +322,6 @@ class EnvPoolXlaEnv(EnvPoolEnv):
         obs = np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype)
         for _ in range(n):
             o, _, _, _, info = pool.recv()
-            if "lives" in info:
-                pool.close()
-                raise ConfigError("env.xla", f"envpool:{self.name} is an Atari game, whose whole-game scores env.xla "
-                                  "does not log yet; leave env.xla off (the pool then steps on the host)")
             obs[int(info["env_id"][0])] = np.asarray(o[0])
         ref = PoolRef(pool)
         return self._zeros(n, ref, obs).replace(handle=jnp.asarray(ref.handle))
@@ -330,10 +340,11 @@ class EnvPoolXlaEnv(EnvPoolEnv):
         space, n = self.spec.action_space, state.obs.shape[0]
         dtype = self.spec.obs_dtype
         if isinstance(space, Box):
-            action = jnp.clip(action.astype(jnp.float32), space.low, space.high)
+            action = jnp.clip(action, space.low, space.high)
             noop = jnp.clip(jnp.zeros((1, *space.shape), jnp.float32), space.low, space.high)
         else:
-            action, noop = action.astype(jnp.int32), jnp.zeros(1, jnp.int32)
+            noop = jnp.zeros(1, jnp.int32)
+        action, noop = action.astype(self._act_dtype), noop.astype(self._act_dtype)
         zeros_f, zeros_b = jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_)
         if state.ref is None:  # the shape stand-in
             final, reward, terminated, truncated, handle = state.obs, zeros_f, zeros_b, zeros_b, state.handle
