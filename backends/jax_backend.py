@@ -153,6 +153,11 @@ class JaxRuntime(Runtime):
         learner = self.program.components["learner"]
         return learner.policy_params(self._replica_states(self._state["learner"])[0])
 
+    def close(self) -> None:
+        """Release what the env state holds outside JAX (``env.xla``'s EnvPool pools)."""
+        if self.program.env.host_simulator and "env" in self._state:
+            self.program.env.close(self._state["env"])
+
 
 DONATE_BYTES = 64 * 2**20
 
