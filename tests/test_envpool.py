@@ -187,12 +187,14 @@ def test_ppo_envpool_same_parameters_however_the_envs_are_split_or_stepped():
     assert ref_rows[-1]["episodes"] > 0
 
 
-@pytest.mark.parametrize("name", ["CartPole-v1", "Pendulum-v1"])
-def test_envpool_xla_steps_every_env_as_the_host_adapter_does(name):
+@pytest.mark.parametrize("name, kwargs", [("CartPole-v1", {}), ("Pendulum-v1", {}),
+                                          ("HalfCheetah-v4", {"max_episode_steps": 100})])
+def test_envpool_xla_steps_every_env_as_the_host_adapter_does(name, kwargs):
     """``env.xla``: the pool stepped from a jitted step gives bitwise the host adapter's observations, rewards,
-    terminations, truncations (Pendulum's time limit) and final observations, and the same episode statistics."""
-    host, xla = make_env(f"envpool:{name}"), make_env(f"envpool:{name}", xla=True)
-    assert xla.jittable and xla.host_simulator and xla.spec == host.spec
+    terminations, truncations (time limits) and final observations, and the same episode statistics. MuJoCo's
+    pool takes float64 actions and returns float64 observations, which cross as uint32 word pairs (no x64)."""
+    host, xla = make_env(f"envpool:{name}", **kwargs), make_env(f"envpool:{name}", xla=True, **kwargs)
+    assert xla.jittable and xla.host_simulator and (xla.spec.id, xla.spec.obs_shape) == (host.spec.id, host.spec.obs_shape)
     key, ids, rng = jax.random.PRNGKey(3), np.arange(2, 7), np.random.default_rng(0)
     hs, xs, step, ends = host.init(key, ids), xla.init(key, ids), jax.jit(xla.transition), 0
     assert np.array_equal(host.observe(hs)[1], np.asarray(xla.observe(xs)[1]))
@@ -209,18 +211,37 @@ def test_envpool_xla_steps_every_env_as_the_host_adapter_does(name):
     xla.close(xs)
 
 
+def test_float64_words_convert_as_numpy_does():
+    """``env.xla``'s 64-bit crossing: float32 -> float64 words exactly; float64 words -> float32 as numpy's ``astype``
+    (round to nearest, ties to even; overflow to infinity; NaN stays NaN), except magnitudes below float32's smallest
+    normal number, which become a zero of the same sign."""
+    from msrl.envs.envpool_env import _from_wire, _to_wire
+
+    f64 = np.dtype(np.float64)
+    small = np.array([0.0, -0.0, 1.0, -1.5, 3.4028235e38, 1e-30, np.inf, -np.inf, np.nan, 1.1754944e-38, -7e-20],
+                     np.float32)
+    words = np.asarray(_to_wire(small, f64))
+    assert np.array_equal(words.reshape(-1).view(np.float64), small.astype(np.float64), equal_nan=True)
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.normal(size=50_000) * 10.0 ** rng.integers(-45, 45, 50_000),
+                             [0.0, -0.0, 1e300, -1e300, np.inf, -np.inf, np.nan, 1 + 2**-24, 1 + 3 * 2**-24,
+                              1 + 2**-24 + 2**-50, 3.4028235677973366e38, 3.4028235e38 * (1 + 2**-25)]])
+    got = np.asarray(_from_wire(values.view(np.uint32).reshape(-1, 2), f64))
+    with np.errstate(over="ignore"):
+        want = values.astype(np.float32)
+    want = np.where(np.abs(want) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), want), want)
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_envpool_xla_refuses_what_it_cannot_do():
     """Clear errors on ``env.xla``: an id that is not EnvPool's, several seeds in one jax program (a pool cannot be
-    batched), an Atari game (its whole-game scores are not logged yet), a MuJoCo env (float64 arrays, which JAX makes
-    only with x64) and a loop that resets every env."""
+    batched), an Atari game (its whole-game scores are not logged yet) and a loop that resets every env."""
     with pytest.raises(msrl.ConfigError, match="env.xla"):
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.xla=true"]))
     with pytest.raises(msrl.ConfigError, match="env.xla.*cannot be batched"):
         _ppo_params(["policy.name=fused", "policy.backend=jax", "run.num_seeds=2"])
     with pytest.raises(msrl.ConfigError, match="env.xla.*Atari"):
         make_env("envpool:Breakout-v5", xla=True)
-    with pytest.raises(msrl.ConfigError, match="env.xla.*64-bit arrays.*action"):
-        make_env("envpool:HalfCheetah-v4", xla=True)  # MuJoCo: float64 actions and observations
     with pytest.raises(msrl.ConfigError, match="env.xla.*msrl.env_reset"):
         make_env("envpool:CartPole-v1", xla=True).reset(None)
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
+import sys
 import time
 from typing import Any
 
@@ -235,18 +237,83 @@ class PoolRef:
     """A live EnvPool pool and its XLA ``send``/``recv``, held as *static* data of the env state (part of its tree
     structure, compared by identity): EnvPool bakes the pool into the XLA call it makes (the handle array is only
     threaded through for ordering), so a program traced for one pool must never run with another's state. A
-    distinct pool is a distinct tree structure, hence its own trace."""
+    distinct pool is a distinct tree structure, hence its own trace.
+
+    The calls are EnvPool's own XLA targets (``pool._xla()``, what its ``xla()`` wraps), with one difference: a
+    64-bit array (MuJoCo's float64 actions and observations) crosses as pairs of uint32 words, which JAX has without
+    ``jax_enable_x64``; float32 actions widen exactly, and float64 observations round to float32 as numpy's
+    ``astype`` does (to nearest, ties to even), except that magnitudes below float32's smallest normal number
+    (1.2e-38) become 0, as XLA on CPU treats them anyway."""
+
+    _names = itertools.count()
 
     def __init__(self, pool: Any):
-        self.pool = pool
-        handle, self.recv, self.send, _ = pool.xla()
-        self.handle = np.asarray(handle)
+        from jax import ffi
+
+        self.pool, self.calls = pool, {}
+        for name, (handle, (ins, outs), (cpu, _)) in pool._xla():
+            target = f"msrl_envpool_{next(self._names)}_{name}"
+            ffi.register_ffi_target(target, cpu, platform="cpu", api_version=1)
+            specs = [jax.ShapeDtypeStruct((*shape, 2), jnp.uint32) if np.dtype(dtype).itemsize == 8 else
+                     jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for dtype, shape in outs]
+            call = ffi.ffi_call(target, specs if len(specs) > 1 else specs[0], has_side_effect=True,
+                                input_output_aliases={0: 0})
+            self.calls[name] = (call, [np.dtype(d) for d, _ in ins], [np.dtype(d) for d, _ in outs])
+        self.handle = np.frombuffer(handle, np.uint8)
+        self.address = int.from_bytes(handle, sys.byteorder)
+
+    def send(self, handle: jax.Array, action: jax.Array, env_id: jax.Array) -> jax.Array:
+        call, dtypes, _ = self.calls["send"]
+        args = self.pool._from(action, env_id)  # EnvPool's own order of its action arrays
+        return call(handle, *(_to_wire(a, d) for a, d in zip(args, dtypes[1:], strict=True)), handle=self.address)
+
+    def recv(self, handle: jax.Array) -> tuple[jax.Array, Any]:
+        call, _, dtypes = self.calls["recv"]
+        handle, *values = call(handle, handle=self.address)
+        values = [_from_wire(v, d) for v, d in zip(values, dtypes[1:], strict=True)]
+        return handle, self.pool._to(values, reset=False, return_info=True)
 
     def __repr__(self) -> str:
         return f"PoolRef({id(self.pool):#x})"
 
     def __reduce__(self):
         raise TypeError("an env.xla EnvPool pool lives in the process that made it and cannot be pickled")
+
+
+def _to_wire(x: jax.Array, dtype: np.dtype) -> jax.Array:
+    """``x`` as EnvPool's ``dtype`` wants it: a 64-bit one as uint32 word pairs (low word first)."""
+    if dtype.itemsize != 8:
+        return jnp.asarray(x).astype(dtype)
+    if dtype.kind != "f":  # int64: sign-extended
+        low = jnp.asarray(x).astype(jnp.int32)
+        return jnp.stack([low.astype(jnp.uint32), jnp.where(low < 0, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))], -1)
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(x).astype(jnp.float32), jnp.uint32)
+    sign, exp, mant = bits & jnp.uint32(0x80000000), (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    exp = jnp.where(exp == 0xFF, jnp.uint32(0x7FF), exp + jnp.uint32(1023 - 127))
+    high, low = sign | (exp << 20) | (mant >> 3), (mant & 0x7) << 29
+    zero = (bits & 0x7F800000) == 0  # zero (a subnormal is zero to XLA on CPU)
+    return jnp.stack([jnp.where(zero, jnp.uint32(0), low), jnp.where(zero, sign, high)], -1)
+
+
+def _from_wire(x: jax.Array, dtype: np.dtype) -> jax.Array:
+    """An array EnvPool returned as ``dtype``, in JAX's 32-bit dtypes (a float64 rounded to nearest, ties to even)."""
+    if dtype.itemsize != 8:
+        return x
+    low, high = x[..., 0], x[..., 1]
+    if dtype.kind != "f":
+        return low.astype(jnp.int32)
+    sign, exp = high & jnp.uint32(0x80000000), (high >> 20) & 0x7FF
+    mant = jnp.uint32(1 << 23) | ((high & 0xFFFFF) << 3) | (low >> 29)  # 24 bits with the leading one
+    rest, half = low & 0x1FFFFFFF, jnp.uint32(1 << 28)
+    mant = mant + ((rest > half) | ((rest == half) & ((mant & 1) == 1))).astype(jnp.uint32)
+    carry = mant >> 24  # rounded up to 2^24: one more in the exponent
+    exp32 = exp.astype(jnp.int32) - (1023 - 127) + carry.astype(jnp.int32)
+    bits = sign | (jnp.clip(exp32, 0, 255).astype(jnp.uint32) << 23) | ((mant >> carry) & 0x7FFFFF)
+    bits = jnp.where(exp32 >= 255, sign | 0x7F800000, bits)  # too large: infinity
+    bits = jnp.where(exp32 <= 0, sign, bits)  # too small (and zero): zero
+    nan = (exp == 0x7FF) & (((high & 0xFFFFF) | low) != 0)
+    bits = jnp.where(exp == 0x7FF, sign | 0x7F800000 | jnp.where(nan, jnp.uint32(0x400000), jnp.uint32(0)), bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 @struct.dataclass
@@ -283,23 +350,14 @@ class EnvPoolXlaEnv(EnvPoolEnv):
     def __init__(self, name: str, stand_in: EnvPoolEnv | None = None, **kwargs: Any):
         if stand_in is not None:  # the shape stand-in: this env's shapes, no pool
             self.name, self.kwargs, self.spec, self._float = stand_in.name, stand_in.kwargs, stand_in.spec, stand_in._float
-            self._act_dtype = stand_in._act_dtype
             self.host_simulator = False
             return
         super().__init__(name, **kwargs)
         import envpool
 
-        spec = envpool.make_spec(name, **kwargs)
-        arrays = {**spec.state_array_spec, **spec.action_array_spec}
-        if any(k.endswith("lives") for k in arrays):
+        if any(k.endswith("lives") for k in envpool.make_spec(name, **kwargs).state_array_spec):
             raise ConfigError("env.xla", f"envpool:{name} is an Atari game, whose whole-game scores env.xla does not "
                               "log yet; leave env.xla off (the pool then steps on the host)")
-        self._act_dtype = np.dtype(spec.action_array_spec["action"].dtype)  # EnvPool checks it exactly
-        wide = sorted(k for k, a in arrays.items() if np.dtype(a.dtype).itemsize == 8)
-        if wide and not jax.config.jax_enable_x64:
-            raise ConfigError("env.xla", f"envpool:{name} exchanges 64-bit arrays ({', '.join(wide)}), which JAX "
-                              "makes only with jax_enable_x64; leave env.xla off (the pool then steps on the host, "
-                              "converting them)")
 
     def shape_stand_in(self) -> Environment:
         return EnvPoolXlaEnv(self.name, stand_in=self)
@@ -340,11 +398,11 @@ class EnvPoolXlaEnv(EnvPoolEnv):
         space, n = self.spec.action_space, state.obs.shape[0]
         dtype = self.spec.obs_dtype
         if isinstance(space, Box):
-            action = jnp.clip(action, space.low, space.high)
+            action = jnp.clip(action.astype(jnp.float32), space.low, space.high)
             noop = jnp.clip(jnp.zeros((1, *space.shape), jnp.float32), space.low, space.high)
         else:
             noop = jnp.zeros(1, jnp.int32)
-        action, noop = action.astype(self._act_dtype), noop.astype(self._act_dtype)
+        action = action.astype(noop.dtype)
         zeros_f, zeros_b = jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_)
         if state.ref is None:  # the shape stand-in
             final, reward, terminated, truncated, handle = state.obs, zeros_f, zeros_b, zeros_b, state.handle
