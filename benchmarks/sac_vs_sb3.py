@@ -13,6 +13,9 @@ temperature (target entropy -|A|), tau 0.005, gamma 0.99 and a 1M-transition buf
   step the Gymnasium environments on the host and hold the replay shards, one learner thread, jitted);
 - ``msrl_fused_gymnax`` (``--env Pendulum-v1`` only): gymnax's Pendulum-v1 (the same dynamics in JAX), the
   whole iteration as one XLA program;
+- ``msrl_fused_envpool_xla`` (where EnvPool has the id, ``.[envpool]``): EnvPool's port of the environment
+  (``envpool:ID``, C++), stepped from inside the fused program (``env.xla=true``), the whole iteration one XLA
+  program;
 - ``sb3``: Stable-Baselines3's SAC on a ``DummyVecEnv`` of the same environments (``train_freq=1``,
   ``gradient_steps=--updates``), torch on the CPU with ``--torch-threads`` threads (default 1: on the loaded
   2-core box, 2 threads made SB3 8x slower, 20 vs 166 SPS, from the threads' contention; try both on yours).
@@ -26,6 +29,7 @@ the SB3 run beside it, and the load average (``uptime``) before and after. The i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -104,6 +108,11 @@ def main() -> None:
                                                "policy.shards=1"]}
     if args.env == "Pendulum-v1":
         settings["msrl_fused_gymnax"] = ["env.id=gymnax:Pendulum-v1", "policy.name=fused"]
+    if importlib.util.find_spec("envpool") is not None:
+        import envpool
+
+        if args.env in envpool.list_all_envs():  # EnvPool's port of the same env, stepped inside the fused program
+            settings["msrl_fused_envpool_xla"] = [f"env.id=envpool:{args.env}", "env.xla=true", "policy.name=fused"]
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {"sb3": [], **{name: [] for name in settings}}
     for _ in range(args.pairs):

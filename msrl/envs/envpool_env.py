@@ -43,6 +43,7 @@ from flax import struct
 
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
 from msrl.envs.gymnasium_env import EpisodeCounts, _ShapeOnly, host_spaces, seed_words
+from msrl.envs.gymnax_env import FunctionalEnv, episode_counts
 from msrl.errors import ConfigError, TrainingError
 
 RESERVED = ("num_envs", "batch_size", "seed", "env_seed", "env_type", "gym_reset_return_info")
@@ -338,7 +339,8 @@ class EnvPoolXlaEnv(EnvPoolEnv):
     whatever order they finish and puts each at its env's index. The envs that ended step once more (EnvPool's
     auto-reset step, its action ignored), as the host adapter does, so msrl's contract holds: the ending step returns
     the next episode's first observation and ``final_obs``. Seeds are the host adapter's, so every env steps exactly
-    as an ``envpool:`` env on the host (tests/test_envpool.py checks it bitwise).
+    as an ``envpool:`` env on the host (tests/test_envpool.py checks it bitwise). 64-bit arrays (MuJoCo's) cross as
+    uint32 word pairs (:class:`PoolRef`).
 
     The state holds the pool itself: it cannot be stacked (``run.num_seeds``, replicas on the jax backend), stored in
     a checkpoint (a resumed run starts the episodes afresh, as host envs do) or sent to another process."""
@@ -383,12 +385,6 @@ class EnvPoolXlaEnv(EnvPoolEnv):
             obs[int(info["env_id"][0])] = np.asarray(o[0])
         ref = PoolRef(pool)
         return self._zeros(n, ref, obs).replace(handle=jnp.asarray(ref.handle))
-
-    def observe(self, state: EnvPoolXlaState):
-        return state, state.obs
-
-    def starts(self, state: EnvPoolXlaState):
-        return state, state.running_length == 0
 
     def reset(self, state: EnvPoolXlaState):
         raise ConfigError("env.xla", f"envpool:{self.name} with env.xla cannot reset every env inside the program "
@@ -439,22 +435,11 @@ class EnvPoolXlaEnv(EnvPoolEnv):
                 return jax.lax.fori_loop(0, k, recv_reset, (handle, obs))
 
             handle, obs = jax.lax.cond(done.any(), auto_reset, lambda carry: carry, (handle, final))
-        done = terminated | truncated
-        ret, length = state.running_return + reward, state.running_length + 1
-        state = state.replace(handle=handle, obs=obs, running_return=jnp.where(done, 0.0, ret),
-                              last_return=jnp.where(done, ret, state.last_return),
-                              episodes=state.episodes + done.astype(jnp.int32),
-                              running_length=jnp.where(done, 0, length),
-                              last_length=jnp.where(done, length, state.last_length))
+        state = state.replace(handle=handle, obs=obs, **episode_counts(state, reward, terminated | truncated))
         return state, EnvStep(obs, reward, terminated, truncated, final)
 
-    def stats(self, state: EnvPoolXlaState):
-        finished = state.episodes > 0
-        bad = jnp.sum(~jnp.isfinite(state.obs)) + jnp.sum(~jnp.isfinite(state.running_return)) if self._float else \
-            jnp.sum(~jnp.isfinite(state.running_return))
-        return {"return_sum": jnp.sum(jnp.where(finished, state.last_return, 0.0)), "finished": finished.sum(),
-                "length_sum": jnp.sum(jnp.where(finished, state.last_length, 0)),
-                "episodes": state.episodes.sum(), "nonfinite": bad}
+    # a functional env's: the current observations, episode starts and statistics from the same counters
+    observe, starts, stats = FunctionalEnv.observe, FunctionalEnv.starts, FunctionalEnv.stats
 
     def close(self, state: EnvPoolXlaState) -> None:
         if state.ref is not None:

@@ -34,6 +34,14 @@ class EnvState:
     last_length: jax.Array  # [N] steps of the last completed episode
 
 
+def episode_counts(state: Any, reward: jax.Array, done: jax.Array) -> dict[str, jax.Array]:
+    """The episode counters of ``state`` (:class:`EnvState`'s) after a step that paid ``reward`` and ended ``done``."""
+    ret, length = state.running_return + reward, state.running_length + 1
+    return {"running_return": jnp.where(done, 0.0, ret), "last_return": jnp.where(done, ret, state.last_return),
+            "episodes": state.episodes + done.astype(jnp.int32), "running_length": jnp.where(done, 0, length),
+            "last_length": jnp.where(done, length, state.last_length)}
+
+
 class FunctionalEnv(Environment):
     """A batch of functional environments with auto-reset; subclasses define ``_reset`` and ``_step``."""
 
@@ -69,18 +77,7 @@ class FunctionalEnv(Environment):
             action = jnp.clip(action, self.spec.action_space.low, self.spec.action_space.high)
         keys, step_keys = split_keys(state.keys)
         obs, inner, reward, terminated, truncated, final_obs = self._step(step_keys, state.inner, action)
-        done = terminated | truncated
-        ret, length = state.running_return + reward, state.running_length + 1
-        state = EnvState(
-            inner,
-            obs,
-            keys,
-            jnp.where(done, 0.0, ret),
-            jnp.where(done, ret, state.last_return),
-            state.episodes + done.astype(jnp.int32),
-            jnp.where(done, 0, length),
-            jnp.where(done, length, state.last_length),
-        )
+        state = EnvState(inner, obs, keys, **episode_counts(state, reward, terminated | truncated))
         return state, EnvStep(obs, reward, terminated, truncated, final_obs)
 
     def stats(self, state: EnvState):
