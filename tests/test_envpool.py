@@ -188,11 +188,13 @@ def test_ppo_envpool_same_parameters_however_the_envs_are_split_or_stepped():
 
 
 @pytest.mark.parametrize("name, kwargs", [("CartPole-v1", {}), ("Pendulum-v1", {}),
-                                          ("HalfCheetah-v4", {"max_episode_steps": 100})])
+                                          ("HalfCheetah-v4", {"max_episode_steps": 100}),
+                                          ("Breakout-v5", {"episodic_life": True, "reward_clip": True})])
 def test_envpool_xla_steps_every_env_as_the_host_adapter_does(name, kwargs):
     """``env.xla``: the pool stepped from a jitted step gives bitwise the host adapter's observations, rewards,
-    terminations, truncations (time limits) and final observations, and the same episode statistics. MuJoCo's
-    pool takes float64 actions and returns float64 observations, which cross as uint32 word pairs (no x64)."""
+    terminations, truncations (time limits) and final observations, the same episode starts (an Atari life) and
+    the same episode statistics (Atari: whole games, raw scores). MuJoCo's pool takes float64 actions and returns
+    float64 observations, which cross as uint32 word pairs (no x64)."""
     host, xla = make_env(f"envpool:{name}", **kwargs), make_env(f"envpool:{name}", xla=True, **kwargs)
     assert xla.jittable and xla.host_simulator and (xla.spec.id, xla.spec.obs_shape) == (host.spec.id, host.spec.obs_shape)
     key, ids, rng = jax.random.PRNGKey(3), np.arange(2, 7), np.random.default_rng(0)
@@ -204,6 +206,7 @@ def test_envpool_xla_steps_every_env_as_the_host_adapter_does(name, kwargs):
         xs, x = step(xs, action)
         for field in ("obs", "reward", "terminated", "truncated", "final_obs"):
             assert np.array_equal(np.asarray(getattr(h, field)), np.asarray(getattr(x, field))), field
+        assert np.array_equal(host.starts(hs)[1], np.asarray(xla.starts(xs)[1]))
         ends += int((h.terminated | h.truncated).sum())
     assert ends >= 5
     assert {k: float(v) for k, v in host.stats(hs).items()} == \
@@ -235,13 +238,11 @@ def test_float64_words_convert_as_numpy_does():
 
 def test_envpool_xla_refuses_what_it_cannot_do():
     """Clear errors on ``env.xla``: an id that is not EnvPool's, several seeds in one jax program (a pool cannot be
-    batched), an Atari game (its whole-game scores are not logged yet) and a loop that resets every env."""
+    batched) and a loop that resets every env."""
     with pytest.raises(msrl.ConfigError, match="env.xla"):
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.xla=true"]))
     with pytest.raises(msrl.ConfigError, match="env.xla.*cannot be batched"):
         _ppo_params(["policy.name=fused", "policy.backend=jax", "run.num_seeds=2"])
-    with pytest.raises(msrl.ConfigError, match="env.xla.*Atari"):
-        make_env("envpool:Breakout-v5", xla=True)
     with pytest.raises(msrl.ConfigError, match="env.xla.*msrl.env_reset"):
         make_env("envpool:CartPole-v1", xla=True).reset(None)
 

@@ -326,6 +326,7 @@ class EnvPoolXlaState:
     episodes: jax.Array
     running_length: jax.Array
     last_length: jax.Array
+    started: jax.Array  # [N] bool: the current observation begins the learner's episode (an Atari life)
     ref: PoolRef | None = struct.field(pytree_node=False, default=None)  # None: the compiler's shape stand-in
 
 
@@ -352,14 +353,14 @@ class EnvPoolXlaEnv(EnvPoolEnv):
     def __init__(self, name: str, stand_in: EnvPoolEnv | None = None, **kwargs: Any):
         if stand_in is not None:  # the shape stand-in: this env's shapes, no pool
             self.name, self.kwargs, self.spec, self._float = stand_in.name, stand_in.kwargs, stand_in.spec, stand_in._float
+            self._atari = stand_in._atari
             self.host_simulator = False
             return
         super().__init__(name, **kwargs)
         import envpool
 
-        if any(k.endswith("lives") for k in envpool.make_spec(name, **kwargs).state_array_spec):
-            raise ConfigError("env.xla", f"envpool:{name} is an Atari game, whose whole-game scores env.xla does not "
-                              "log yet; leave env.xla off (the pool then steps on the host)")
+        # Atari: the logged episodes are whole games, scored with raw rewards (as on the host)
+        self._atari = "info:lives" in envpool.make_spec(name, **kwargs).state_array_spec
 
     def shape_stand_in(self) -> Environment:
         return EnvPoolXlaEnv(self.name, stand_in=self)
@@ -367,7 +368,8 @@ class EnvPoolXlaEnv(EnvPoolEnv):
     def _zeros(self, n: int, ref: PoolRef | None, obs: Any = None) -> EnvPoolXlaState:
         zeros, counts = jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32)
         obs = jnp.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype) if obs is None else jnp.asarray(obs)
-        return EnvPoolXlaState(jnp.zeros(8, jnp.uint8), obs, zeros, zeros, counts, counts, counts, ref)
+        return EnvPoolXlaState(jnp.zeros(8, jnp.uint8), obs, zeros, zeros, counts, counts, counts,
+                               jnp.ones(n, jnp.bool_), ref)
 
     def init(self, key: jax.Array, env_ids: Any) -> EnvPoolXlaState:
         if not self.host_simulator:
@@ -402,7 +404,7 @@ class EnvPoolXlaEnv(EnvPoolEnv):
         zeros_f, zeros_b = jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.bool_)
         if state.ref is None:  # the shape stand-in
             final, reward, terminated, truncated, handle = state.obs, zeros_f, zeros_b, zeros_b, state.handle
-            obs = final
+            obs, score, game_end = final, reward, terminated
         else:
             send, recv = state.ref.send, state.ref.recv
 
@@ -410,17 +412,20 @@ class EnvPoolXlaEnv(EnvPoolEnv):
                 return send(handle, jax.lax.dynamic_slice_in_dim(action, i, 1), i[None])
 
             def recv_one(_, carry):  # whichever env finished first, put at its index
-                handle, obs, reward, terminated, truncated = carry
+                handle, obs, reward, terminated, truncated, score, game_over = carry
                 handle, (o, r, te, tr, info) = recv(handle)
                 e = info["env_id"][0]
+                raw, over = (info["reward"][0], info["terminated"][0]) if self._atari else (r[0], te[0])
                 return (handle, obs.at[e].set(o[0].astype(dtype)), reward.at[e].set(r[0].astype(jnp.float32)),
-                        terminated.at[e].set(te[0]), truncated.at[e].set(tr[0]))
+                        terminated.at[e].set(te[0]), truncated.at[e].set(tr[0]),
+                        score.at[e].set(raw.astype(jnp.float32)), game_over.at[e].set(over))
 
             handle = jax.lax.fori_loop(0, n, send_one, state.handle)
-            handle, final, reward, terminated, truncated = jax.lax.fori_loop(
-                0, n, recv_one, (handle, jnp.zeros_like(state.obs), zeros_f, zeros_b, zeros_b))
+            handle, final, reward, terminated, truncated, score, game_over = jax.lax.fori_loop(
+                0, n, recv_one, (handle, jnp.zeros_like(state.obs), zeros_f, zeros_b, zeros_b, zeros_f, zeros_b))
             terminated = terminated & ~truncated  # cut by a time limit: bootstrap (as on the host)
             done = terminated | truncated
+            game_end = (game_over | truncated) if self._atari else done
 
             def auto_reset(carry):  # the ended envs step once more: EnvPool's auto-reset, moved into this step
                 handle, obs = carry
@@ -435,11 +440,15 @@ class EnvPoolXlaEnv(EnvPoolEnv):
                 return jax.lax.fori_loop(0, k, recv_reset, (handle, obs))
 
             handle, obs = jax.lax.cond(done.any(), auto_reset, lambda carry: carry, (handle, final))
-        state = state.replace(handle=handle, obs=obs, **episode_counts(state, reward, terminated | truncated))
+        state = state.replace(handle=handle, obs=obs, started=terminated | truncated,
+                              **episode_counts(state, score, game_end))
         return state, EnvStep(obs, reward, terminated, truncated, final)
 
-    # a functional env's: the current observations, episode starts and statistics from the same counters
-    observe, starts, stats = FunctionalEnv.observe, FunctionalEnv.starts, FunctionalEnv.stats
+    # a functional env's: the current observations, and statistics from the same counters
+    observe, stats = FunctionalEnv.observe, FunctionalEnv.stats
+
+    def starts(self, state: EnvPoolXlaState):
+        return state, state.started
 
     def close(self, state: EnvPoolXlaState) -> None:
         if state.ref is not None:
