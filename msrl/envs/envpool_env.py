@@ -29,6 +29,7 @@ network). ``env.kwargs`` go to ``envpool.make`` (``num_threads``, ``max_episode_
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import itertools
@@ -107,6 +108,8 @@ class EnvPoolEnv(Environment):
             raise ConfigError("env.id", f"envpool:{name} observes {kind}; msrl supports numeric observations")
         self.spec = EnvSpec(f"envpool:{name}", tuple(obs_space.shape), obs_dtype, action_space)
         self._float = obs_dtype.kind == "f"
+        # Atari: the logged episodes are whole games (to game over), scored with raw rewards
+        self._atari = "info:lives" in spec.state_array_spec
 
     def init(self, key: jax.Array, env_ids: Any) -> EnvPoolState:
         import envpool
@@ -195,7 +198,7 @@ class EnvPoolEnv(Environment):
             raise TrainingError(f"{self._where(state, i)} returned a non-finite {what}")
         state.steps += 1
         score, game_end = reward, done
-        if "lives" in info:  # Atari: the logged episodes are whole games (to game over), scored with raw rewards
+        if self._atari:
             order = np.argsort(ids)
             score = np.asarray(info["reward"], np.float32)[order]
             game_end = np.asarray(info["terminated"], np.bool_)[order] | truncated
@@ -350,26 +353,16 @@ class EnvPoolXlaEnv(EnvPoolEnv):
     host_simulator = True
     busy = None  # its steps run inside the replica's program: the stall watch sees a step that has not finished
 
-    def __init__(self, name: str, stand_in: EnvPoolEnv | None = None, **kwargs: Any):
-        if stand_in is not None:  # the shape stand-in: this env's shapes, no pool
-            self.name, self.kwargs, self.spec, self._float = stand_in.name, stand_in.kwargs, stand_in.spec, stand_in._float
-            self._atari = stand_in._atari
-            self.host_simulator = False
-            return
-        super().__init__(name, **kwargs)
-        import envpool
-
-        # Atari: the logged episodes are whole games, scored with raw rewards (as on the host)
-        self._atari = "info:lives" in envpool.make_spec(name, **kwargs).state_array_spec
-
     def shape_stand_in(self) -> Environment:
-        return EnvPoolXlaEnv(self.name, stand_in=self)
+        stand_in = copy.copy(self)  # this env's shapes; its init makes zeros, no pool
+        stand_in.host_simulator = False
+        return stand_in
 
     def _zeros(self, n: int, ref: PoolRef | None, obs: Any = None) -> EnvPoolXlaState:
         zeros, counts = jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32)
         obs = jnp.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype) if obs is None else jnp.asarray(obs)
-        return EnvPoolXlaState(jnp.zeros(8, jnp.uint8), obs, zeros, zeros, counts, counts, counts,
-                               jnp.ones(n, jnp.bool_), ref)
+        handle = jnp.zeros(8, jnp.uint8) if ref is None else jnp.asarray(ref.handle)
+        return EnvPoolXlaState(handle, obs, zeros, zeros, counts, counts, counts, jnp.ones(n, jnp.bool_), ref)
 
     def init(self, key: jax.Array, env_ids: Any) -> EnvPoolXlaState:
         if not self.host_simulator:
@@ -385,8 +378,7 @@ class EnvPoolXlaEnv(EnvPoolEnv):
         for _ in range(n):
             o, _, _, _, info = pool.recv()
             obs[int(info["env_id"][0])] = np.asarray(o[0])
-        ref = PoolRef(pool)
-        return self._zeros(n, ref, obs).replace(handle=jnp.asarray(ref.handle))
+        return self._zeros(n, PoolRef(pool), obs)
 
     def reset(self, state: EnvPoolXlaState):
         raise ConfigError("env.xla", f"envpool:{self.name} with env.xla cannot reset every env inside the program "
