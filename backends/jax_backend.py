@@ -41,9 +41,11 @@ class JaxRuntime(Runtime):
         self.k = max(1, int(iterations_per_dispatch))
         env = program.env
         if env.host_simulator and (self.members > 1 or self.replicas > 1):
+            hint = ("train one seed per run" if self.members > 1 else
+                    "run each replica as its own process (policy.backend=ray)")
             raise ConfigError("env.xla", f"{env.spec.id}'s pools step from inside one XLA program each, which cannot be "
                               f"batched over {'run.num_seeds / run.sweep members' if self.members > 1 else 'replicas'} "
-                              "on the jax backend; train one seed per run, or place the envs on threads "
+                              f"on the jax backend; {hint}, or place the envs on threads "
                               "(policy.name=single_learner_coarse policy.backend=threads)")
         frag_fn = self.fragment.fn
         swept = list(members[0][1])

@@ -63,6 +63,10 @@ def _conformance_loops() -> None:
     importlib.import_module("msrl.conformance_loops")  # registers conf_sac, conf_recurrent, conf_ema
 
 
+def _envpool() -> None:
+    importlib.import_module("envpool")  # the `envpool` extra
+
+
 def _custom_algorithm() -> None:
     """Import examples/custom_algorithm.py by path, as the module ``custom_algorithm`` (which registers
     ``reinforce``); its folder goes on sys.path so that Ray's processes import it by name too."""
@@ -141,6 +145,9 @@ LOOPS: dict[str, Loop] = {loop.name: loop for loop in [
           "buffer_size": 1024, "learning_starts": 16, "n_step": 2, "sequence_length": 6, "burn_in": 2,
           "target_update_every": 2, "eps_decay_steps": 1000, "hidden": [32], "memory_size": 16},
          env={"id": "gymnax:CartPole-v1", "kwargs": {"mask_obs": [1, 3]}}),
+    Loop("ppo_envpool_xla", "PPO (built-in) on EnvPool's C++ CartPole, stepped inside XLA (`env.xla: true`)",
+         {"name": "ppo", "rollout_len": 16, "epochs": 2, "minibatches": 2, "hidden": [32]},
+         env={"id": "envpool:CartPole-v1", "xla": True}, setup=_envpool),
     Loop("ema", "Learner with extra state: step counter + EMA of params (conformance_loops)",
          {"name": "conf_ema"}, setup=_conformance_loops),
 ]}

@@ -280,12 +280,16 @@ def test_ppo_nature_cnn_on_envpool_breakout_trains(tmp_path):
 
 def test_ppo_envpool_on_ray_actors_matches_threads(ray_cluster):
     """EnvPool pools made inside Ray actor processes: single_learner_coarse 2 x 4 on ray gives the parameters of
-    threads (to 1e-5, the ray backend's tolerance) and the same episodes."""
+    threads (to 1e-5, the ray backend's tolerance) and the same episodes. With ``env.xla`` each multi_learner
+    replica on ray steps its own pool inside its program (a vmap of one replica per process)."""
     threads, threads_rows = _ppo_params(["policy.actors=2", "policy.envs_per_actor=4"])
     ray, ray_rows = _ppo_params(["policy.actors=2", "policy.envs_per_actor=4", "policy.backend=ray",
                                  "policy.actor_backend=ray"])
     assert max_diff(threads, ray) <= 1e-5
     assert [r["episodes"] for r in threads_rows] == [r["episodes"] for r in ray_rows]
+    learners, rows = _ppo_params(["policy.name=multi_learner", "policy.backend=ray", "policy.learners=2"], iterations=2)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(learners)) and max_diff(threads, learners) > 0
+    assert rows[-1]["episodes"] > 0
 
 
 def test_envpool_atari_logs_whole_games_while_the_learner_sees_lives():

@@ -260,8 +260,10 @@ class PoolRef:
             ffi.register_ffi_target(target, cpu, platform="cpu", api_version=1)
             specs = [jax.ShapeDtypeStruct((*shape, 2), jnp.uint32) if np.dtype(dtype).itemsize == 8 else
                      jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for dtype, shape in outs]
+            # vmap: a replica alone in its process under multi_learner on ray runs inside a vmap of one; states of
+            # several pools never stack (each pool is its own tree structure), so a batch is never more than one
             call = ffi.ffi_call(target, specs if len(specs) > 1 else specs[0], has_side_effect=True,
-                                input_output_aliases={0: 0})
+                                input_output_aliases={0: 0}, vmap_method="sequential")
             self.calls[name] = (call, [np.dtype(d) for d, _ in ins], [np.dtype(d) for d, _ in outs])
         self.handle = np.frombuffer(handle, np.uint8)
         self.address = int.from_bytes(handle, sys.byteorder)
