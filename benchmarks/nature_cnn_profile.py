@@ -2,10 +2,11 @@
 backward for one iteration's 16 minibatches of 256 frames (8 envs x 128 steps, 4 epochs x 4 minibatches; PPO's loss
 terms left out, the network is the cost), as one jitted loop, timed and traced with ``jax.profiler``.
 
-    python benchmarks/nature_cnn_profile.py [--conv slices|native] [--top 12]
+    python benchmarks/nature_cnn_profile.py [--conv slices|space_to_depth|native] [--top 12]
 
-``--conv native`` swaps msrl's convolution (a matrix product of the concatenated image patches,
-``msrl.rl.conv_valid``) for XLA's own (``lax.conv_general_dilated``) to compare. Prints JSON: the loop's median
+``--conv`` swaps msrl's convolution (a matrix product of the concatenated image patches, ``msrl.rl.conv_valid``)
+to compare: ``space_to_depth`` first folds each stride's s x s pixel blocks into channels, so the patches are
+(k/s)^2 slices (4 instead of 64 for the first layer); ``native`` is XLA's own (``lax.conv_general_dilated``). Prints JSON: the loop's median
 seconds, its GFLOP/s (~49.4 MFLOP per frame and update: forward and backward, no input gradient for the first
 layer), the traced seconds of its matrix products and of everything else (slicing, concatenating, padding,
 elementwise), the XLA operations that took most of it, and the load average.
@@ -32,14 +33,27 @@ import numpy as np  # noqa: E402
 import msrl.rl as rl  # noqa: E402
 
 FLOP_PER_FRAME = 49.4e6  # conv1 2 x 6.55M (no input gradient), conv2/conv3/dense 3 x (5.3M + 3.6M + 3.2M)
+SLICES = rl.conv_valid
+
+
+def space_to_depth_conv(x, kernel, stride):
+    """``conv_valid`` with each s x s block of pixels as channels: a stride-1 convolution of kernel k/s."""
+    n, h, w, c = x.shape
+    k, out, s = kernel.shape[0], kernel.shape[-1], stride
+    x = x[:, :h // s * s, :w // s * s].reshape(n, h // s, s, w // s, s, c).transpose(0, 1, 3, 2, 4, 5)
+    x = x.reshape(n, h // s, w // s, s * s * c)
+    kernel = kernel.reshape(k // s, s, k // s, s, c, out).transpose(0, 2, 1, 3, 4, 5).reshape(k // s, k // s, -1, out)
+    return SLICES(x, kernel, 1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--conv", choices=["slices", "native"], default="slices")
+    ap.add_argument("--conv", choices=["slices", "space_to_depth", "native"], default="slices")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
+    if args.conv == "space_to_depth":
+        rl.conv_valid = space_to_depth_conv
     if args.conv == "native":
         rl.conv_valid = lambda x, kernel, stride: jax.lax.conv_general_dilated(
             x, kernel, (stride, stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
