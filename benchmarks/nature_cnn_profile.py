@@ -6,8 +6,8 @@ terms left out, the network is the cost), as one jitted loop, timed and traced w
 
 ``--conv`` swaps msrl's convolution (a matrix product of the concatenated image patches, ``msrl.rl.conv_valid``)
 to compare: ``space_to_depth`` first folds each stride's s x s pixel blocks into channels, so the patches are
-(k/s)^2 slices (4 instead of 64 for the first layer); ``native`` is XLA's own (``lax.conv_general_dilated``). Prints JSON: the loop's median
-seconds, its GFLOP/s (~49.4 MFLOP per frame and update: forward and backward, no input gradient for the first
+(k/s)^2 slices (4 instead of 64 for the first layer); ``native`` is XLA's own (``lax.conv_general_dilated``).
+Prints JSON: the loop's median seconds, its GFLOP/s (~49.4 MFLOP per frame and update: forward and backward, no input gradient for the first
 layer), the traced seconds of its matrix products and of everything else (slicing, concatenating, padding,
 elementwise), the XLA operations that took most of it, and the load average.
 """
