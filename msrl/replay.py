@@ -15,6 +15,7 @@ donating the state, to update in place).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -32,6 +33,52 @@ def _ring_write(data: Any, start: jax.Array, items: Any, rows: int) -> Any:
     """Write ``items`` (stacked on a leading axis of at most ``rows``) at rows ``start, start+1, ...`` mod ``rows``."""
     index = (start + jnp.arange(_rows_of(items))) % rows
     return jax.tree.map(lambda d, x: d.at[index].set(x), data, items)
+
+
+def put_row(data: jax.Array, item: jax.Array, index: jax.Array) -> jax.Array:
+    """``data`` with ``item`` written at row ``index`` (``data[index] = item``), in place. Under ``vmap`` (several
+    seeds in one program) the rows of the batch are written where each one's index says: one in-place write when
+    they agree, as they do when the seeds run in step, else one write per batch member. ``vmap`` of the plain
+    write is a scatter, which XLA's CPU backend runs as a copy of the whole buffer per insert."""
+    return _put_rows()(data[None], item[None], jnp.reshape(index, (1,)))[0]
+
+
+@functools.cache
+def _put_rows():
+    """``rows(data [R, T, ...], items [R, ...], index [R])``: ``data[r, index[r]] = items[r]`` for every ``r``;
+    batched, the batch is folded into ``R``, so any depth of ``vmap`` stays in-place writes."""
+
+    def write(data, items, index):
+        at = (0,) * (data.ndim - 2)
+        one = jax.lax.dynamic_update_slice(data, items[:, None].astype(data.dtype), (0, index[0], *at))
+
+        def each(r, d):
+            return jax.lax.dynamic_update_slice(d, items[r][None, None].astype(d.dtype), (r, index[r], *at))
+
+        if data.shape[0] == 1:
+            return one
+        return jax.lax.cond((index == index[0]).all(), lambda: one,
+                            lambda: jax.lax.fori_loop(0, data.shape[0], each, data))
+
+    @jax.custom_batching.custom_vmap
+    def batchable(data, items, index):
+        return write(data, items, index)
+
+    @batchable.def_vmap
+    def batched(size, in_batched, data, items, index):
+        data, items, index = (x if b else jnp.broadcast_to(x, (size, *x.shape))
+                              for x, b in zip((data, items, index), in_batched, strict=True))
+        r = data.shape[1]
+        out = rows(data.reshape(size * r, *data.shape[2:]), items.reshape(size * r, *items.shape[2:]),
+                   index.reshape(size * r))
+        return out.reshape(size, r, *out.shape[1:]), True
+
+    @jax.custom_jvp
+    def rows(data, items, index):
+        return batchable(data, items, index)
+
+    rows.defjvp(lambda primals, tangents: (rows(*primals), write(tangents[0], tangents[1], primals[2])))
+    return rows
 
 
 # ------------------------------------------------------------------------------------------ trajectory
@@ -59,7 +106,7 @@ class TrajectoryBuffer(ReplayBuffer):
 
     def insert(self, state: TrajectoryState, item: Any) -> TrajectoryState:
         index = state.count % self.capacity
-        data = jax.tree.map(lambda d, x: jax.lax.dynamic_update_index_in_dim(d, x, index, 0), state.data, item)
+        data = jax.tree.map(lambda d, x: put_row(d, x, index), state.data, item)
         return TrajectoryState(data, state.count + 1)
 
     def insert_batch(self, state: TrajectoryState, items: Any) -> TrajectoryState:
@@ -146,7 +193,11 @@ class UniformBuffer(ReplayBuffer):
         return ReplayState(data, jnp.zeros((), jnp.int32), key)
 
     def insert(self, state: ReplayState, item: Any) -> ReplayState:
-        return self.insert_batch(state, jax.tree.map(lambda x: x[None], item))
+        rows, _ = self._shape(state)
+        if self.window > rows:
+            return self.insert_batch(state, jax.tree.map(lambda x: x[None], item))  # its error
+        return state.replace(data=jax.tree.map(lambda d, x: put_row(d, x, state.count % rows), state.data, item),
+                             count=state.count + 1)
 
     def insert_batch(self, state: ReplayState, items: Any) -> ReplayState:
         rows, _ = self._shape(state)
@@ -298,6 +349,9 @@ class PrioritizedBuffer(UniformBuffer):
         rows, width = self.layout(item_spec)
         return PrioritizedState(base.data, base.count, base.key, _tree_init(rows * width),
                                 jnp.ones((), jnp.float32), jnp.zeros((), jnp.int32))
+
+    def insert(self, state: PrioritizedState, item: Any) -> PrioritizedState:  # the sum tree's leaves too
+        return self.insert_batch(state, jax.tree.map(lambda x: x[None], item))
 
     def insert_batch(self, state: PrioritizedState, items: Any) -> PrioritizedState:
         rows, width = self._shape(state)
