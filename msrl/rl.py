@@ -245,6 +245,24 @@ def gae(reward, done, value, last_value, gamma: float, lam: float):
     return adv, adv + value
 
 
+def permutation(key: jax.Array, n: int) -> jax.Array:
+    """A uniformly random order of ``range(n)`` (int32), as ``jax.random.permutation`` draws one but ~3-4x
+    faster on CPU: each round sorts one array of random bits with the index packed into its low bits, which
+    XLA's CPU backend sorts directly, where ``jax.random.permutation`` sorts (bits, index) pairs through a
+    comparator (512 rows: ~35 vs ~100 us; 2048: ~180 vs ~750 us). Equal bits are ordered by index; as in
+    ``jax.random.permutation``, there are enough rounds that the bits drawn number at least ``n**3``, so such
+    ties change the order too rarely to matter."""
+    width = max(1, (n - 1).bit_length())  # bits of the index
+    if width > 16:  # too few random bits left in 32: the pairs' sort
+        return jax.random.permutation(key, n).astype(jnp.int32)
+    index = jnp.arange(n, dtype=jnp.uint32)
+    order = jnp.arange(n, dtype=jnp.int32)
+    for k in jax.random.split(key, -(-3 * width // (32 - width))):
+        bits = jax.random.bits(k, (n,), jnp.uint32) >> width << width
+        order = order[(jnp.sort(bits | index) & ((1 << width) - 1)).astype(jnp.int32)]
+    return order
+
+
 def minibatch_epochs(tx, loss, state, data, epochs: int, minibatches: int, shuffle: bool = True):
     """``epochs`` passes over ``data`` (leaves batched on their leading axis), each shuffling it (with
     ``shuffle``) and taking one ``tx`` step per equal slice of ``minibatches``; ``loss(params, minibatch) ->
@@ -256,7 +274,7 @@ def minibatch_epochs(tx, loss, state, data, epochs: int, minibatches: int, shuff
         params, opt_state, key = carry
         key, perm_key = jax.random.split(key)
         if shuffle:  # one permutation for every leaf (XLA does not merge one drawn per leaf: 8 sorts, not 1)
-            perm = jax.random.permutation(perm_key, size)
+            perm = permutation(perm_key, size)
             shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0), data)
         else:
             shuffled = data
