@@ -204,11 +204,8 @@ def _mean_over_replicas(grads: Any, state: Any, params: Any = None) -> tuple[Any
 def ravel(tree: Any) -> Any:
     """Every leaf of ``tree`` flattened into one vector, written by in-place copies: XLA's CPU backend (jax 0.10)
     splits one concatenation of many large leaves over its threads and then runs it erratically slowly (Adam on
-    a 256-wide MLP took 0.9 ms a step, and 0.9-7.6 ms with the concatenation, varying from run to run).
-
-    Under ``vmap`` (several seeds, or a device's replicas) the copies stay copies: a batched
-    ``dynamic_update_slice`` would become a bounds-checked scatter, which XLA's CPU backend runs one element at a
-    time (8 seeds of PPO on CartPole spent ~2 ms per minibatch in it, more than the update itself)."""
+    a 256-wide MLP took 0.9 ms a step, and 0.9-7.6 ms with the concatenation, varying from run to run). Under
+    ``vmap`` (several seeds, a device's replicas) the copies stay copies (:func:`rowwise`)."""
     import jax
 
     leaves = jax.tree.leaves(tree)
@@ -217,34 +214,44 @@ def ravel(tree: Any) -> Any:
 
 @functools.cache
 def _ravel_rows() -> Callable:
-    """``rows(*leaves)``: leaves ``[R, n_i]`` side by side in one ``[R, sum n_i]`` array, written by in-place
-    copies; batched, the batch is folded into the rows, so any depth of ``vmap`` stays one such write. Its
-    derivatives are those of the plain copies (``custom_vmap`` alone has no reverse mode)."""
     import jax
     import jax.numpy as jnp
 
-    def copies(*leaves):
+    def copies(*leaves):  # leaves [R, n_i] side by side: [R, sum n_i]
         out, at = jnp.zeros((leaves[0].shape[0], sum(x.shape[1] for x in leaves)), jnp.result_type(*leaves)), 0
         for x in leaves:
             out, at = jax.lax.dynamic_update_slice(out, x.astype(out.dtype), (0, at)), at + x.shape[1]
         return out
 
+    return rowwise(copies)
+
+
+def rowwise(fn: Callable) -> Callable:
+    """``fn(*arrays) -> array``, all with a leading axis of rows that ``fn`` treats one by one, such that under
+    ``vmap`` the batch is folded into the rows: ``fn`` runs unbatched on batch x rows rows, at any depth of
+    ``vmap``. For in-place writes (``dynamic_update_slice``), which ``vmap`` would make bounds-checked scatters
+    that XLA's CPU backend runs one element, or one whole buffer, at a time (8 vmapped seeds of PPO on CartPole
+    ran 2.2x slower so). Derivatives are ``fn``'s own (``custom_vmap`` alone has no reverse mode)."""
+    import jax
+    import jax.numpy as jnp
+
     @jax.custom_batching.custom_vmap
-    def batchable(*leaves):
-        return copies(*leaves)
+    def batchable(*args):
+        return fn(*args)
 
     @batchable.def_vmap
-    def batched(size, in_batched, *leaves):
-        leaves = [x if b else jnp.broadcast_to(x, (size, *x.shape)) for x, b in zip(leaves, in_batched, strict=True)]
-        r = leaves[0].shape[1]
-        return rows(*(x.reshape(size * r, -1) for x in leaves)).reshape(size, r, -1), True
+    def batched(size, in_batched, *args):
+        args = [x if b else jnp.broadcast_to(x, (size, *x.shape)) for x, b in zip(args, in_batched, strict=True)]
+        r = args[0].shape[1]
+        out = folded(*(x.reshape(size * r, *x.shape[2:]) for x in args))
+        return out.reshape(size, r, *out.shape[1:]), True
 
     @jax.custom_jvp
-    def rows(*leaves):
-        return batchable(*leaves)
+    def folded(*args):
+        return batchable(*args)
 
-    rows.defjvp(lambda primals, tangents: (rows(*primals), copies(*tangents)))
-    return rows
+    folded.defjvp(lambda primals, tangents: (folded(*primals), jax.jvp(fn, primals, tangents)[1]))
+    return folded
 
 
 def unravel(like: Any, vector: Any) -> Any:

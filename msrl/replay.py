@@ -15,13 +15,13 @@ donating the state, to update in place).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from msrl.backend import rowwise
 from msrl.components import ReplayBuffer
 
 
@@ -35,50 +35,28 @@ def _ring_write(data: Any, start: jax.Array, items: Any, rows: int) -> Any:
     return jax.tree.map(lambda d, x: d.at[index].set(x), data, items)
 
 
+def _write_rows(data: jax.Array, items: jax.Array, index: jax.Array) -> jax.Array:
+    """``data[r, index[r]] = items[r]`` for every ``r`` (``data`` [R, T, ...]): one in-place write when the indices
+    agree (seeds in step), else one per row."""
+    at = (0,) * (data.ndim - 2)
+    one = jax.lax.dynamic_update_slice(data, items[:, None].astype(data.dtype), (0, index[0], *at))
+    if data.shape[0] == 1:
+        return one
+
+    def each(r, d):
+        return jax.lax.dynamic_update_slice(d, items[r][None, None].astype(d.dtype), (r, index[r], *at))
+
+    return jax.lax.cond((index == index[0]).all(), lambda: one, lambda: jax.lax.fori_loop(0, data.shape[0], each, data))
+
+
+_put_rows = rowwise(_write_rows)
+
+
 def put_row(data: jax.Array, item: jax.Array, index: jax.Array) -> jax.Array:
-    """``data`` with ``item`` written at row ``index`` (``data[index] = item``), in place. Under ``vmap`` (several
-    seeds in one program) the rows of the batch are written where each one's index says: one in-place write when
-    they agree, as they do when the seeds run in step, else one write per batch member. ``vmap`` of the plain
-    write is a scatter, which XLA's CPU backend runs as a copy of the whole buffer per insert."""
-    return _put_rows()(data[None], item[None], jnp.reshape(index, (1,)))[0]
-
-
-@functools.cache
-def _put_rows():
-    """``rows(data [R, T, ...], items [R, ...], index [R])``: ``data[r, index[r]] = items[r]`` for every ``r``;
-    batched, the batch is folded into ``R``, so any depth of ``vmap`` stays in-place writes."""
-
-    def write(data, items, index):
-        at = (0,) * (data.ndim - 2)
-        one = jax.lax.dynamic_update_slice(data, items[:, None].astype(data.dtype), (0, index[0], *at))
-
-        def each(r, d):
-            return jax.lax.dynamic_update_slice(d, items[r][None, None].astype(d.dtype), (r, index[r], *at))
-
-        if data.shape[0] == 1:
-            return one
-        return jax.lax.cond((index == index[0]).all(), lambda: one,
-                            lambda: jax.lax.fori_loop(0, data.shape[0], each, data))
-
-    @jax.custom_batching.custom_vmap
-    def batchable(data, items, index):
-        return write(data, items, index)
-
-    @batchable.def_vmap
-    def batched(size, in_batched, data, items, index):
-        data, items, index = (x if b else jnp.broadcast_to(x, (size, *x.shape))
-                              for x, b in zip((data, items, index), in_batched, strict=True))
-        r = data.shape[1]
-        out = rows(data.reshape(size * r, *data.shape[2:]), items.reshape(size * r, *items.shape[2:]),
-                   index.reshape(size * r))
-        return out.reshape(size, r, *out.shape[1:]), True
-
-    @jax.custom_jvp
-    def rows(data, items, index):
-        return batchable(data, items, index)
-
-    rows.defjvp(lambda primals, tangents: (rows(*primals), write(tangents[0], tangents[1], primals[2])))
-    return rows
+    """``data`` with ``item`` written at row ``index`` (``data[index] = item``), in place, also under ``vmap``
+    (several seeds in one program), where the plain write is a scatter that XLA's CPU backend runs as a copy of
+    the whole buffer per insert."""
+    return _put_rows(data[None], item[None], jnp.reshape(index, (1,)))[0]
 
 
 # ------------------------------------------------------------------------------------------ trajectory
