@@ -230,8 +230,8 @@ def rowwise(fn: Callable) -> Callable:
     """``fn(*arrays) -> array``, all with a leading axis of rows that ``fn`` treats one by one, such that under
     ``vmap`` the batch is folded into the rows: ``fn`` runs unbatched on batch x rows rows, at any depth of
     ``vmap``. For in-place writes (``dynamic_update_slice``), which ``vmap`` would make bounds-checked scatters
-    that XLA's CPU backend runs one element, or one whole buffer, at a time (8 vmapped seeds of PPO on CartPole
-    ran 2.2x slower so). Derivatives are ``fn``'s own (``custom_vmap`` alone has no reverse mode)."""
+    that XLA's CPU backend runs as loops over the whole batched array (8 vmapped seeds of PPO on CartPole ran
+    2.2x slower so). Derivatives are ``fn``'s own (``custom_vmap`` alone has no reverse mode)."""
     import jax
     import jax.numpy as jnp
 

@@ -54,8 +54,7 @@ _put_rows = rowwise(_write_rows)
 
 def put_row(data: jax.Array, item: jax.Array, index: jax.Array) -> jax.Array:
     """``data`` with ``item`` written at row ``index`` (``data[index] = item``), in place, also under ``vmap``
-    (several seeds in one program), where the plain write is a scatter that XLA's CPU backend runs as a copy of
-    the whole buffer per insert."""
+    (several seeds in one program), where the plain write is a scatter over the whole batched buffer."""
     return _put_rows(data[None], item[None], jnp.reshape(index, (1,)))[0]
 
 
