@@ -31,6 +31,8 @@ def _rows_of(items: Any) -> int:
 
 def _ring_write(data: Any, start: jax.Array, items: Any, rows: int) -> Any:
     """Write ``items`` (stacked on a leading axis of at most ``rows``) at rows ``start, start+1, ...`` mod ``rows``."""
+    if _rows_of(items) == 1:  # in place, also under vmap
+        return jax.tree.map(lambda d, x: put_row(d, x[0], start % rows), data, items)
     index = (start + jnp.arange(_rows_of(items))) % rows
     return jax.tree.map(lambda d, x: d.at[index].set(x), data, items)
 
@@ -39,14 +41,16 @@ def _write_rows(data: jax.Array, items: jax.Array, index: jax.Array) -> jax.Arra
     """``data[r, index[r]] = items[r]`` for every ``r`` (``data`` [R, T, ...]): one in-place write when the indices
     agree (seeds in step), else one per row."""
     at = (0,) * (data.ndim - 2)
-    one = jax.lax.dynamic_update_slice(data, items[:, None].astype(data.dtype), (0, index[0], *at))
-    if data.shape[0] == 1:
-        return one
+
+    def together():
+        return jax.lax.dynamic_update_slice(data, items[:, None].astype(data.dtype), (0, index[0], *at))
 
     def each(r, d):
         return jax.lax.dynamic_update_slice(d, items[r][None, None].astype(d.dtype), (r, index[r], *at))
 
-    return jax.lax.cond((index == index[0]).all(), lambda: one, lambda: jax.lax.fori_loop(0, data.shape[0], each, data))
+    if data.shape[0] == 1:
+        return together()
+    return jax.lax.cond((index == index[0]).all(), together, lambda: jax.lax.fori_loop(0, data.shape[0], each, data))
 
 
 _put_rows = rowwise(_write_rows)
@@ -170,11 +174,7 @@ class UniformBuffer(ReplayBuffer):
         return ReplayState(data, jnp.zeros((), jnp.int32), key)
 
     def insert(self, state: ReplayState, item: Any) -> ReplayState:
-        rows, _ = self._shape(state)
-        if self.window > rows:
-            return self.insert_batch(state, jax.tree.map(lambda x: x[None], item))  # its error
-        return state.replace(data=jax.tree.map(lambda d, x: put_row(d, x, state.count % rows), state.data, item),
-                             count=state.count + 1)
+        return self.insert_batch(state, jax.tree.map(lambda x: x[None], item))
 
     def insert_batch(self, state: ReplayState, items: Any) -> ReplayState:
         rows, _ = self._shape(state)
@@ -326,9 +326,6 @@ class PrioritizedBuffer(UniformBuffer):
         rows, width = self.layout(item_spec)
         return PrioritizedState(base.data, base.count, base.key, _tree_init(rows * width),
                                 jnp.ones((), jnp.float32), jnp.zeros((), jnp.int32))
-
-    def insert(self, state: PrioritizedState, item: Any) -> PrioritizedState:  # the sum tree's leaves too
-        return self.insert_batch(state, jax.tree.map(lambda x: x[None], item))
 
     def insert_batch(self, state: PrioritizedState, items: Any) -> PrioritizedState:
         rows, width = self._shape(state)

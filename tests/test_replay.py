@@ -194,7 +194,7 @@ def test_jitted_with_donation_matches_jitted_without():
 def test_row_writes_and_ravel_under_vmap_are_in_place_and_exact():
     """Several seeds in one program vmap the buffers' inserts and the optimizers' ravel: the values are those of
     the plain writes (seeds in step, seeds apart, nested vmaps, unbatched operands), the program has no scatter
-    (which XLA's CPU backend runs as a copy of the whole buffer), and gradients go through."""
+    (which XLA's CPU backend runs as loops over the whole batched buffer), and gradients go through."""
     from msrl.backend import ravel
     from msrl.replay import put_row
 
