@@ -37,9 +37,15 @@ def _ring_write(data: Any, start: jax.Array, items: Any, rows: int) -> Any:
     return jax.tree.map(lambda d, x: d.at[index].set(x), data, items)
 
 
+def _scatter_rows(data: jax.Array, items: jax.Array, index: jax.Array) -> jax.Array:
+    """``data[r, index[r]] = items[r]`` for every ``r`` (``data`` [R, T, ...]) as one scatter."""
+    return data.at[jnp.arange(data.shape[0]), index].set(items.astype(data.dtype))
+
+
 def _write_rows(data: jax.Array, items: jax.Array, index: jax.Array) -> jax.Array:
-    """``data[r, index[r]] = items[r]`` for every ``r`` (``data`` [R, T, ...]): one in-place write when the indices
-    agree (seeds in step), else one per row."""
+    """:func:`_scatter_rows`, in place. On CPU, where XLA runs a scatter as a loop over the whole array: one write
+    when the indices agree (seeds in step), else one per row. On an accelerator, where a condition costs a round
+    trip to the host at every step, the scatter."""
     at = (0,) * (data.ndim - 2)
 
     def together():
@@ -50,7 +56,8 @@ def _write_rows(data: jax.Array, items: jax.Array, index: jax.Array) -> jax.Arra
 
     if data.shape[0] == 1:
         return together()
-    return jax.lax.cond((index == index[0]).all(), together, lambda: jax.lax.fori_loop(0, data.shape[0], each, data))
+    return jax.lax.platform_dependent(data, items, index, default=_scatter_rows, cpu=lambda *_: jax.lax.cond(
+        (index == index[0]).all(), together, lambda: jax.lax.fori_loop(0, data.shape[0], each, data)))
 
 
 _put_rows = rowwise(_write_rows)

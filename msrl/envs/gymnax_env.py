@@ -158,7 +158,7 @@ class GymnaxEnv(FunctionalEnv):
             obs, inner, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
                 keys, inner, action, params)
             final_obs = info["final_observation"]
-        else:  # gymnax's own step, except that the auto-reset runs only on a step where some episode ended
+        else:  # gymnax's own step, except that on CPU the auto-reset runs only on a step where some episode ended
             halves = jax.vmap(jax.random.split)(keys)  # gymnax's (step key, reset key) of every env
             final_obs, state, reward, terminated, _ = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
                 halves[:, 0], inner, action, params)
@@ -175,7 +175,9 @@ class GymnaxEnv(FunctionalEnv):
                     return jax.lax.select(where, re, st)
                 return jax.tree.map(pick, obs_re, final_obs), jax.tree.map(pick, state_re, state)
 
-            obs, inner = jax.lax.cond(done.any(), reset, lambda _: (final_obs, state), None)
+            # on an accelerator a condition costs a round trip to the host at every step: reset every step there
+            obs, inner = jax.lax.platform_dependent(None, default=reset, cpu=lambda _: jax.lax.cond(
+                done.any(), reset, lambda _: (final_obs, state), None))
         truncated = jnp.asarray(truncated, bool)  # a time limit reached is a truncation, even where the env
         terminated = jnp.asarray(terminated, bool) & ~truncated  # also calls it terminal (gymnax's Pendulum)
         return obs, inner, reward.astype(jnp.float32), terminated, truncated, final_obs
