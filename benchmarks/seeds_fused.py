@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-import msrl
+import msrl  # first: it sets msrl's XLA CPU option
+
+import jax
 from msrl.config import load_config
 from msrl.sweep import spread_over_cores
 from rejax_peer import Peer, peer_python
@@ -71,7 +73,8 @@ def main() -> None:
     for peer in peers:
         peer.close()
     out = {"benchmark": "seeds_fused", "seeds": args.seeds, "seed_batching": args.seed_batching,
-           "env_steps_per_seed": args.steps, "msrl_cpu_devices": devices or 1}
+           "env_steps_per_seed": args.steps, "device": str(jax.devices()[0]),
+           "msrl_cpu_devices": (devices or 1) if jax.default_backend() == "cpu" else None}
     for name in ("msrl", "rejax"):
         if (name, 1) not in times:
             continue
