@@ -31,12 +31,12 @@ import numpy as np
 warnings.filterwarnings("ignore", module="gymnasium")
 
 
-ENVS = {"cartpole": ("CartPole-v1", (4,), 2), "breakout": ("Breakout-v5", (4, 84, 84), 4)}
+ENVS = {"cartpole": ("CartPole-v1", (4,), np.float32, 2), "breakout": ("Breakout-v5", (4, 84, 84), np.uint8, 4)}
 
 
 def actor(env: str):
     """A jitted ``act(obs) -> actions`` (numpy in, numpy out) for ``env``: a 64-64 tanh MLP, or the Nature CNN."""
-    _, obs_shape, actions = ENVS[env]
+    _, obs_shape, obs_dtype, actions = ENVS[env]
     if env == "breakout":
         from msrl.rl import NatureCNN
 
@@ -45,7 +45,7 @@ def actor(env: str):
         from msrl.rl import ActorCritic
 
         net = ActorCritic(action_dim=actions, discrete=True, obs_ndim=1)
-    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape), jnp.uint8 if env == "breakout" else jnp.float32))
+    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape), obs_dtype))
 
     @jax.jit
     def act(obs, key):
@@ -85,7 +85,7 @@ def halves(act, env: str, n: int, steps: int) -> float:
 def ready_half(act, env: str, n: int, steps: int) -> float:
     pool = envpool.make(ENVS[env][0], env_type="gymnasium", num_envs=n, batch_size=n // 2, seed=0)
     pool.async_reset()
-    act(np.zeros((n // 2, *ENVS[env][1]), np.uint8 if env == "breakout" else np.float32))  # compiles
+    act(np.zeros((n // 2, *ENVS[env][1]), ENVS[env][2]))  # compiles
     t = time.perf_counter()
     for _ in range(2 * steps):
         obs, *_, info = pool.recv()

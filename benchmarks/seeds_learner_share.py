@@ -66,10 +66,11 @@ def main() -> None:
     def learners(seeds: int):
         keys = jax.random.split(jax.random.PRNGKey(0), seeds)
         data, state = jax.vmap(batch)(keys), jax.vmap(learner.init)(keys)
-        one = lambda s, b: learner.learn(s, b, b.obs[-1])[0]  # noqa: E731
-        update = one if seeds == 1 else jax.vmap(one)
-        if seeds == 1:
+        update = lambda s, b: learner.learn(s, b, b.obs[-1])[0]  # noqa: E731
+        if seeds == 1:  # one learner as the fused program runs it, not a vmap of one
             data, state = jax.tree.map(lambda x: x[0], (data, state))
+        else:
+            update = jax.vmap(update)
         run = jax.jit(lambda s: jax.lax.fori_loop(0, LOOPS, lambda _, s: update(s, data), s))
         return ms_per_call(lambda: run(state), args.repeats) / LOOPS
 
