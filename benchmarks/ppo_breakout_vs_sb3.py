@@ -3,12 +3,13 @@ on threads) vs Stable-Baselines3 PPO (``CnnPolicy``, the same Nature CNN, on ALE
 wrappers), side by side in one process.
 
     pip install -e '.[bench,envpool]'
-    python benchmarks/ppo_breakout_vs_sb3.py [--env-steps 8192] [--pairs 2]
+    python benchmarks/ppo_breakout_vs_sb3.py [--env-steps 8192] [--pairs 2] [--sb3-device cuda]
 
 Same setup on both sides: 8 envs (msrl: 2 actor threads x 4), 84x84 grayscale frames stacked 4, frame skip 4,
 128-step rollouts, 4 epochs x 4 minibatches (batch 256), lr 2.5e-4, clip 0.1; SB3 on 2 torch threads. SPS counts
 env steps (x4 frames) after each side's first iteration (msrl compiles in it). Rounds alternate the order. Prints
-JSON: each round's SPS, the medians and their ratio (goal >= 2).
+JSON: each round's SPS, the medians and their ratio (goal >= 2). On a machine with a GPU, msrl's networks run
+on it (JAX's default device) and ``--sb3-device cuda`` puts SB3's there too.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import statistics
 import time
 from pathlib import Path
 
+import jax
+
 from host_env_subprocesses import steady_sps  # a sibling script
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_breakout_envpool.yaml"
 
 
-def sb3_sps(env_steps: int) -> float:
+def sb3_sps(env_steps: int, device: str) -> float:
     import ale_py
     import gymnasium
     import torch
@@ -38,7 +41,7 @@ def sb3_sps(env_steps: int) -> float:
     torch.set_num_threads(2)
     env = VecFrameStack(make_atari_env("BreakoutNoFrameskip-v4", n_envs=8, seed=0), n_stack=4)
     model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1,
-                ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, device="cpu", seed=0, verbose=0)
+                ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, device=device, seed=0, verbose=0)
 
     class Clock(BaseCallback):  # starts the clock after the first iteration, as msrl's side does
         start: float | None = None
@@ -60,15 +63,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--env-steps", type=int, default=8192)
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--sb3-device", default="cpu", help="torch device of SB3's networks (cpu, cuda)")
     args = ap.parse_args()
     load_before, rounds = os.getloadavg(), []
     for k in range(args.pairs):
         order = ["sb3", "msrl"] if k % 2 == 0 else ["msrl", "sb3"]
-        rounds.append({side: round(sb3_sps(args.env_steps) if side == "sb3" else steady_sps(EXAMPLE, [], args.env_steps), 1)
+        rounds.append({side: round(sb3_sps(args.env_steps, args.sb3_device) if side == "sb3" else steady_sps(EXAMPLE, [], args.env_steps), 1)
                        for side in order})
     sb3, ours = (statistics.median(r[s] for r in rounds) for s in ("sb3", "msrl"))
     print(json.dumps({
-        "benchmark": "ppo_breakout_vs_sb3", "envs": 8, "rollout_len": 128, "epochs": 4, "minibatches": 4,
+        "benchmark": "ppo_breakout_vs_sb3", "msrl_device": str(jax.devices()[0]), "sb3_device": args.sb3_device, "envs": 8, "rollout_len": 128, "epochs": 4, "minibatches": 4,
         "env_steps": args.env_steps, "pairs": args.pairs, "sb3_sps": round(sb3, 1), "msrl_sps": round(ours, 1),
         "ratio": round(ours / sb3, 2), "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()], "rounds": rounds,
