@@ -21,8 +21,6 @@ import statistics
 import time
 from pathlib import Path
 
-import jax
-
 from host_env_subprocesses import steady_sps  # a sibling script
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_breakout_envpool.yaml"
@@ -71,8 +69,11 @@ def main() -> None:
         rounds.append({side: round(sb3_sps(args.env_steps, args.sb3_device) if side == "sb3" else steady_sps(EXAMPLE, [], args.env_steps), 1)
                        for side in order})
     sb3, ours = (statistics.median(r[s] for r in rounds) for s in ("sb3", "msrl"))
+    import jax  # after msrl's import (in steady_sps), which sets an XLA option before JAX's backend starts
+
     print(json.dumps({
-        "benchmark": "ppo_breakout_vs_sb3", "msrl_device": str(jax.devices()[0]), "sb3_device": args.sb3_device, "envs": 8, "rollout_len": 128, "epochs": 4, "minibatches": 4,
+        "benchmark": "ppo_breakout_vs_sb3", "msrl_device": str(jax.devices()[0]), "sb3_device": args.sb3_device,
+        "envs": 8, "rollout_len": 128, "epochs": 4, "minibatches": 4,
         "env_steps": args.env_steps, "pairs": args.pairs, "sb3_sps": round(sb3, 1), "msrl_sps": round(ours, 1),
         "ratio": round(ours / sb3, 2), "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()], "rounds": rounds,
