@@ -63,11 +63,12 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--sb3-device", default="cpu", help="torch device of SB3's networks (cpu, cuda)")
     args = ap.parse_args()
+    sides = {"sb3": lambda: sb3_sps(args.env_steps, args.sb3_device),
+             "msrl": lambda: steady_sps(EXAMPLE, [], args.env_steps)}
     load_before, rounds = os.getloadavg(), []
     for k in range(args.pairs):
         order = ["sb3", "msrl"] if k % 2 == 0 else ["msrl", "sb3"]
-        rounds.append({side: round(sb3_sps(args.env_steps, args.sb3_device) if side == "sb3" else steady_sps(EXAMPLE, [], args.env_steps), 1)
-                       for side in order})
+        rounds.append({side: round(sides[side](), 1) for side in order})
     sb3, ours = (statistics.median(r[s] for r in rounds) for s in ("sb3", "msrl"))
     import jax  # after msrl's import (in steady_sps), which sets an XLA option before JAX's backend starts
 
