@@ -436,6 +436,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     stop, history = [], []  # stop: set by on_iteration or a signal; history: every logged row of this call
     pending: list[dict] = []  # iterations since the last logged row
     last = {"env_steps": session.iteration * steps_per_iter, "wall_time": elapsed0}  # the last logged row
+    steps0 = last["env_steps"]
 
     def emit() -> None:
         nonlocal last
@@ -509,8 +510,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                     if r["iteration"] % log_every == 0 or r["iteration"] == iterations:
                         emit()
                 last_time = now
-                if history:
-                    logger.update({**last, "env_steps": rows[-1]["env_steps"]})
+                if history:  # the bar's SPS: this call's average (a row's is its own interval's, and the
+                    # interval of a short dispatch, the last or one cut at a checkpoint, is slower)
+                    logger.update({**last, "env_steps": rows[-1]["env_steps"],
+                                   "sps": (rows[-1]["env_steps"] - steps0) / max(now - elapsed0, 1e-9)})
             if signals.received:
                 stop.append("signal")
             if stop and pending:  # a stopped run logs the iterations it did after its last row
