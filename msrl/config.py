@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from msrl.errors import ConfigError, quote
+from msrl.errors import ConfigError, did_you_mean, quote
 from msrl.registry import ALGORITHMS, POLICIES
 
 MAX_YAML_VALUES = 100_000  # what a YAML text may expand to through anchors and aliases (a "billion laughs")
@@ -129,6 +129,11 @@ def _integral(value: Any) -> int | None:
     return int(number) if number.is_integer() and abs(number) < 2**63 else None
 
 
+def unknown_key(key: str, allowed: Any) -> str:
+    """The message for an unknown ``key``: the closest allowed key if it looks like a typo, and all of them."""
+    return f"unknown key; {did_you_mean(key, allowed)}allowed keys: {', '.join(allowed)}"
+
+
 def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {quote(data)}")
@@ -144,7 +149,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         key = ".".join([prefix, *(_name(p) if isinstance(p, str) else str(p) for p in err["loc"])])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key; allowed keys: {', '.join(model.model_fields)}"
+            msg = unknown_key(str(err["loc"][-1]), model.model_fields)
         elif "input" in err and err["type"] != "missing":
             msg += f" (got {quote(err['input'])})"
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
@@ -159,7 +164,7 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError("", f"a config must be a mapping with keys {', '.join(_SECTIONS)}")
     unknown = [k for k in data if k not in _SECTIONS]
     if unknown:
-        raise ConfigError(_name(unknown[0]), f"unknown key; allowed keys: {', '.join(_SECTIONS)}")
+        raise ConfigError(_name(unknown[0]), unknown_key(str(unknown[0]), _SECTIONS))
     for section in _SECTIONS:
         if data.get(section) is not None and not isinstance(data[section], dict):
             raise ConfigError(section, f"must be a mapping of keys, got {quote(data[section])} "

@@ -51,3 +51,11 @@ def quote(value: object, limit: int = 200) -> str:
     short.maxlevel, short.maxdict, short.maxlist, short.maxtuple, short.maxset = 4, 12, 12, 12, 12
     text = short.repr(value)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def did_you_mean(name: object, choices: object) -> str:
+    """``"did you mean 'x'? "`` where ``name`` looks like a typo of one of ``choices``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1)
+    return f"did you mean {close[0]!r}? " if close else ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
-from msrl.errors import ConfigError, quote
+from msrl.errors import ConfigError, did_you_mean, quote
 
 
 class Registry:
@@ -38,7 +38,8 @@ class Registry:
         if name not in self._items:
             ep = self._entry_points().get(name)
             if ep is None:
-                raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; available: {', '.join(self.names())}")
+                raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"
+                                  f"available: {', '.join(self.names())}")
             self.register(name)(ep.load())
         return self._items[name]
 
