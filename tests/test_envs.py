@@ -90,8 +90,12 @@ def test_env_keys_depend_on_global_index_only():
 def test_bad_env_ids_are_config_errors():
     with pytest.raises(msrl.ConfigError, match="env.id.*PREFIX:NAME"):
         make_env("CartPole-v1")
-    with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment.*CartPole-v1"):
+    with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment; did you mean 'CartPole-v1'"):
         make_env("gymnax:CartPole-v9")
+    with pytest.raises(msrl.ConfigError, match="env.id.*not an environment id; did you mean 'gymnax'"):
+        make_env("gymnx:CartPole-v1")
+    with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment; known: CartPole-v1"):
+        make_env("gymnax:NoSuchThing")  # nothing close: no guess
     with pytest.raises(msrl.ConfigError, match="env.kwargs"):
         make_env("gymnax:CartPole-v1", no_such_kwarg=1)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from msrl.components import Environment
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, did_you_mean
 
 _MAKERS: dict[str, Callable[..., Environment]] = {}
 
@@ -112,7 +112,8 @@ def _make(env_id: str, **kwargs) -> Environment:
     if not sep or prefix not in _MAKERS:
         raise ConfigError(
             "env.id",
-            f"{env_id!r} is not an environment id; write PREFIX:NAME with PREFIX one of "
+            f"{env_id!r} is not an environment id; {did_you_mean(prefix, _MAKERS) if sep else ''}"
+            f"write PREFIX:NAME with PREFIX one of "
             f"{sorted(_MAKERS)} (e.g. 'gymnax:CartPole-v1')",
         )
     return _MAKERS[prefix](name, **kwargs)

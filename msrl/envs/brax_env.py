@@ -12,7 +12,7 @@ import numpy as np
 
 from msrl.components import EnvSpec
 from msrl.envs.gymnax_env import FunctionalEnv, box
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, did_you_mean
 
 
 class BraxEnv(FunctionalEnv):
@@ -22,7 +22,8 @@ class BraxEnv(FunctionalEnv):
         except ImportError:
             raise ConfigError("env.id", f"brax:{name} needs Brax: pip install 'msrl[brax]'") from None
         if name not in envs._envs:
-            raise ConfigError("env.id", f"'brax:{name}' is not a Brax environment; known: {', '.join(sorted(envs._envs))}")
+            raise ConfigError("env.id", f"'brax:{name}' is not a Brax environment; {did_you_mean(name, envs._envs)}"
+                              f"known: {', '.join(sorted(envs._envs))}")
         if episode_length < 1 or action_repeat < 1:
             raise ConfigError("env.kwargs", f"episode_length and action_repeat must be >= 1 (got {episode_length}, "
                               f"{action_repeat})")

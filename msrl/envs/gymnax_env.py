@@ -19,7 +19,7 @@ import numpy as np
 from flax import struct
 
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep, per_env_keys, split_keys
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, did_you_mean
 
 
 @struct.dataclass
@@ -135,7 +135,8 @@ class GymnaxEnv(FunctionalEnv):
 
         if name not in gymnax.registered_envs:
             raise ConfigError(
-                "env.id", f"'gymnax:{name}' is not a gymnax environment; known: {', '.join(gymnax.registered_envs)}"
+                "env.id", f"'gymnax:{name}' is not a gymnax environment; {did_you_mean(name, gymnax.registered_envs)}"
+                f"known: {', '.join(gymnax.registered_envs)}"
             )
         try:
             self.env, self.params = gymnax.make(name, **kwargs)

@@ -21,7 +21,7 @@ import numpy as np
 
 from msrl.components import Discrete, MultiAgentObs, MultiAgentSpec
 from msrl.envs.gymnax_env import FunctionalEnv, box
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, did_you_mean
 
 
 def _jaxmarl():
@@ -48,7 +48,8 @@ class JaxMarlEnv(FunctionalEnv):
     def __init__(self, name: str, **kwargs: Any):
         jaxmarl = _jaxmarl()
         if name not in jaxmarl.registered_envs:
-            raise ConfigError("env.id", f"'jaxmarl:{name}' is not a JaxMARL environment; known: "
+            raise ConfigError("env.id", f"'jaxmarl:{name}' is not a JaxMARL environment; "
+                              f"{did_you_mean(name, jaxmarl.registered_envs)}known: "
                               f"{', '.join(jaxmarl.registered_envs)}")
         try:
             self.env = jaxmarl.make(name, **kwargs)
