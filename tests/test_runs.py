@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -115,9 +116,8 @@ def test_feedback_without_a_terminal_and_debug_tracebacks(tmp_path):
     # the line's SPS is the run's average so far, not the last row's (a short last dispatch is slower)
     last_line = [line for line in out.stdout.splitlines() if "4,096/4,096 steps" in line][-1]
     shown = int(last_line.split(" steps ")[1].split(" SPS")[0].replace(",", ""))
-    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
-    header, final = rows[0].split(","), dict(zip(rows[0].split(","), rows[-1].split(",")))
-    assert "wall_time" in header and abs(shown - 4096 / float(final["wall_time"])) <= 1, (last_line, final)
+    final = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))[-1]
+    assert abs(shown - 4096 / float(final["wall_time"])) <= 1, (last_line, final)
     quiet = subprocess.run([sys.executable, "-m", "msrl.cli", "train", str(tmp_path / "missing.yaml")],
                            capture_output=True, text=True, timeout=120)
     debug = subprocess.run([sys.executable, "-m", "msrl.cli", "train", str(tmp_path / "missing.yaml"), "--debug"],
