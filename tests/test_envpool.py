@@ -3,6 +3,8 @@ observation, seeds by global index, and PPO under the host policies."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -159,13 +161,19 @@ def test_envpool_streams_depend_on_global_index_only(name):
     assert not np.array_equal(env.init(jax.random.PRNGKey(4), np.arange(8)).obs, env.init(key, np.arange(8)).obs)
 
 
-def _ppo_params(overrides, iterations=3):
+@functools.cache
+def _ppo_run(overrides: tuple[str, ...], iterations: int) -> tuple:
     cfg = load_config(EXAMPLES / "ppo_cartpole_envpool.yaml",
                       ["run.seed=0", "algorithm.rollout_len=16", "algorithm.epochs=2", "algorithm.minibatches=2",
                        *QUICK, *overrides])
     with msrl.Session(cfg, iterations_per_dispatch=iterations) as session:
         rows = session.run(iterations)
         return session.params(), rows
+
+
+def _ppo_params(overrides, iterations=3):
+    """Parameters and rows of the shrunk example (a run is made once per test module: tests only read them)."""
+    return _ppo_run(tuple(overrides), iterations)
 
 
 def test_ppo_envpool_same_parameters_however_the_envs_are_split_or_stepped():

@@ -58,6 +58,17 @@ def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + summary["iterations"]
 
 
+_STRAIGHT: dict[tuple[str, ...], tuple] = {}
+
+
+def _straight(overrides: tuple[str, ...], run_dir) -> tuple:
+    """The final checkpoint of an uninterrupted run of ``overrides`` (SIGINT and SIGTERM share one)."""
+    if overrides not in _STRAIGHT:
+        msrl.train(CARTPOLE, list(overrides), run_dir=run_dir)
+        _STRAIGHT[overrides] = final_leaves(run_dir)
+    return _STRAIGHT[overrides]
+
+
 @pytest.mark.parametrize("sig, policy", [(signal.SIGINT, []), (signal.SIGTERM, []),
                                          (signal.SIGINT, ["policy.name=single_learner_coarse", "policy.actors=2"])])
 def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tmp_path, sig, policy):
@@ -77,8 +88,7 @@ def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tm
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] == sig.name and summary["iterations"] < 400
     assert main(["train", "--resume", str(run)]) == 0
-    msrl.train(CARTPOLE, overrides, run_dir=tmp_path / "straight")
-    (a, _), (b, meta) = final_leaves(tmp_path / "straight"), final_leaves(run)
+    (a, _), (b, meta) = _straight(tuple(overrides), tmp_path / "straight"), final_leaves(run)
     assert meta["iteration"] == 400 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
 
 
