@@ -166,7 +166,8 @@ def restore_state(template: Any, states: dict[str, list[Any]], key: str, path: P
             out.append(fresh)
             continue
         saved = np.asarray(saved)
-        shape, dtype = np.shape(fresh), np.asarray(fresh).dtype
+        shape, dtype = (fresh.shape, fresh.dtype) if isinstance(fresh, jax.ShapeDtypeStruct) else \
+            (np.shape(fresh), np.asarray(fresh).dtype)
         if saved.shape != shape or saved.dtype != dtype:
             raise TrainingError(f"{path}: {key}{jax.tree_util.keystr(where)} is {saved.dtype}{list(saved.shape)} "
                                 f"there but {dtype}{list(shape)} here: it was written by a different program")

@@ -71,8 +71,21 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
         states = {**states, key: [None if x is None else np.asarray(x)[i] for x in states[key]]}
         meta = {**meta, "run_seed": each[i].seed, **({"member": each[i].name} if cfg.run.sweep or member else {})}
     learner, _ = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
-    state = checkpoint.restore_state(learner.init(jax.random.PRNGKey(0)), states, key, path)
+    state = checkpoint.restore_state(_template(learner.init, states[key]), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
+
+
+def _template(init: Any, saved: list[Any]) -> Any:
+    """The learner state's structure, shapes and dtypes, traced without compiling or running its
+    initialization (a network's is dozens of small compiles, seconds); run where a leaf was not stored (a host
+    object) or the init cannot be traced, since the restored state takes those leaves from it."""
+    key = jax.random.PRNGKey(0)
+    if all(x is not None for x in saved):
+        try:
+            return jax.eval_shape(init, key)
+        except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
+            pass
+    return init(key)
 
 
 class TrainedPolicy:
@@ -146,7 +159,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
-    state = env.init(jax.random.PRNGKey(seed), np.arange(episodes))
+    init = jax.jit(env.init) if env.jittable and not env.host_simulator else env.init  # one compile, not dozens
+    state = init(jax.random.PRNGKey(seed), np.arange(episodes))
     state, obs = env.observe(state)
     carry, start = initial_carry(episodes), np.ones(episodes, bool)  # a recurrent policy's state, reset at starts
     returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
