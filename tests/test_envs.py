@@ -76,13 +76,14 @@ def test_cartpole_episodes_end_and_are_counted():
 def test_env_keys_depend_on_global_index_only():
     """Splitting envs over replicas changes no number: envs [2, 3] alone == envs [0..3] sliced."""
     env = make_env("gymnax:CartPole-v1")
+    init, step = jax.jit(env.init), jax.jit(env.step)  # as the programs run them (and one compile per shape)
     key = jax.random.PRNGKey(7)
-    full = env.init(key, jnp.arange(4))
-    part = env.init(key, jnp.array([2, 3]))
+    full = init(key, jnp.arange(4))
+    part = init(key, jnp.array([2, 3]))
     actions = jnp.array([0, 1, 1, 0], jnp.int32)
     for _ in range(20):
-        full, (obs_f, rew_f, done_f) = env.step(full, actions)
-        part, (obs_p, rew_p, done_p) = env.step(part, actions[2:])
+        full, (obs_f, rew_f, done_f) = step(full, actions)
+        part, (obs_p, rew_p, done_p) = step(part, actions[2:])
     np.testing.assert_array_equal(np.asarray(obs_f[2:]), np.asarray(obs_p))
     np.testing.assert_array_equal(np.asarray(done_f[2:]), np.asarray(done_p))
 
@@ -162,8 +163,8 @@ def test_brax_env_runs_inside_the_fused_program(tmp_path):
     example's 1M-step runs end near 1000, README). Most of the time is Brax's tracing and XLA compilation."""
     pytest.importorskip("brax")  # the test extra installs it (the `brax` extra)
     env = make_env("brax:inverted_pendulum", episode_length=5)
-    state = env.init(jax.random.PRNGKey(0), np.arange(2))
-    _, steps = jax.jit(lambda s: jax.lax.scan(lambda s, _: env.transition(s, jnp.zeros((2, 1))), s, None, 10))(state)
+    steps = jax.jit(lambda key: jax.lax.scan(lambda s, _: env.transition(s, jnp.zeros((2, 1))),  # one compile
+                                             env.init(key, jnp.arange(2)), None, 10)[1])(jax.random.PRNGKey(0))
     assert np.array_equal(np.asarray(steps.truncated).all(1), np.arange(1, 11) % 5 == 0)
     assert not np.asarray(steps.terminated).any()
     assert not np.allclose(np.asarray(steps.final_obs[4]), np.asarray(steps.obs[4]))  # the reset observation

@@ -36,7 +36,7 @@ def test_spread_shapes_shared_reward_and_auto_reset():
     spec = env.spec
     assert isinstance(spec, msrl.MultiAgentSpec) and spec.num_agents == 5 and spec.discrete
     assert spec.action_space.n == 5 and spec.obs_shape == (4 + 4 * 4 + 2 * 4,) and spec.state_shape == (5 * 28,)
-    state, obs = env.observe(env.init(jax.random.PRNGKey(0), jnp.arange(3)))
+    state, obs = env.observe(jax.jit(env.init)(jax.random.PRNGKey(0), jnp.arange(3)))
     assert obs.agents.shape == (3, 5, 28) and obs.state.shape == (3, 140)
     np.testing.assert_array_equal(np.asarray(obs.state), np.asarray(obs.agents).reshape(3, -1))
     step = jax.jit(env.step)
@@ -59,7 +59,8 @@ def test_spread_env_keys_depend_on_global_index_only():
     """Splitting envs over replicas changes no number: envs [2, 3] alone == envs [0..3] sliced."""
     env = make_env(SPREAD_ID)
     key = jax.random.PRNGKey(7)
-    full, part = env.init(key, jnp.arange(4)), env.init(key, jnp.array([2, 3]))
+    init = jax.jit(env.init)  # as the programs run it (and one compile per shape)
+    full, part = init(key, jnp.arange(4)), init(key, jnp.array([2, 3]))
     actions = jax.random.randint(jax.random.PRNGKey(1), (30, 4, 3), 0, 5)
     step = jax.jit(env.step)
     for a in actions:  # across an auto-reset (26 steps)
@@ -67,7 +68,7 @@ def test_spread_env_keys_depend_on_global_index_only():
         part, (obs_p, rew_p, done_p) = step(part, a[2:])
         np.testing.assert_array_equal(np.asarray(obs_f.agents[2:]), np.asarray(obs_p.agents))
         np.testing.assert_array_equal(np.asarray(rew_f[2:]), np.asarray(rew_p))
-    other = env.init(jax.random.PRNGKey(8), jnp.arange(4))
+    other = init(jax.random.PRNGKey(8), jnp.arange(4))
     assert not np.array_equal(np.asarray(env.observe(other)[1].agents), np.asarray(env.observe(full)[1].agents))
 
 

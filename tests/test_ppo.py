@@ -68,7 +68,7 @@ def test_nature_cnn_scales_bytes_and_acts_alike_on_any_split():
 
     net = NatureCNN(action_dim=4, discrete=True)
     frames = jax.random.randint(jax.random.key(0), (6, 4, 36, 36), 0, 256).astype(jnp.uint8)  # the smallest it takes
-    params = net.init(jax.random.key(1), frames[0])
+    params = jax.jit(net.init)(jax.random.key(1), frames[0])  # one compile (eagerly: one per patch slice)
     apply = jax.jit(net.apply)
     logits, value = apply(params, frames)
     assert logits.shape == (6, 4) and value.shape == (6,) and np.isfinite(logits).all() and np.isfinite(value).all()

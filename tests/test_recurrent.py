@@ -41,11 +41,12 @@ def test_mask_obs_zeroes_the_named_entries_and_names_its_key():
 
 def test_env_starts_are_the_previous_steps_done():
     env = make_env("gymnax:CartPole-v1")
-    state = env.init(jax.random.PRNGKey(0), jnp.arange(8))
-    assert bool(env.starts(state)[1].all())
+    starts, transition = jax.jit(env.starts), jax.jit(env.transition)  # as the programs run them
+    state = jax.jit(env.init)(jax.random.PRNGKey(0), jnp.arange(8))
+    assert bool(starts(state)[1].all())
     for _ in range(40):
-        state, step = env.transition(state, jnp.zeros(8, jnp.int32))  # always left: episodes end early
-        np.testing.assert_array_equal(np.asarray(env.starts(state)[1]), np.asarray(step.done))
+        state, step = transition(state, jnp.zeros(8, jnp.int32))  # always left: episodes end early
+        np.testing.assert_array_equal(np.asarray(starts(state)[1]), np.asarray(step.done))
 
 
 def test_actor_resets_at_starts_and_the_learner_replays_the_same_steps():
@@ -53,14 +54,15 @@ def test_actor_resets_at_starts_and_the_learner_replays_the_same_steps():
     first recorded one, with the starts, gives every later recorded state and the same values."""
     net = RecurrentActorCritic(action_dim=2, discrete=True, obs_ndim=1, hidden=(16,), memory_size=8)
     actor = RecurrentActorCriticActor(net)
-    params = net.init_params(jax.random.PRNGKey(1), jnp.zeros(4))
-    state = actor.init(jax.random.PRNGKey(2), jnp.arange(3))
+    params = jax.jit(net.init_params)(jax.random.PRNGKey(1), jnp.zeros(4))
+    state = jax.jit(actor.init)(jax.random.PRNGKey(2), jnp.arange(3))
+    act = jax.jit(actor.act)  # as the programs run it
     rng = np.random.default_rng(0)
     obs = jnp.asarray(rng.normal(size=(6, 3, 4)), jnp.float32)
     start = jnp.asarray(rng.uniform(size=(6, 3)) < 0.3).at[0].set(True)
     outs = []
     for t in range(6):
-        state, out = actor.act(state, params, obs[t], start[t])
+        state, out = act(state, params, obs[t], start[t])
         outs.append(out)
     hidden = jnp.stack([o.hidden for o in outs])
     assert np.all(np.asarray(hidden)[np.asarray(start)] == 0)  # reset where an episode starts

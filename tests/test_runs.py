@@ -104,11 +104,11 @@ def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, o
     msrl.train(config, [*SHORT, f"run.total_env_steps={steps}", *overrides],
                run_dir=tmp_path)
     policy = msrl.load(tmp_path)
-    state = policy.env.init(jax.random.PRNGKey(0), np.arange(3))
+    state = jax.jit(policy.env.init)(jax.random.PRNGKey(0), np.arange(3))  # (jitted: one compile, not dozens)
     state, obs = policy.env.observe(state)
     actions = policy.act(jax.tree.map(np.asarray, obs))
     assert isinstance(actions, np.ndarray) and actions.shape[0] == 3 and np.all(np.isfinite(actions))
-    state, (obs, reward, done) = policy.env.step(state, actions)  # the env takes them
+    state, (obs, reward, done) = jax.jit(policy.env.step)(state, actions)  # the env takes them
     assert np.all(np.isfinite(np.asarray(reward)))
     if config == CARTPOLE:  # one observation alone gives one action
         assert policy.act(np.asarray(obs)[0]).shape == ()
