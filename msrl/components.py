@@ -147,6 +147,12 @@ class Environment:
     host_simulator = False  # True: ``init`` runs on the host and makes simulators of this process that the state
     # holds (EnvPool pools stepped from XLA): a state that is never stacked, stored or sent elsewhere
 
+    @property
+    def host_state(self) -> bool:
+        """Its state is made on the host (a host env, or simulators it holds): ``init`` is not traced and the
+        state is not checkpointed."""
+        return not self.jittable or self.host_simulator
+
     def init(self, key: jax.Array, env_ids: jax.Array) -> PyTree:
         raise NotImplementedError
 

@@ -416,7 +416,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                       stall_timeout_s=cfg.run.stall_timeout_s, seeds=cfg.run.num_seeds,
                       seed_batching=cfg.run.seed_batching, sweep=cfg.run.sweep)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
-    skip = tuple(k for k, drop in (("env", not program.env.jittable or program.env.host_simulator),
+    skip = tuple(k for k, drop in (("env", program.env.host_state),
                                    ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
     elapsed0, last_return = 0.0, float("nan")

@@ -355,7 +355,7 @@ class Program:
         out: dict[str, Any] = {}
         for c in names:
             comp = components.get(c)
-            if c == "env" and (not comp.jittable or comp.host_simulator):
+            if c == "env" and comp.host_state:
                 out[c] = comp.init(keys[c], env_ids)
             elif c in ("env", "actor"):
                 out[c] = _jitted(comp.init, keys[c], env_ids)
