@@ -42,8 +42,29 @@ def episode_counts(state: Any, reward: jax.Array, done: jax.Array) -> dict[str, 
             "last_length": jnp.where(done, length, state.last_length)}
 
 
+def _unpickle(import_library: Any, data: bytes) -> Any:
+    import cloudpickle
+
+    import_library()
+    cls, state = cloudpickle.loads(data)
+    env = cls.__new__(cls)
+    env.__dict__.update(state)
+    return env
+
+
 class FunctionalEnv(Environment):
     """A batch of functional environments with auto-reset; subclasses define ``_reset`` and ``_step``."""
+
+    @staticmethod
+    def _import_library() -> None:
+        """Import the env's library as the adapter does (e.g. :func:`import_gymnax`)."""
+
+    def __reduce__(self):
+        """Pickled, the library is imported the adapter's way before the state's objects import it: a Ray actor
+        or subprocess that loads a gymnax env starts about a second sooner."""
+        import cloudpickle
+
+        return _unpickle, (self._import_library, cloudpickle.dumps((type(self), self.__dict__)))
 
     def _reset(self, keys: jax.Array) -> tuple[Any, Any]:
         """``(obs, inner)`` of freshly reset environments, one per key."""
@@ -130,6 +151,8 @@ def gymnax_step() -> Any:
 
 
 class GymnaxEnv(FunctionalEnv):
+    _import_library = staticmethod(import_gymnax)
+
     def __init__(self, name: str, **kwargs: Any):
         gymnax = import_gymnax()
 

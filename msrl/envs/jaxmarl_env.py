@@ -45,6 +45,8 @@ def _jaxmarl():
 
 
 class JaxMarlEnv(FunctionalEnv):
+    _import_library = staticmethod(_jaxmarl)
+
     def __init__(self, name: str, **kwargs: Any):
         jaxmarl = _jaxmarl()
         if name not in jaxmarl.registered_envs:
