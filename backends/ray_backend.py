@@ -116,8 +116,9 @@ class FragmentWorker:
                 sys.path.insert(0, path)
         for module in driver["imports"]:  # --import: the user's registrations (envs, algorithms) happen here too
             importlib.import_module(module)
-        if driver["compile_cache"]:
-            jax.config.update("jax_compilation_cache_dir", driver["compile_cache"])
+        if driver["compile_cache"]:  # the driver's cache, as the driver uses it
+            jax.config.update("jax_compilation_cache_dir", driver["compile_cache"][0])
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", driver["compile_cache"][1])
         self.args, self.transport = (recipe, key, seed, env_ids, driver["fingerprint"]), ToPeers()
         if not spmd:  # else the runtime calls setup() once it knows where the group's coordinator is
             self.setup()
@@ -222,7 +223,9 @@ class RayRuntime(ReplicaRuntime):
         self.workers: dict[tuple[str, int], Any] = {}
         self.hosts: dict[str, Any] = {}  # the policy's services, by name
         recipe = cloudpickle.dumps((program.algorithm, self.policy, program.env, program.num_envs))  # ~2 KB
-        driver = {"sys_path": [p for p in sys.path if p], "compile_cache": jax.config.jax_compilation_cache_dir,
+        cache = jax.config.jax_compilation_cache_dir
+        driver = {"sys_path": [p for p in sys.path if p],
+                  "compile_cache": cache and (cache, jax.config.jax_persistent_cache_min_compile_time_secs),
                   "fingerprint": fingerprint(program), "imports": list(USER_MODULES)}
         self.owns_connection = _connect(self.policy, program)
         try:
