@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
 import os
@@ -64,6 +65,22 @@ def merge_rows(rows: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def tensorboard_writer() -> type:
+    """tensorboardX's ``SummaryWriter``. tensorboardX imports PyTorch where it is installed (seconds at every start),
+    only for its type hints and torch inputs; msrl logs numbers, so unless PyTorch is loaded already tensorboardX is
+    imported as if it were not installed (its own fallback)."""
+    if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+        sys.modules["torch"] = None  # (what makes `import torch` raise ImportError)
+        try:
+            importlib.import_module("tensorboardX")
+        finally:
+            if sys.modules.get("torch", 0) is None:
+                del sys.modules["torch"]
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter
+
+
 class _Table:
     """One metrics.csv and its TensorBoard events (a run's, or one seed's of a run of several)."""
 
@@ -80,8 +97,7 @@ class _Table:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
         self.tb = None
         if cfg.run.tensorboard:
-            from tensorboardX import SummaryWriter
-
+            SummaryWriter = tensorboard_writer()
             # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
             purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
             self.tb = SummaryWriter(str(folder / "tb"), purge_step=purge)
