@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import csv
 import struct
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -75,6 +78,21 @@ def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
     assert b"name: ppo" in text.tensor.string_val[0] and b"total_env_steps: 4096" in text.tensor.string_val[0]
     hparams = list((tmp_path / "tb" / "hparams").glob("events.out.tfevents.*"))
     assert hparams and b"algorithm.lr" in hparams[0].read_bytes()
+
+
+def test_tensorboard_loads_without_pytorch_and_leaves_it_importable():
+    """tensorboardX imports PyTorch where it is installed, for its type hints only: msrl's writer comes without it,
+    and afterwards ``import torch`` works (or fails) as it did before."""
+    code = textwrap.dedent("""
+        import importlib.util, sys
+        from msrl.runner import tensorboard_writer
+        assert tensorboard_writer().__name__ == "SummaryWriter" and "torch" not in sys.modules
+        try:
+            import torch
+        except ImportError:
+            assert importlib.util.find_spec("torch") is None  # not installed (the test extra does not need it)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_weights_and_biases_offline(tmp_path):
