@@ -88,6 +88,30 @@ def test_env_keys_depend_on_global_index_only():
     np.testing.assert_array_equal(np.asarray(done_f[2:]), np.asarray(done_p))
 
 
+def test_a_pickled_gymnax_env_loads_without_gymnax_plotting_imports(tmp_path):
+    """A Ray actor or subprocess gets its env pickled: loading it imports gymnax as msrl does (without seaborn,
+    pandas and scipy.stats, which gymnax's package import pulls in for a few envs' plots) and the env is the same."""
+    import json
+    import pickle
+    import subprocess
+    import sys
+    import textwrap
+
+    env = make_env("gymnax:Acrobot-v1")
+    (tmp_path / "env.pkl").write_bytes(pickle.dumps(env))
+    code = textwrap.dedent(f"""
+        import json, pickle, sys, jax, numpy as np
+        env = pickle.loads(open({str(tmp_path / "env.pkl")!r}, "rb").read())
+        assert not {{"pandas", "scipy.stats"}} & set(sys.modules), "plotting packages imported"
+        print(json.dumps(np.asarray(jax.jit(env.init)(jax.random.PRNGKey(3), np.arange(2)).obs).tolist()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    expected = np.asarray(jax.jit(env.init)(jax.random.PRNGKey(3), np.arange(2)).obs)
+    assert np.array_equal(np.asarray(json.loads(out.stdout.strip().splitlines()[-1]), np.float32), expected)
+    assert env.spec == pickle.loads(pickle.dumps(env)).spec
+
+
 def test_bad_env_ids_are_config_errors():
     with pytest.raises(msrl.ConfigError, match="env.id.*PREFIX:NAME"):
         make_env("CartPole-v1")
