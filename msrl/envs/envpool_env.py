@@ -412,7 +412,7 @@ class EnvPoolXlaEnv(EnvPoolEnv):
                 raw, over = (info["reward"][0], info["terminated"][0]) if self._atari else (r[0], te[0])
                 return (handle, obs.at[e].set(o[0].astype(dtype)), reward.at[e].set(r[0].astype(jnp.float32)),
                         terminated.at[e].set(te[0]), truncated.at[e].set(tr[0]),
-                        score.at[e].set(raw.astype(jnp.float32)), game_over.at[e].set(over))
+                        score.at[e].set(raw.astype(jnp.float32)), game_over.at[e].set(over.astype(jnp.bool_)))
 
             handle = jax.lax.fori_loop(0, n, send_one, state.handle)
             handle, final, reward, terminated, truncated, score, game_over = jax.lax.fori_loop(
