@@ -74,13 +74,6 @@ def loop_defs(loop: Stmt) -> set[str]:
     return out
 
 
-def loop_uses(loop: Stmt) -> set[str]:
-    out: set[str] = set()
-    for s in walk(loop.body):
-        out |= s.uses
-    return out
-
-
 def liveness(stmts: list[Stmt], live_out: set[str], result: dict[str, set[str]]) -> set[str]:
     """Backward liveness. Fills ``result[stmt.id]`` with what is live *after* each statement (for a loop:
     after the loop; for its body, ``result[loop.id + '/body']`` is what is live at the end of an iteration).
