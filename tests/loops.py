@@ -6,6 +6,7 @@ CompileError points at exactly that file:line.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -20,6 +21,12 @@ import msrl
 from msrl import api
 from msrl.api import agent_act as act_alias
 from msrl.components import split_keys
+
+
+def marked_line(marker: str) -> int:
+    """The line of this file marked ``# E:<marker>``."""
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if re.search(rf"# E:{marker}\b", line))
 
 
 class Item(NamedTuple):
@@ -391,6 +398,120 @@ REJECTED = {
     "static_helper": StaticHelper,
     "decorated": Decorated,
     "no_learner": NoLearner,
+}
+
+
+# ------------------------------------------------------------- rows: per-environment, or mixing environments
+def _returns_to_go(reward, done, gamma=0.9):
+    def back(g, t):
+        g = t[0] + gamma * g * (1.0 - t[1])
+        return g, g
+
+    return jax.lax.scan(back, jnp.zeros(reward.shape[1]), (reward, done), reverse=True)[1]
+
+
+class PerEnvRows(Base):
+    """Statements on the actor side that compute each environment's row from that environment alone, with
+    what looks like mixing but is not: a count of environments used only for shapes, a scan over time, a
+    product over features, indexing per row, a slice of the time axis."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        n = obs.shape[0]
+        seen = jnp.zeros(n)
+        w = jnp.arange(obs.shape[-1], dtype=jnp.float32)
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            feature = jnp.take_along_axis(obs, out.action[:, None], -1)[:, 0] + jnp.tanh(obs @ w)
+            seen = jnp.where(done, 0.0, seen + 1.0)
+            msrl.buffer_insert(Item(obs, out.action, reward + 0.01 * feature + 0.001 * seen, done))
+            obs = next_obs
+        batch = msrl.buffer_get()
+        g = _returns_to_go(batch.reward, batch.done)
+        first = jax.tree.map(lambda x: x[:1], batch)
+        return msrl.agent_learn(batch._replace(reward=g), first=first.reward)
+
+
+class MixesMean(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            z = (obs - obs.mean(axis=0)) / (obs.std(axis=0) + 1e-3)  # E:mix_mean
+            out = msrl.agent_act(z)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(z, out.action, reward, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class MixesInArgument(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward - reward.max(), done))  # E:mix_argument
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class MixesNoise(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for t in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            noise = jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(7), t), reward.shape)  # E:mix_noise
+            msrl.buffer_insert(Item(obs, out.action, reward + noise, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class MixesSlice(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            obs = next_obs
+        batch = msrl.buffer_get()
+        half = jax.tree.map(lambda x: x[:, : x.shape[1] // 2], batch)  # E:mix_slice
+        return msrl.agent_learn(half)
+
+
+class MixesCount(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        n = obs.shape[0]
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward / n, done))  # E:mix_count
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class HandsCount(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        n = obs.shape[0]  # E:hands_count
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get(), scale=1.0 / n)
+
+
+MIXING = {  # marker: (loop, what the refusal says)
+    "mix_mean": (MixesMean, "reduces over the environment axis"),
+    "mix_argument": (MixesInArgument, "reduces over the environment axis"),
+    "mix_noise": (MixesNoise, "draws random numbers for the environments by their position"),
+    "mix_slice": (MixesSlice, "takes some environments' rows"),
+    "mix_count": (MixesCount, "depends on how many environments a replica holds"),
+    "hands_count": (HandsCount, "depends on how many environments a replica holds"),
 }
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-import re
 from typing import Literal
 
 import jax
@@ -161,21 +159,13 @@ def test_policy_that_splits_component_state_is_rejected(env):
         msrl.compile(loops.Simple(), SplitEnv(), env, NUM_ENVS)
 
 
-def _marked_line(marker: str) -> int:
-    lines, start = inspect.getsourcelines(loops)
-    for i, line in enumerate(lines):
-        if re.search(rf"# E:{marker}\b", line):
-            return start + i if start else i + 1
-    raise AssertionError(marker)
-
-
 @pytest.mark.parametrize("marker", sorted(loops.REJECTED))
 def test_rejected_construct_names_file_and_line(env, marker):
     with pytest.raises(msrl.CompileError) as info:
         msrl.compile(loops.REJECTED[marker](), Fused(), env, NUM_ENVS)
     err = info.value
     assert err.file == loops.__file__
-    assert err.line == _marked_line(marker), str(err)
+    assert err.line == loops.marked_line(marker), str(err)
     assert f"loops.py:{err.line}" in str(err)
 
 

@@ -69,6 +69,32 @@ def test_host_env_on_a_jax_placed_role_is_a_compile_error():
         msrl.build(load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.actor_backend=jax"]))
 
 
+@pytest.mark.parametrize("marker", sorted(loops.MIXING))
+def test_a_statement_mixing_environments_is_refused_where_replicas_hold_a_share(marker):
+    """Actors that each hold a share of the environments would compute a mean, a slice, position-drawn noise or
+    a count over their share only: refused at the statement, not run differently."""
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    loop, reason = loops.MIXING[marker]
+    with pytest.raises(msrl.CompileError, match=reason) as info:
+        msrl.compile(loop(), SingleLearnerCoarse(actors=2), make_env("gymnax:CartPole-v1"), 4)
+    assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line(marker))
+    msrl.compile(loop(), SingleLearnerCoarse(actors=1), make_env("gymnax:CartPole-v1"), 4)  # one actor sees all
+
+
+def test_per_environment_statements_on_actors_equal_fused():
+    from msrl.policies.fused import Fused
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    params = []
+    for policy in (Fused(), SingleLearnerCoarse(actors=2)):
+        program = msrl.compile(loops.PerEnvRows(), policy, make_env("gymnax:CartPole-v1"), 4)
+        with msrl.Session(program=program, seed=0, iterations_per_dispatch=3) as session:
+            session.run(3)
+            params.append(float(session.params()["w"]))
+    assert params[0] == params[1] and params[0] != 0.0
+
+
 def test_gymnasium_env_seeds_depend_on_global_index_only():
     env = make_env("gymnasium:CartPole-v1")
     key = jax.random.PRNGKey(3)

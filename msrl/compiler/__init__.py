@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
-from msrl.compiler import frontend
+from msrl.compiler import frontend, rows
 from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
@@ -104,6 +104,7 @@ class Program:
         if self.components["learner"] is not None:
             self.components["learner"], self.services = prepare_learner(policy, self.components["learner"])
         self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
+        self._inputs: dict[int, dict[str, dict[str, Any]]] = {}  # per probed env count: what statements read
         with self._phase("frontend"):
             self.stmts, self.namespace = frontend.parse(algorithm)
             self._check_components()
@@ -122,6 +123,7 @@ class Program:
             with self._phase("env axes"):
                 self.env_axes = self._env_axes()
                 self._check_cuts()
+                self._check_rows()
         with self._phase("lowering"):
             self.fragments = {name: self._lower(spec) for name, spec in self.plan.fragments.items()}
         self.compile_seconds = sum(self.timings.values())
@@ -214,6 +216,45 @@ class Program:
                 "a replay buffer that the learner samples is sharded by policy.name=replay_server" if sampled else
                 f"compute {what} on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
 
+    def _check_rows(self) -> None:
+        """A replica holding a share of the environments runs the loop's statements on that share. Each must
+        compute every environment's row from that environment alone (:mod:`msrl.compiler.rows`), and a number
+        a replica hands across a cut must not depend on how many environments it holds; otherwise the policy
+        would compute something other than the loop, so it refuses it."""
+        frags, comms = self.plan.fragments, self.plan.comms
+        shared = {c.src_fragment for c in comms if c.op == "gather" and c.axis == "env"} | \
+                 {c.dst_fragment for c in comms if c.op == "scatter" and c.axis == "env"}
+        shared = {f for f in shared if frags[f].replicas > 1}
+        small, big = self._inputs[self.num_envs], self._inputs[2 * self.num_envs]
+        namespace = {**self.namespace, "self": self.algorithm}
+        for s in leaves(self.stmts):
+            frag = self.plan.assign.get(s.id)
+            why = rows.mixing(s, small[s.id], big.get(s.id, {}), namespace) \
+                if frag in shared and s.id in small else None
+            if why:
+                raise CompileError(
+                    f"policy {self.policy.name!r} runs this statement on each of its {frags[frag].replicas} "
+                    f"{frag!r} replicas, which hold a share of the environments each, but it {why}: the replicas "
+                    "would compute something other than the loop", s.file, s.line,
+                    "compute it inside the learner (on the whole batch), or use policy.name=fused or "
+                    "single_learner_fine, which act on all environments in one place")
+        by_id = {s.id: s for s in leaves(self.stmts)}
+        for c in comms:
+            if c.op != "gather" or c.src_fragment not in shared:
+                continue
+            pairs = zip(jax.tree.leaves(self.shapes.get((c.src, c.var))),
+                        jax.tree.leaves(self._doubled.get((c.src, c.var))), strict=False)
+            moved = next(((a, b) for a, b in pairs if isinstance(a, (int, float)) and a != b), None)
+            if moved is not None:
+                s = by_id[c.src]
+                raise CompileError(
+                    f"policy {self.policy.name!r} hands `{c.var}` from each of its {frags[c.src_fragment].replicas} "
+                    f"{c.src_fragment!r} replicas to the {c.dst_fragment!r}, but its value depends on how many "
+                    f"environments a replica holds ({moved[0]} for {self.num_envs} environments, {moved[1]} for "
+                    f"{2 * self.num_envs}): the replicas would compute something other than the loop",
+                    s.file, s.line, "compute it where all environments are seen: inside the learner, from the "
+                    "batch's shape")
+
     def _state_keys(self, stmts: list[Stmt]) -> tuple[list[str], bool]:
         """The states a fragment holds, and whether it derives the policy params from its own learner
         (else, if it reads them, it holds a "params" state that the backend keeps up to date)."""
@@ -230,14 +271,18 @@ class Program:
         probe_buffer = _ProbeBuffer(self.components["buffer"]) if "buffer" in used else None
         lowered, _ = generate("probe", self.stmts, used, "probe", derive_params=derive, returns=True)
         shapes: dict[tuple[str, str], Any] = {}
+        inputs = self._inputs[num_envs] = {}  # what each statement reads, for the row check
 
         def record(sid: str, values: dict[str, Any]) -> None:
             for var, value in values.items():
                 shapes[(sid, var)] = jax.tree.map(_sds, value)
 
+        def record_in(sid: str, values: dict[str, Any]) -> None:
+            inputs[sid] = jax.tree.map(_sds, values)
+
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's
         components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.algorithm.learner}
-        ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record,
+        ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record, "_msrl_record_in": record_in,
               **{f"_c_{c}": components[c] for c in used if c != "params"}}
         if probe_buffer is not None:
             ns["_c_buffer"] = probe_buffer
@@ -279,6 +324,7 @@ class Program:
         over environments), found by probing again with twice the environments. Gathers concatenate and
         scatters split along these axes."""
         doubled, doubled_item = self._infer_shapes(2 * self.num_envs)
+        self._doubled = doubled
 
         def axes(value: Any, twice: Any) -> list[int | None]:
             pairs = zip(jax.tree.leaves(value), jax.tree.leaves(twice), strict=False)

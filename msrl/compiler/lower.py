@@ -77,6 +77,12 @@ class _Emitter:
         if self.mode == "probe" and names:
             self.emit(indent, f"_msrl_record({s.id!r}, {{{', '.join(f'{n!r}: {n}' for n in names)}}})")
 
+    def record_in(self, indent: int, s: Stmt) -> None:
+        """Probe mode: record the values a statement reads, before it runs (the row check traces it alone)."""
+        names = sorted(n for n in s.uses if not is_state(n))
+        if self.mode == "probe" and names:
+            self.emit(indent, f"_msrl_record_in({s.id!r}, {{{', '.join(f'{n!r}: {n}' for n in names)}}})", s)
+
     def block(self, stmts: list[Stmt], indent: int, defined: set[str]) -> None:
         if not stmts:
             self.emit(indent, "pass")
@@ -136,6 +142,7 @@ class _Emitter:
         defined |= set(outs)
 
     def _api(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        self.record_in(indent, s)
         spec = s.api
         state = py("@" + spec.component)
         args = [state] + (["_s_params"] if "params" in spec.reads else [])
@@ -159,11 +166,13 @@ class _Emitter:
         defined |= {py(d) for d in s.defs}
 
     def _compute(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        self.record_in(indent, s)
         self.emit(indent, ast.unparse(s.node), s)
         self.record(indent, s, s.defs)
         defined |= s.defs
 
     def _return(self, s: Stmt, indent: int, defined: set[str]) -> None:
+        self.record_in(indent, s)
         self.emit(indent, f"_result = {ast.unparse(s.node)}", s)
         self.record(indent, s, s.defs)
         defined |= s.defs
