@@ -30,6 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 import ray
+from ray import cloudpickle  # not the cloudpickle package: from 3.1 it renames code pickled by value (a script's
+# classes) to "<dynamic-code>", and every process compiles the loop from the source in the file it names
 
 from msrl import services
 from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
@@ -126,8 +128,6 @@ class FragmentWorker:
     def setup(self, group: dict | None = None) -> None:
         """Compile the program and initialize this replica. ``group``: join the other replicas' JAX
         processes first, so collectives span them."""
-        import cloudpickle
-
         from msrl.compiler import compile as compile_program
 
         recipe, key, seed, env_ids, expected = self.args
@@ -215,7 +215,6 @@ def restartable(fragment: Any) -> str | None:
 
 class RayRuntime(ReplicaRuntime):
     def __init__(self, program: Any, seed: int):
-        import cloudpickle
         super().__init__(program, seed)
         self.policy = program.policy
         self.restarts: dict[tuple[str, int], int] = {}

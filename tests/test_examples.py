@@ -90,6 +90,25 @@ def test_reinforce_coarse_on_ray_gives_the_same_parameters(fused):
     assert [r["episodes"] for r in rows] == [r["episodes"] for r in remote_rows]
 
 
+def test_a_scripts_algorithm_compiles_again_where_ray_unpickles_it():
+    """`python examples/custom_algorithm.py policy.backend=ray`: the script's classes travel by value and each Ray
+    process compiles the loop from the source in the file their code names (a fresh process, so the script's
+    `reinforce` does not replace the module's)."""
+    import subprocess
+
+    script = (f"import runpy, pickle, msrl\n"
+              f"from msrl.backends import ray_backend\n"
+              f"runpy.run_path({str(EXAMPLES / 'custom_algorithm.py')!r}, run_name='user_script')\n"
+              f"program = msrl.build(msrl.load_config({str(CONFIG)!r}))\n"
+              f"recipe = ray_backend.cloudpickle.dumps((program.algorithm, program.policy, program.env, 4))\n"
+              f"again = msrl.compile(*pickle.loads(recipe))\n"
+              f"assert again.fragments.keys() == program.fragments.keys()\n"
+              f"print(type(again.algorithm).__module__)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "user_script"
+
+
 def test_reinforce_learns_cartpole_under_fused(tmp_path):
     summary = msrl.train(CONFIG, ["run.total_env_steps=32768", "run.progress=false", "run.tensorboard=false"],
                          run_dir=tmp_path)
