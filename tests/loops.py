@@ -505,6 +505,22 @@ class HandsCount(Base):
         return msrl.agent_learn(msrl.buffer_get(), scale=1.0 / n)
 
 
+class MixesBeforeReplay(Base):
+    def __init__(self):
+        super().__init__()
+        self.buffer = msrl.UniformBuffer(64)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward * (obs[:, 0] - obs[:, 0].mean()), done))  # E:mix_replay
+            obs = next_obs
+        sample = msrl.buffer_sample(4)
+        return msrl.agent_learn(sample.item)
+
+
 MIXING = {  # marker: (loop, what the refusal says)
     "mix_mean": (MixesMean, "reduces over the environment axis"),
     "mix_argument": (MixesInArgument, "reduces over the environment axis"),

@@ -82,6 +82,24 @@ def test_a_statement_mixing_environments_is_refused_where_replicas_hold_a_share(
     msrl.compile(loop(), SingleLearnerCoarse(actors=1), make_env("gymnax:CartPole-v1"), 4)  # one actor sees all
 
 
+def test_replay_server_actors_mixing_environments_are_refused_too():
+    from msrl.policies.replay_server import ReplayServer
+
+    with pytest.raises(msrl.CompileError, match="2 'replay' replicas.*reduces over the environment axis") as info:
+        msrl.compile(loops.MixesBeforeReplay(), ReplayServer(actors=2, shards=2), make_env("gymnax:CartPole-v1"), 4)
+    assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line("mix_replay"))
+    # the insert's item is built where the buffer is: one shard holds every environment's rows, as fused does
+    from msrl.policies.fused import Fused
+
+    params = []
+    for policy in (Fused(), ReplayServer(actors=2, shards=1)):
+        program = msrl.compile(loops.MixesBeforeReplay(), policy, make_env("gymnax:CartPole-v1"), 4)
+        with msrl.Session(program=program, seed=0, iterations_per_dispatch=3) as session:
+            session.run(3)
+            params.append(float(session.params()["w"]))
+    assert params[0] == params[1] and params[0] != 0.0
+
+
 def test_per_environment_statements_on_actors_equal_fused():
     from msrl.policies.fused import Fused
     from msrl.policies.single_learner import SingleLearnerCoarse

@@ -222,9 +222,8 @@ class Program:
         a replica hands across a cut must not depend on how many environments it holds; otherwise the policy
         would compute something other than the loop, so it refuses it."""
         frags, comms = self.plan.fragments, self.plan.comms
-        shared = {c.src_fragment for c in comms if c.op == "gather" and c.axis == "env"} | \
-                 {c.dst_fragment for c in comms if c.op == "scatter" and c.axis == "env"}
-        shared = {f for f in shared if frags[f].replicas > 1}
+        shared = {f for c in comms if c.op in ("gather", "scatter") and c.axis == "env"
+                  for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}
         small, big = self._inputs[self.num_envs], self._inputs[2 * self.num_envs]
         namespace = {**self.namespace, "self": self.algorithm}
         for s in leaves(self.stmts):
