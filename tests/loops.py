@@ -373,6 +373,43 @@ class HostLoopDetails(Base):
         msrl.agent_learn(msrl.buffer_get())
 
 
+class StateOnlyLearner(SumLearner):
+    def learn(self, state, batch, **extra):
+        return super().learn(state, batch)[0]  # the metrics forgotten
+
+
+class GrowingLearner(SumLearner):
+    def learn(self, state, batch, **extra):
+        state, metrics = super().learn(state, batch)
+        return {**state, "seen": batch.reward.sum()}, metrics  # a key init did not make
+
+
+class LearnReturnsState(Simple):
+    def __init__(self):
+        super().__init__()
+        self.learner = StateOnlyLearner()
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        next_obs, reward, done = msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, reward, done))
+        return msrl.agent_learn(msrl.buffer_get())  # E:learn_state_only
+
+
+class LearnGrowsState(LearnReturnsState):
+    def __init__(self):
+        super().__init__()
+        self.learner = GrowingLearner()
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        next_obs, reward, done = msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, reward, done))
+        return msrl.agent_learn(msrl.buffer_get())  # E:learn_grows
+
+
 REJECTED = {
     "while": WhileLoop,
     "data_if": DataIf,
@@ -398,6 +435,8 @@ REJECTED = {
     "static_helper": StaticHelper,
     "decorated": Decorated,
     "no_learner": NoLearner,
+    "learn_state_only": LearnReturnsState,
+    "learn_grows": LearnGrowsState,
 }
 
 

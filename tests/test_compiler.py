@@ -169,6 +169,14 @@ def test_rejected_construct_names_file_and_line(env, marker):
     assert f"loops.py:{err.line}" in str(err)
 
 
+@pytest.mark.parametrize("loop, says", [(loops.LearnReturnsState, r"StateOnlyLearner.learn\(\) \(.*loops.py:\d+\) "
+                                          r"returned a dict with keys \['w', 'updates'\]; it must return \(state, output\)"),
+                                         (loops.LearnGrowsState, r"GrowingLearner.learn\(\) .* \(\['seen'\]: new\)")])
+def test_a_learner_returning_the_wrong_state_is_named(env, loop, says):
+    with pytest.raises(msrl.CompileError, match=says):
+        msrl.compile(loop(), Fused(), env, NUM_ENVS)
+
+
 def test_loop_without_env_step_is_rejected(env):
     with pytest.raises(msrl.CompileError, match="never calls msrl.env_step"):
         msrl.compile(loops.NoEnvStep(), Fused(), env, NUM_ENVS)

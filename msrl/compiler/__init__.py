@@ -42,6 +42,32 @@ def _jitted(init: Callable, *args: Any) -> Any:
         return init(*args)
 
 
+def _signature(tree: Any) -> dict[str, tuple]:
+    """Each leaf's path -> (shape, dtype)."""
+    return {jax.tree_util.keystr(p) or "the state": (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
+            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
+    """An actor's ``act`` and a learner's ``learn`` return ``(state, output)`` with the state they were given,
+    in structure, shapes and dtypes (the loop carries it): else a CompileError naming the method's file:line
+    (raised at the user's API call)."""
+    code = getattr(inspect.unwrap(getattr(type(component), method, None)), "__code__", None)
+    name = f"{type(component).__name__}.{method}()" + (f" ({code.co_filename}:{code.co_firstlineno})" if code else "")
+    if not (isinstance(result, tuple) and len(result) == 2):
+        got = f"{len(result)} values" if isinstance(result, tuple) else \
+            f"an array of shape {tuple(result.shape)}" if hasattr(result, "shape") else \
+            f"a {type(result).__name__}" + (f" with keys {list(result)[:6]}" if isinstance(result, dict) else "")
+        raise CompileError(f"{name} returned {got}; it must return (state, output): its new state first")
+    before, after = _signature(old), _signature(result[0])
+    if before != after:
+        diff = [f"{k}: missing" for k in before if k not in after] + [f"{k}: new" for k in after if k not in before]
+        diff += [f"{k}: {before[k]} -> {after[k]}" for k in before if k in after and before[k] != after[k]]
+        raise CompileError(f"{name} returned a new state unlike the one it was given ({'; '.join(diff[:3])}); the "
+                           "loop carries it from call to call, so it keeps its structure, shapes and dtypes",
+                           hint="return (state, output) with the state built like the one init returned")
+
+
 def component_keys(seed: int) -> dict[str, jax.Array]:
     root = jax.random.PRNGKey(seed)
     return {name: jax.random.fold_in(root, i) for name, i in _SEEDS.items()}
@@ -279,9 +305,14 @@ class Program:
         def record_in(sid: str, values: dict[str, Any]) -> None:
             inputs[sid] = jax.tree.map(_sds, values)
 
+        def returned(component: str, method: str, old: Any, result: Any) -> Any:
+            _check_returned(components[component], method, old, result)
+            return result
+
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's
         components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.algorithm.learner}
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record, "_msrl_record_in": record_in,
+              "_msrl_returned": returned,
               **{f"_c_{c}": components[c] for c in used if c != "params"}}
         if probe_buffer is not None:
             ns["_c_buffer"] = probe_buffer

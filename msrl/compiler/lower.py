@@ -148,6 +148,8 @@ class _Emitter:
         args = [state] + (["_s_params"] if "params" in spec.reads else [])
         args += [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
         call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
+        if self.mode == "probe" and spec.component in ("actor", "learner"):  # the user's own methods, checked once
+            call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"
         target = ast.unparse(s.target) if s.target is not None else None
         if s is self.stacking:  # collected on the host, inserted once after the loop
             item = ast.unparse(s.args[0] if s.args else dict(s.kwargs)["item"])
