@@ -180,10 +180,11 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     policy = dict(data.get("policy") or {"name": "fused"})
     policy.setdefault("name", "fused")
     policy_cls = POLICIES.get(policy["name"])
-    run = _validate(RunConfig, _swept(algo_cls.Config, algo, dict(data.get("run") or {})), "run")
-    for key, values in run.sweep.items():  # each value as the key's own value would be
+    run = _swept(algo_cls.Config, algo, dict(data.get("run") or {}))
+    for key, values in run.get("sweep", {}).items():  # each value as the key's own value would be
         for v in values:
             _validate(algo_cls.Config, {**algo, key: v}, "algorithm")
+    run = _validate(RunConfig, run, "run")
     return ExperimentConfig(
         algorithm=_validate(algo_cls.Config, algo, "algorithm"),
         env=_validate(EnvConfig, data.get("env") or {}, "env"),

@@ -42,6 +42,7 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     assert load_config(cfg.dump()).run.sweep == cfg.run.sweep  # a run directory's config.yaml reads back the same
     refused = {"algorithm.epochs=[1,2]": "algorithm.epochs: one program sweeps float keys only",
                "algorithm.lr=[0.001,-1]": r"algorithm.lr: .*greater than 0",
+               "algorithm.lr=[0.001,abc]": r"algorithm.lr: Input should be a valid number.*\(got 'abc'\)",
                "algorithm.lr=[]": "run.sweep.lr: must be a non-empty list",
                "algorithm.lr=[0.001,0.001]": "run.sweep.lr: lists a value twice",
                "run.sweep={lrr: [0.1]}": "run.sweep.lrr: not a key of algorithm ppo; its float keys: lr, gamma"}
