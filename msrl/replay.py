@@ -29,8 +29,22 @@ def _rows_of(items: Any) -> int:
     return jax.tree.leaves(items)[0].shape[0]
 
 
+def _check_items(data: Any, items: Any) -> None:
+    """Items stacked on a leading axis are rows of ``data``: the same structure, row shapes and dtypes (a smaller
+    row would be written into a corner of one, another dtype cast), else a ValueError naming the leaf."""
+    if jax.tree.structure(data) != jax.tree.structure(items):
+        raise ValueError(f"buffer_insert: the item is built unlike the buffer's items ({jax.tree.structure(items)}; "
+                         f"the buffer holds {jax.tree.structure(data)}, as its first inserted item or item_spec)")
+    for (path, d), x in zip(jax.tree_util.tree_leaves_with_path(data), jax.tree.leaves(items)):
+        if (x.shape[1:], x.dtype) != (d.shape[1:], d.dtype):
+            raise ValueError(f"buffer_insert: the item's {jax.tree_util.keystr(path) or 'leaf'} is {x.dtype}"
+                             f"{list(x.shape[1:])}; the buffer holds {d.dtype}{list(d.shape[1:])} there (as its "
+                             "first inserted item or item_spec)")
+
+
 def _ring_write(data: Any, start: jax.Array, items: Any, rows: int) -> Any:
     """Write ``items`` (stacked on a leading axis of at most ``rows``) at rows ``start, start+1, ...`` mod ``rows``."""
+    _check_items(data, items)
     if _rows_of(items) == 1:  # in place, also under vmap
         return jax.tree.map(lambda d, x: put_row(d, x[0], start % rows), data, items)
     index = (start + jnp.arange(_rows_of(items))) % rows
@@ -93,9 +107,7 @@ class TrajectoryBuffer(ReplayBuffer):
         return TrajectoryState(data, jnp.zeros((), jnp.int32))
 
     def insert(self, state: TrajectoryState, item: Any) -> TrajectoryState:
-        index = state.count % self.capacity
-        data = jax.tree.map(lambda d, x: put_row(d, x, index), state.data, item)
-        return TrajectoryState(data, state.count + 1)
+        return self.insert_batch(state, jax.tree.map(lambda x: x[None], item))
 
     def insert_batch(self, state: TrajectoryState, items: Any) -> TrajectoryState:
         n = _rows_of(items)

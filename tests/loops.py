@@ -293,6 +293,18 @@ class GetBeforeInsert(Base):
         return msrl.agent_learn(batch)
 
 
+class InsertsTwoShapes(Base):
+    """A second insert of a narrower observation (written into a corner of each row, were it not refused)."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, obs[:, 0], obs[:, 0] > 0))
+        msrl.buffer_insert(Item(obs[:, :2], out.action, obs[:, 0], obs[:, 0] > 0))  # E:insert_shape
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class HelperEarlyReturn(Base):
     def helper(self, obs):
         if self.cfg.flag:
@@ -437,6 +449,7 @@ REJECTED = {
     "no_learner": NoLearner,
     "learn_state_only": LearnReturnsState,
     "learn_grows": LearnGrowsState,
+    "insert_shape": InsertsTwoShapes,
 }
 
 

@@ -171,8 +171,10 @@ def test_rejected_construct_names_file_and_line(env, marker):
 
 @pytest.mark.parametrize("loop, says", [(loops.LearnReturnsState, r"StateOnlyLearner.learn\(\) \(.*loops.py:\d+\) "
                                           r"returned a dict with keys \['w', 'updates'\]; it must return \(state, output\)"),
-                                         (loops.LearnGrowsState, r"GrowingLearner.learn\(\) .* \(\['seen'\]: new\)")])
-def test_a_learner_returning_the_wrong_state_is_named(env, loop, says):
+                                         (loops.LearnGrowsState, r"GrowingLearner.learn\(\) .* \(\['seen'\]: new\)"),
+                                         (loops.InsertsTwoShapes, r"the item's .obs is float32\[3, 2\]; the buffer "
+                                          r"holds float32\[3, 4\] there")])
+def test_a_wrong_state_or_item_is_named(env, loop, says):
     with pytest.raises(msrl.CompileError, match=says):
         msrl.compile(loop(), Fused(), env, NUM_ENVS)
 
