@@ -465,7 +465,8 @@ def _returns_to_go(reward, done, gamma=0.9):
 class PerEnvRows(Base):
     """Statements on the actor side that compute each environment's row from that environment alone, with
     what looks like mixing but is not: a count of environments used only for shapes, a scan over time, a
-    product over features, indexing per row, a slice of the time axis."""
+    product over features, indexing per row, a per-environment value broadcast over features, a stack along a
+    new feature axis, a slice of the time axis."""
 
     def train_step(self):
         obs = msrl.env_observe()
@@ -476,6 +477,7 @@ class PerEnvRows(Base):
             out = msrl.agent_act(obs)
             next_obs, reward, done = msrl.env_step(out.action)
             feature = jnp.take_along_axis(obs, out.action[:, None], -1)[:, 0] + jnp.tanh(obs @ w)
+            feature += jnp.stack([reward, seen], -1).sum(-1) + (obs * reward[:, None]).max(-1)
             seen = jnp.where(done, 0.0, seen + 1.0)
             msrl.buffer_insert(Item(obs, out.action, reward + 0.01 * feature + 0.001 * seen, done))
             obs = next_obs

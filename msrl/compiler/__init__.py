@@ -260,7 +260,7 @@ class Program:
                 raise CompileError(
                     f"policy {self.policy.name!r} runs this statement on each of its {frags[frag].replicas} "
                     f"{frag!r} replicas, which hold a share of the environments each, but it {why}: the replicas "
-                    "would compute something other than the loop", s.file, s.line,
+                    "could compute something other than the loop", s.file, s.line,
                     "compute it inside the learner (on the whole batch), or use policy.name=fused or "
                     "single_learner_fine, which act on all environments in one place")
         by_id = {s.id: s for s in leaves(self.stmts)}

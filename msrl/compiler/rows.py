@@ -148,6 +148,8 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
         return "sorts along the environment axis" if along([p1["dimension"]]) else None
     if name == "rev":
         return "reverses the environment axis" if along(p1["dimensions"]) else None
+    if name == "stack":
+        return "stacks arrays along the environment axis" if p1["axis"] in dims_out[0] else None
     if name == "concatenate":
         return "joins arrays along the environment axis" if p1["dimension"] in dims_out[0] else None
     if name == "split":
@@ -211,8 +213,10 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
                     shape_in[2][dn.update_window_dims[window.index(d)]] != shape_in[0][d]:
                 return "writes some environments' rows (an indexed update of the environment axis)"
         return None
-    if all(s == shape_out[0] or s == () for s in shape_in) and all(s == shape_out[0] for s in shape_out):
-        return None  # elementwise
+    out = shape_out[0]
+    if all(s == out for s in shape_out) and all(s == () or len(s) == len(out) and all(
+            m in (n, 1) for m, n in zip(s, out)) for s in shape_in):
+        return None  # elementwise, an operand of size 1 along an axis broadcast
     return f"uses `{name}` on an environment axis, which msrl cannot tell computes each environment's row alone"
 
 
