@@ -99,6 +99,7 @@ class ExperimentConfig(BaseModel):
 
 
 _SECTIONS = ("algorithm", "env", "policy", "run")
+_NOT_A_MAPPING = f"a config must be a mapping with keys {', '.join(_SECTIONS)}"
 
 
 def _name(key: Any) -> str:
@@ -161,7 +162,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
 def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     """Validate a plain dict (as from YAML) into an :class:`ExperimentConfig`."""
     if not isinstance(data, dict):
-        raise ConfigError("", f"a config must be a mapping with keys {', '.join(_SECTIONS)}")
+        raise ConfigError("", _NOT_A_MAPPING)
     unknown = [k for k in data if k not in _SECTIONS]
     if unknown:
         raise ConfigError(_name(unknown[0]), unknown_key(str(unknown[0]), _SECTIONS))
@@ -327,4 +328,6 @@ def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> Ex
             raise ConfigError(e.key, f"{p}: {e.message}") from None
         except _YAML_ERRORS as e:
             raise ConfigError("", f"{p}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("", f"{p}: {_NOT_A_MAPPING}, got {type(data).__name__} {quote(data)}")
     return validate_config(apply_overrides(data, list(overrides)))

@@ -73,6 +73,14 @@ def test_sections_must_be_mappings(tmp_path):
         load_config(tmp_path / "scalar.yaml")
 
 
+@pytest.mark.parametrize("text, got", [("- a\n- b\n", "list \\['a', 'b'\\]"), ("5\n", "int 5")], ids=["list", "scalar"])
+def test_a_file_that_is_not_a_mapping_is_named(tmp_path, text, got):
+    (tmp_path / "top.yaml").write_text(text)
+    for overrides in ([], ["run.seed=1"]):
+        with pytest.raises(msrl.ConfigError, match=rf"top.yaml: a config must be a mapping .*, got {got}"):
+            load_config(tmp_path / "top.yaml", overrides)
+
+
 def test_whole_numbers_in_e_notation_go_where_an_integer_does():
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml",
                       ["run.total_env_steps=1e5", "algorithm.rollout_len=2.56e2"])
