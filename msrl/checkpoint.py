@@ -190,12 +190,12 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path) ->
 
     key = diff(saved, now, "")
     if key:
-        a, b = (_get(saved, key), _get(now, key))
+        a, b = (lookup(saved, key), lookup(now, key))
         raise ConfigError(key, f"the checkpoint {path} was trained with {key}={a!r}, this config has {b!r}; "
                           "resume with the run's own config (RUN_DIR/config.yaml) or start a new run")
 
 
-def _get(d: dict, dotted: str) -> Any:
+def lookup(d: dict, dotted: str) -> Any:
     for k in dotted.split("."):
         d = d.get(k) if isinstance(d, dict) else None
     return d

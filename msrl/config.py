@@ -313,6 +313,11 @@ def _no_bools_for_numbers(model: type[BaseModel], data: dict, prefix: str) -> No
 
 def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> ExperimentConfig:
     """A config from a YAML file (or a dict of its sections) with ``KEY.PATH=VALUE`` overrides applied."""
+    return validate_config(read_config(path, overrides))
+
+
+def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> dict[str, Any]:
+    """What :func:`load_config` validates: the file's (or dict's) sections with the overrides applied."""
     data: dict[str, Any] = {}
     if isinstance(path, dict):
         import copy
@@ -330,4 +335,4 @@ def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> Ex
             raise ConfigError("", f"{p}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError("", f"{p}: {_NOT_A_MAPPING}, got {type(data).__name__} {quote(data)}")
-    return validate_config(apply_overrides(data, list(overrides)))
+    return apply_overrides(data, list(overrides))

@@ -16,7 +16,7 @@ import yaml
 
 from msrl import checkpoint, resources
 from msrl.algorithm import Context
-from msrl.config import ExperimentConfig, load_config
+from msrl.config import ExperimentConfig, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import ALGORITHMS
@@ -362,15 +362,24 @@ def _remove_if_unused(run_dir: Path) -> None:
 def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
            resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
            made: list[Path] | None = None, **sections: Any) -> TrainResult:
-    if cfg is None and resume and run_dir is not None:
-        cfg = Path(run_dir) / "config.yaml"
+    saved = Path(run_dir) / "config.yaml" if resume and run_dir is not None else None
+    if cfg is None and saved is not None:
+        cfg = saved
         if not cfg.is_file():
             raise ConfigError("--resume", f"{run_dir} is not a run directory (no config.yaml)")
     overrides = [*overrides, *(o for name, value in sections.items() for o in _dotted(name, value))]
-    if not isinstance(cfg, ExperimentConfig):
-        cfg = load_config(cfg, overrides)
-    elif overrides:
+    if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
+    data = cfg.dump() if isinstance(cfg, ExperimentConfig) else read_config(cfg, overrides)
+    if saved is not None:
+        _same_algorithm_and_policy(saved, data)
+    if not isinstance(cfg, ExperimentConfig):
+        try:
+            cfg = validate_config(data)
+        except ConfigError as e:  # resuming with the run's own config: name it
+            if saved is None or not isinstance(cfg, (str, Path)) or Path(cfg).resolve() != saved.resolve():
+                raise
+            raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
     if resume:  # refuse before building anything
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
@@ -406,6 +415,20 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                     path if resume else None, on_iteration, stage, signals)
     finally:
         signals.__exit__()
+
+
+def _same_algorithm_and_policy(saved: Path, data: dict[str, Any]) -> None:
+    """A resume under another algorithm or policy is refused first, naming that (rather than a key the
+    other one does not have)."""
+    try:
+        was = yaml.safe_load(saved.read_text())
+    except (OSError, yaml.YAMLError):
+        return  # (loading it reports what is wrong)
+    for key, default in (("algorithm.name", None), ("policy.name", "fused")):
+        a, b = checkpoint.lookup(was, key) or default, checkpoint.lookup(data, key) or default
+        if a != b:
+            raise ConfigError(key, f"the run in {saved.parent} was trained with {key}={a!r}, this resume asks for "
+                              f"{b!r}; resume with the run's own config ({saved}) or start a new run")
 
 
 def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: Any, path: Any,

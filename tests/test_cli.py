@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,21 @@ def test_console_script_reports_bad_config_without_traceback(tmp_path):
 def test_unknown_cli_argument_is_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["graph", CARTPOLE, "--bogus"])
+
+
+def test_resume_names_the_runs_config_and_a_changed_algorithm_or_policy_first(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", CARTPOLE, "run.total_env_steps=1024", "run.progress=false", "--run-dir", str(run)]) == 0
+    saved = run / "config.yaml"
+    for args, error in [
+        (["algorithm.name=dqn"], f"algorithm.name: the run in {run} was trained with algorithm.name='ppo', this "
+                                 "resume asks for 'dqn'"),
+        ([str(EXAMPLES / "dqn_cartpole.yaml")], "algorithm.name: .* asks for 'dqn'"),
+        (["policy.name=single_learner_coarse"], "policy.name: .*policy.name='fused', .* 'single_learner_coarse'"),
+        (["algorithm.lr=x"], f"algorithm.lr: {saved}: Input should be a valid number"),
+    ]:
+        assert main(["train", "--resume", str(run), *args]) == 2
+        assert re.search(error, capsys.readouterr().err)
+    saved.write_text(saved.read_text().replace("  lr: ", "  lr: fast #"))
+    assert main(["train", "--resume", str(run)]) == 2
+    assert f"algorithm.lr: {saved}: Input should be a valid number" in capsys.readouterr().err
