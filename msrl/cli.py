@@ -138,13 +138,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_graph(args: argparse.Namespace) -> int:
     from msrl.config import load_config
+    from msrl.plot import check_image_file
     from msrl.runner import build
 
-    overrides = list(args.overrides) + ([f"policy.name={args.policy}"] if args.policy else [])
-    program = build(load_config(args.config, overrides))
     if args.format == "png":
         if not args.output:
             raise MsrlError("--format png needs -o FILE.png")
+        check_image_file(args.output)
+    overrides = list(args.overrides) + ([f"policy.name={args.policy}"] if args.policy else [])
+    program = build(load_config(args.config, overrides))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    if args.format == "png":
         _graph_png(program, args.output)
         print(f"wrote {args.output}")
         return 0

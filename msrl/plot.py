@@ -15,6 +15,17 @@ from msrl.errors import ConfigError
 _COLUMNS = ("env_steps", "wall_time", "episode_return")
 
 
+def check_image_file(path: str | Path) -> Path:
+    """``path`` (``-o``), refused unless its suffix names an image format matplotlib writes."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path, formats = Path(path), sorted(FigureCanvasBase.get_supported_filetypes())
+    if path.suffix[1:].lower() not in formats:
+        raise ConfigError("--output", f"{path}: cannot tell the image format from its suffix; use one of "
+                          + ", ".join("." + f for f in formats))
+    return path
+
+
 def read_curve(run_dir: str | Path) -> dict[str, np.ndarray]:
     """``env_steps``, ``wall_time`` and ``episode_return`` of the rows of ``RUN_DIR/metrics.csv`` that have a
     finite return."""
@@ -114,6 +125,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
     with a band of ± one standard deviation."""
     from matplotlib.figure import Figure  # a bare Figure renders with Agg: no pyplot, no display
 
+    out = check_image_file(out)
     if smooth < 1:
         raise ConfigError("--smooth", f"must be >= 1 (got {smooth})")
     if not run_dirs:
@@ -156,7 +168,6 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
     for ax in (ax_steps, ax_time):
         ax.grid(alpha=0.3)
     ax_steps.legend(fontsize="small")
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out

@@ -102,3 +102,12 @@ def test_eval_refuses_a_seed_a_prng_key_cannot_hold(tmp_path, capsys):
     for seed in ["-1", str(2**32), "9" * 20]:
         assert main(["eval", str(tmp_path), "--seed", seed]) == 2
         assert f"--seed: must be between 0 and 4,294,967,295, got {seed}" in capsys.readouterr().err
+
+
+def test_plot_and_graph_refuse_an_unknown_image_suffix_up_front_and_graph_makes_folders(tmp_path, capsys):
+    for args in (["plot", str(tmp_path / "no-run")], ["graph", str(tmp_path / "no.yaml"), "--format", "png"]):
+        assert main([*args, "-o", str(tmp_path / "out.xyz")]) == 2
+        assert re.search(r"--output: .*out.xyz: cannot tell the image format .*\.pdf, .*\.png, .*\.svg",
+                         capsys.readouterr().err)
+    png = tmp_path / "new" / "dir" / "g.png"
+    assert main(["graph", CARTPOLE, "--format", "png", "-o", str(png)]) == 0 and png.stat().st_size > 0
