@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msrl.errors import ConfigError, Interrupted, MsrlError
+from msrl.errors import ConfigError, Interrupted, MsrlError, user_code_error
 
 
 def _graph_text(program: Any) -> str:
@@ -275,6 +275,10 @@ def import_user_module(spec: str) -> None:
         importlib.import_module(spec)
     except ImportError as e:
         raise ConfigError("--import", f"cannot import {spec!r}: {e}") from None
+    except MsrlError:
+        raise
+    except Exception as e:  # the module's own code failed: say where
+        raise user_code_error(e, spec, "--import") from e
     from msrl.registry import USER_MODULES
 
     if spec not in USER_MODULES:

@@ -59,3 +59,25 @@ def did_you_mean(name: object, choices: object) -> str:
 
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1)
     return f"did you mean {close[0]!r}? " if close else ""
+
+
+def raised_at(exc: BaseException, module: str) -> str | None:
+    """``FILE:LINE`` where the code of ``module`` raised ``exc``: the deepest frame of its traceback in that
+    module (a SyntaxError: the place it names); None if none is there."""
+    import traceback
+
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    at = None
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        if frame.f_globals.get("__name__") == module:
+            at = f"{frame.f_code.co_filename}:{line}"
+    return at
+
+
+def user_code_error(exc: BaseException, module: str, key: str) -> ConfigError:
+    """``exc``, raised by the user's ``module``, as one line naming the user's file and line: ``KEY: FILE:LINE:
+    TYPE: MESSAGE`` (raise it ``from exc``: ``--debug`` shows the whole traceback)."""
+    at = raised_at(exc, module)
+    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    return ConfigError(key, f"{at + ': ' if at else ''}{type(exc).__name__}: {text}")

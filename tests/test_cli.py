@@ -111,3 +111,14 @@ def test_plot_and_graph_refuse_an_unknown_image_suffix_up_front_and_graph_makes_
                          capsys.readouterr().err)
     png = tmp_path / "new" / "dir" / "g.png"
     assert main(["graph", CARTPOLE, "--format", "png", "-o", str(png)]) == 0 and png.stat().st_size > 0
+
+
+@pytest.mark.parametrize("code, error", [
+    ("x = 1\ndef f(:\n", "2: SyntaxError: invalid syntax"),
+    ("def f():\n    raise ValueError('no gpu')\n\nf()\n", "2: ValueError: no gpu"),
+], ids=["syntax", "raises"])
+def test_an_import_that_fails_names_the_users_file_and_line(tmp_path, capsys, code, error):
+    module = tmp_path / f"failing_{tmp_path.name}.py"  # (a fresh module name for each test)
+    module.write_text(code)
+    assert main(["graph", CARTPOLE, "--import", str(module)]) == 2
+    assert capsys.readouterr().err == f"msrl: error: --import: {module}:{error}\n"
