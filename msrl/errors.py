@@ -79,5 +79,5 @@ def user_code_error(exc: BaseException, module: str, key: str) -> ConfigError:
     """``exc``, raised by the user's ``module``, as one line naming the user's file and line: ``KEY: FILE:LINE:
     TYPE: MESSAGE`` (raise it ``from exc``: ``--debug`` shows the whole traceback)."""
     at = raised_at(exc, module)
-    text = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    text = exc.msg if isinstance(exc, SyntaxError) else (str(exc).strip().splitlines() or [""])[0]
     return ConfigError(key, f"{at + ': ' if at else ''}{type(exc).__name__}: {text}")

@@ -14,7 +14,7 @@ from msrl.config import load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError
 from msrl.policy import prepare_learner
-from msrl.registry import ALGORITHMS
+from msrl.runner import make_algorithm
 from msrl.sweep import member_config, members
 
 MAX_STEPS = 100_000
@@ -63,7 +63,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
                   total_env_steps=cfg.run.total_env_steps,
                   updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
                   learner_replicas=cfg.policy.learner_plan().learner_replicas)
-    algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
+    algorithm = make_algorithm(cfg, ctx)
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:
         raise ConfigError("RUN_DIR", f"{path} holds no learner state")

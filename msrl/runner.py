@@ -18,7 +18,7 @@ from msrl import checkpoint, resources
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, read_config, validate_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError, MsrlError, TrainingError
+from msrl.errors import ConfigError, MsrlError, TrainingError, user_code_error
 from msrl.registry import ALGORITHMS
 from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
@@ -44,8 +44,19 @@ def build(cfg: ExperimentConfig):
                   updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
                   learner_replicas=cfg.policy.learner_plan().learner_replicas)
     with build_guard(cfg.algorithm, list(cfg.run.sweep)):  # (a swept key used here would hold one value only)
-        algorithm = ALGORITHMS.get(cfg.algorithm.name)(cfg.algorithm, ctx)
+        algorithm = make_algorithm(cfg, ctx)
     return compile_program(algorithm, cfg.policy, env, num_envs)
+
+
+def make_algorithm(cfg: ExperimentConfig, ctx: Context) -> Any:
+    """The config's algorithm; an exception its constructor raises is an error naming the file and line."""
+    cls = ALGORITHMS.get(cfg.algorithm.name)
+    try:
+        return cls(cfg.algorithm, ctx)
+    except MsrlError:
+        raise
+    except Exception as e:
+        raise user_code_error(e, cls.__module__, "algorithm") from e
 
 
 # a logged row's columns: these first, then the loop's own metrics (under "train/" in TensorBoard)

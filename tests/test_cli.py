@@ -122,3 +122,13 @@ def test_an_import_that_fails_names_the_users_file_and_line(tmp_path, capsys, co
     module.write_text(code)
     assert main(["graph", CARTPOLE, "--import", str(module)]) == 2
     assert capsys.readouterr().err == f"msrl: error: --import: {module}:{error}\n"
+
+
+def test_an_algorithm_whose_constructor_raises_names_the_users_file_and_line(tmp_path, capsys):
+    name = f"broken_{tmp_path.name}"
+    module = tmp_path / f"{name}.py"
+    module.write_text(f"import msrl\n\n\n@msrl.register_algorithm({name!r})\nclass Broken(msrl.Algorithm):\n"
+                      f"    class Config(msrl.AlgorithmConfig):\n        name: str = {name!r}\n\n"
+                      "    def __init__(self, cfg, ctx):\n        raise KeyError('hidden_size')\n")
+    assert main(["graph", CARTPOLE, f"algorithm={{name: {name}}}", "--import", str(module)]) == 2
+    assert capsys.readouterr().err == f"msrl: error: algorithm: {module}:10: KeyError: 'hidden_size'\n"
