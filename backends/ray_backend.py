@@ -376,7 +376,10 @@ def _connect(policy: Any, program: Any) -> bool:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-            ray.init(address=policy.ray_address, **QUIET)
+            try:
+                ray.init(address=policy.ray_address, **QUIET)
+            except (ConnectionError, ValueError) as e:  # no cluster found ("auto"), a malformed address
+                raise _no_cluster(policy.ray_address, str(e).split(". ")[0].rstrip(".")) from None
     else:
         need = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values())
         init_local(max(os.cpu_count() or 1, int(np.ceil(need))), dashboard=policy.ray_dashboard)
@@ -464,9 +467,13 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as e:
-        raise ConfigError("policy.ray_address", f"nothing answers at {address} ({e.strerror or e}); start the "
-                          "cluster there (`ray start --head`), fix the address, or leave it unset for a private "
-                          "cluster on this machine") from None
+        raise _no_cluster(address, f"nothing answers: {e.strerror or e}") from None
+
+
+def _no_cluster(address: str, why: str) -> ConfigError:
+    return ConfigError("policy.ray_address", f"cannot join a Ray cluster at {address} ({why}); start the cluster "
+                       "there (`ray start --head`), fix the address, or leave it unset for a private cluster on this "
+                       "machine")
 
 
 def _check_resources(program: Any) -> None:

@@ -111,7 +111,7 @@ def test_more_resources_than_the_cluster_has_is_a_config_error():
     assert ray.is_initialized()  # the shared session is left as it was
 
 
-def test_an_address_where_nothing_answers_fails_fast_and_clearly():
+def test_an_address_where_nothing_answers_or_a_malformed_one_fails_fast_and_clearly():
     import socket
 
     import ray
@@ -119,14 +119,17 @@ def test_an_address_where_nothing_answers_fails_fast_and_clearly():
     with socket.socket() as s:  # a port on this machine that nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
-                                 f"policy.ray_address=127.0.0.1:{port}"])
     ray.shutdown()  # as a fresh driver would be; the shared session starts again below
     try:
-        started = time.time()
-        with pytest.raises(msrl.ConfigError, match=rf"policy.ray_address: nothing answers at 127.0.0.1:{port}"):
-            msrl.Session(cfg)
-        assert time.time() - started < 30
+        for address, why in [("127.0.0.1", "Invalid address format: 127.0.0.1"),  # (ray.init: a ValueError)
+                             (f"127.0.0.1:{port}", "nothing answers: Connection refused")]:
+            cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                         f"policy.ray_address={address}"])
+            started = time.time()
+            with pytest.raises(msrl.ConfigError, match=rf"policy.ray_address: cannot join a Ray cluster at "
+                                                       rf"{address} \({why}\); start the cluster"):
+                msrl.Session(cfg)
+            assert time.time() - started < 30
     finally:
         _restart_shared_cluster()
 
