@@ -18,7 +18,15 @@ class Registry:
         self.kind, self.noun, self.key, self._items = kind, noun, key, {}
 
     def register(self, name: str):
+        """A decorator registering its class under ``name``; a name another class holds (registered, or an installed
+        entry point) is refused. The same ``module:qualname`` again (a module imported twice) replaces it."""
         def wrap(obj: Any) -> Any:
+            held = self._items.get(name)
+            if held is None and name in self._entry_points():
+                held = self._entry_points()[name].load()
+            if held is not None and _path(held) != _path(obj):
+                raise ConfigError(self.key, f"{quote(name)} is already the {self.noun} {_path(held)}; register "
+                                  f"{_path(obj)} under another name")
             self._items[name] = obj
             obj.registered_name = name
             return obj
@@ -42,6 +50,10 @@ class Registry:
                                   f"available: {', '.join(self.names())}")
             self.register(name)(ep.load())
         return self._items[name]
+
+
+def _path(obj: Any) -> str:
+    return f"{obj.__module__}:{obj.__qualname__}"
 
 
 ALGORITHMS = Registry("algorithms", "algorithm", "algorithm.name")

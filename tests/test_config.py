@@ -129,3 +129,26 @@ def test_a_billion_laughs_is_refused_at_once_and_quoted_values_are_cut(tmp_path)
         with pytest.raises(msrl.ConfigError) as info:
             load_config(EXAMPLES / "ppo_cartpole.yaml", [override])
         assert len(str(info.value)) < 500 and ("…" in str(info.value) or "..." in str(info.value)), str(info.value)
+
+
+def test_a_registered_name_is_not_taken_over_by_another_class():
+    def define():
+        class Mine(msrl.Algorithm):
+            pass
+        return Mine
+
+    first = msrl.register_algorithm("mine_twice")(define())
+    again = msrl.register_algorithm("mine_twice")(define())  # the same class, its module run again: fine
+    assert msrl.registry.ALGORITHMS.get("mine_twice") is again is not first
+
+    class Other(msrl.Algorithm):
+        pass
+
+    prefix = r"algorithm.name: 'mine_twice' is already the algorithm test_config:.*define.<locals>.Mine; register "
+    with pytest.raises(msrl.ConfigError, match=prefix + "test_config:.*Other under another name"):
+        msrl.register_algorithm("mine_twice")(Other)
+    with pytest.raises(msrl.ConfigError, match=r"'ppo' is already the algorithm msrl.algorithms.ppo.*:PPO"):
+        msrl.register_algorithm("ppo")(Other)  # an installed entry point's name
+    with pytest.raises(msrl.ConfigError, match=r"'fused' is already the policy msrl.policies.fused.*:Fused"):
+        msrl.register_policy("fused")(Other)
+    assert msrl.registry.ALGORITHMS.get("mine_twice") is again and load_config(None, ["algorithm.name=ppo"])
