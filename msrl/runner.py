@@ -453,6 +453,9 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     if iterations < 1:
         raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than one iteration "
                           f"({steps_per_iter} env steps)")
+    if iterations * steps_per_iter != cfg.run.total_env_steps:
+        print(f"msrl: note: run.total_env_steps={cfg.run.total_env_steps:,} rounded down to {iterations:,} whole "
+              f"iterations of {steps_per_iter:,} env steps: {iterations * steps_per_iter:,}", file=sys.stderr, flush=True)
     # several iterations per dispatch, but at least ~10 progress updates in a run
     auto = max(1, min(TARGET_STEPS_PER_DISPATCH // steps_per_iter, iterations // 10))
     per_dispatch = min(cfg.run.iterations_per_dispatch or auto, iterations)

@@ -132,3 +132,9 @@ def test_an_algorithm_whose_constructor_raises_names_the_users_file_and_line(tmp
                       "    def __init__(self, cfg, ctx):\n        raise KeyError('hidden_size')\n")
     assert main(["graph", CARTPOLE, f"algorithm={{name: {name}}}", "--import", str(module)]) == 2
     assert capsys.readouterr().err == f"msrl: error: algorithm: {module}:10: KeyError: 'hidden_size'\n"
+
+
+def test_total_env_steps_rounded_to_whole_iterations_is_noted(tmp_path, capsys):
+    assert main(["train", CARTPOLE, "run.total_env_steps=1100", "run.progress=false", "--run-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ("msrl: note: run.total_env_steps=1,100 rounded down to 2 whole iterations of "
+                                       "512 env steps: 1,024\n")
