@@ -145,7 +145,12 @@ def cmd_graph(args: argparse.Namespace) -> int:
         if not args.output:
             raise MsrlError("--format png needs -o FILE.png")
         check_image_file(args.output)
-    overrides = list(args.overrides) + ([f"policy.name={args.policy}"] if args.policy else [])
+    overrides = list(args.overrides)
+    if args.policy:
+        other = [o for o in overrides if o.startswith("policy.name=") and o != f"policy.name={args.policy}"]
+        if other:
+            raise ConfigError("--policy", f"--policy {args.policy} and {other[0]} name different policies; give one")
+        overrides.append(f"policy.name={args.policy}")
     program = build(load_config(args.config, overrides))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -221,7 +226,7 @@ def make_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")
     g.add_argument("config")
     g.add_argument("overrides", nargs="*")
-    g.add_argument("--policy", default=None, help="shorthand for policy.name=P")
+    g.add_argument("--policy", default=None, help="shorthand for policy.name=P (replaces the config file's policy)")
     g.add_argument("--format", choices=["text", "json", "dot", "png"], default="text")
     g.add_argument("--code", action="store_true", help="also print each fragment's generated source")
     g.add_argument("-o", "--output", default=None)

@@ -138,3 +138,10 @@ def test_total_env_steps_rounded_to_whole_iterations_is_noted(tmp_path, capsys):
     assert main(["train", CARTPOLE, "run.total_env_steps=1100", "run.progress=false", "--run-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().err == ("msrl: note: run.total_env_steps=1,100 rounded down to 2 whole iterations of "
                                        "512 env steps: 1,024\n")
+
+
+def test_graph_refuses_policy_and_a_different_policy_name_override(capsys):
+    assert main(["graph", CARTPOLE, "policy.name=single_learner_coarse", "--policy", "fused"]) == 2
+    assert capsys.readouterr().err == ("msrl: error: --policy: --policy fused and policy.name=single_learner_coarse "
+                                       "name different policies; give one\n")
+    assert main(["graph", CARTPOLE, "policy.name=fused", "--policy", "fused"]) == 0
