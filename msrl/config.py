@@ -186,12 +186,14 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         for v in values:
             _validate(algo_cls.Config, {**algo, key: v}, "algorithm")
     run = _validate(RunConfig, run, "run")
-    return ExperimentConfig(
+    cfg = ExperimentConfig(
         algorithm=_validate(algo_cls.Config, algo, "algorithm"),
         env=_validate(EnvConfig, data.get("env") or {}, "env"),
         policy=_validate(policy_cls, policy, "policy"),
         run=run,
     )
+    cfg.env.num_envs = cfg.policy.total_envs(cfg.env.num_envs)  # where the policy sets it (envs_per_actor x actors)
+    return cfg
 
 
 def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import yaml
 
 from msrl.cli import main
 
@@ -145,3 +146,11 @@ def test_graph_refuses_policy_and_a_different_policy_name_override(capsys):
     assert capsys.readouterr().err == ("msrl: error: --policy: --policy fused and policy.name=single_learner_coarse "
                                        "name different policies; give one\n")
     assert main(["graph", CARTPOLE, "policy.name=fused", "--policy", "fused"]) == 0
+
+
+def test_the_saved_config_holds_the_env_count_envs_per_actor_sets(tmp_path):
+    assert main(["train", CARTPOLE, "policy.name=single_learner_coarse", "policy.envs_per_actor=3",
+                 "run.total_env_steps=768", "run.progress=false", "--run-dir", str(tmp_path)]) == 0
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["env"]["num_envs"] == 6 and saved["policy"]["actors"] == 2  # not the file's 4
+    assert json.loads((tmp_path / "summary.json").read_text())["env_steps"] == 768
