@@ -466,7 +466,8 @@ class PerEnvRows(Base):
     """Statements on the actor side that compute each environment's row from that environment alone, with
     what looks like mixing but is not: a count of environments used only for shapes, a scan over time, a
     product over features, indexing per row, a per-environment value broadcast over features, a stack along a
-    new feature axis, a slice of the time axis."""
+    new feature axis, a slice of the time axis; and a variable first assigned inside the loop (a replica starts
+    it from zeros of its share's shape)."""
 
     def train_step(self):
         obs = msrl.env_observe()
@@ -481,10 +482,11 @@ class PerEnvRows(Base):
             seen = jnp.where(done, 0.0, seen + 1.0)
             msrl.buffer_insert(Item(obs, out.action, reward + 0.01 * feature + 0.001 * seen, done))
             obs = next_obs
+            last_reward = reward * 0.5
         batch = msrl.buffer_get()
         g = _returns_to_go(batch.reward, batch.done)
         first = jax.tree.map(lambda x: x[:1], batch)
-        return msrl.agent_learn(batch._replace(reward=g), first=first.reward)
+        return msrl.agent_learn(batch._replace(reward=g), first=first.reward, last=last_reward)
 
 
 class MixesMean(Base):

@@ -389,6 +389,20 @@ class Program:
                                     parent=s.parent))
         return out
 
+    def _replica_shapes(self, n: int) -> dict[tuple[str, str], Any]:
+        """The probe's shapes for a replica holding ``n`` of the environments (a loop variable that starts
+        from zeros has its replica's size): a size that changes with the count of environments is affine in it,
+        so the probes at N and 2N give it at ``n``."""
+        big, num = self._doubled, self.num_envs
+
+        def at(a: Any, b: Any) -> Any:
+            if not isinstance(a, jax.ShapeDtypeStruct) or len(a.shape) != len(b.shape):
+                return a
+            return jax.ShapeDtypeStruct(tuple(x + (y - x) * (n - num) // num for x, y in zip(a.shape, b.shape)),
+                                        a.dtype)
+
+        return {k: jax.tree.map(at, v, big[k]) if k in big else v for k, v in self.shapes.items()}
+
     def _lower(self, spec: FragmentSpec) -> Fragment:
         stmts = self._project(self.stmts, spec.name)
         keys, derive = self._state_keys(stmts)
@@ -409,7 +423,8 @@ class Program:
                                "communicates inside a loop", per_step[0].file, per_step[0].line,
                                "a role on jax runs as one jitted program between receiving and sending; place it "
                                "on threads")
-        lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, self.shapes, host)
+        shapes = self.shapes if spec.replicas == 1 else self._replica_shapes(self.num_envs // spec.replicas)
+        lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, shapes, host)
         ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
               "_msrl_jit": jax.jit, "_msrl_stack": lambda items: jax.tree.map(lambda *xs: np.stack(xs), *items),
               "_msrl_zeros": lambda name: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros[name]),
