@@ -353,7 +353,14 @@ class Program:
         """For every recorded value, the axis of each leaf that runs over environments (None: not batched
         over environments), found by probing again with twice the environments. Gathers concatenate and
         scatters split along these axes."""
-        doubled, doubled_item = self._infer_shapes(2 * self.num_envs)
+        try:
+            doubled, doubled_item = self._infer_shapes(2 * self.num_envs)
+        except CompileError as e:  # the loop traced with N environments: say where 2N comes from
+            raise CompileError(
+                f"{e.reason} (with {2 * self.num_envs} environments: policy {self.policy.name!r} cuts the loop, "
+                f"and traces it with twice the {self.num_envs} environments to tell which axes are per-environment)",
+                e.file, e.line, "a statement whose shapes hold only for one count of environments (a size written "
+                "as a number) cannot be cut: derive the size from the arrays, or use policy.name=fused") from None
         self._doubled = doubled
 
         def axes(value: Any, twice: Any) -> list[int | None]:
