@@ -549,6 +549,53 @@ class MixesCount(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class CenteringActor(RandomActor):
+    """Acts on observations centred over the environments it is given: a mean over a replica's share."""
+
+    def act(self, state, params, obs):
+        state, out = super().act(state, params, obs)
+        return state, out._replace(action=out.action * (obs[:, 0] > obs[:, 0].mean()))
+
+
+class SlotActor(RandomActor):
+    """Numbers its environments by position (0, 1, ... in each replica), not by their global index."""
+
+    def init(self, key, env_ids):
+        return {**super().init(key, env_ids), "slot": jnp.arange(env_ids.shape[0])}
+
+    def act(self, state, params, obs):
+        new, out = super().act(state, params, obs)
+        return {**new, "slot": state["slot"]}, out._replace(action=(out.action + state["slot"]) % self.n)
+
+
+class MixesInAct(Base):
+    actor_type = CenteringActor
+
+    def __init__(self):
+        super().__init__()
+        self.actor = self.actor_type(2)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)  # E:mix_act
+            obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class MixesInInit(MixesInAct):
+    actor_type = SlotActor
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)  # E:mix_init
+            obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class HandsCount(Base):
     def train_step(self):
         obs = msrl.env_observe()
@@ -584,6 +631,9 @@ MIXING = {  # marker: (loop, what the refusal says)
     "mix_slice": (MixesSlice, "takes some environments' rows"),
     "mix_count": (MixesCount, "depends on how many environments a replica holds"),
     "hands_count": (HandsCount, "depends on how many environments a replica holds"),
+    "mix_act": (MixesInAct, r"runs CenteringActor.act\(\) \(.*loops.py:\d+\), called here, .* reduces over"),
+    "mix_init": (MixesInInit, r"initializes the actor .* SlotActor.init\(\) \(.*loops.py:\d+\) numbers the "
+                              "environments by their position"),
 }
 
 

@@ -48,12 +48,17 @@ def _signature(tree: Any) -> dict[str, tuple]:
             for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
+def _method_name(component: Any, method: str) -> str:
+    """``Class.method() (file:line)``: a component's method, for an error."""
+    code = getattr(inspect.unwrap(getattr(type(component), method, None)), "__code__", None)
+    return f"{type(component).__name__}.{method}()" + (f" ({code.co_filename}:{code.co_firstlineno})" if code else "")
+
+
 def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
     """An actor's ``act`` and a learner's ``learn`` return ``(state, output)`` with the state they were given,
     in structure, shapes and dtypes (the loop carries it): else a CompileError naming the method's file:line
     (raised at the user's API call)."""
-    code = getattr(inspect.unwrap(getattr(type(component), method, None)), "__code__", None)
-    name = f"{type(component).__name__}.{method}()" + (f" ({code.co_filename}:{code.co_firstlineno})" if code else "")
+    name = _method_name(component, method)
     if not (isinstance(result, tuple) and len(result) == 2):
         got = f"{len(result)} values" if isinstance(result, tuple) else \
             f"an array of shape {tuple(result.shape)}" if hasattr(result, "shape") else \
@@ -251,14 +256,29 @@ class Program:
         shared = {f for c in comms if c.op in ("gather", "scatter") and c.axis == "env"
                   for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}
         small, big = self._inputs[self.num_envs], self._inputs[2 * self.num_envs]
-        namespace = {**self.namespace, "self": self.algorithm}
+        actor = self.components.get("actor")
+        namespace = {**self.namespace, "self": self.algorithm, "_c_actor": actor}
+        acting = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in shared and s.kind == "api"
+                  and s.api.component == "actor"]
+        if acting:  # the actor's state, as each replica initializes it for its environments
+            ids = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in (self.num_envs, 2 * self.num_envs)]
+            why = rows.mixing_fn(actor.init, [jax.random.PRNGKey(0), ids[0]], [jax.random.PRNGKey(0), ids[1]])
+            if why:
+                s = acting[0]
+                raise CompileError(
+                    f"policy {self.policy.name!r} initializes the actor on each of its "
+                    f"{frags[self.plan.assign[s.id]].replicas} replicas for a share of the environments, but "
+                    f"{_method_name(actor, 'init')} {why}: the replicas could compute something other than the "
+                    "loop", s.file, s.line, "derive per-environment values from env_ids (the global environment "
+                    "indices), or use policy.name=fused or single_learner_fine")
         for s in leaves(self.stmts):
             frag = self.plan.assign.get(s.id)
             why = rows.mixing(s, small[s.id], big.get(s.id, {}), namespace) \
                 if frag in shared and s.id in small else None
             if why:
+                what = f"{_method_name(actor, s.api.method)}, called here," if s in acting else "this statement"
                 raise CompileError(
-                    f"policy {self.policy.name!r} runs this statement on each of its {frags[frag].replicas} "
+                    f"policy {self.policy.name!r} runs {what} on each of its {frags[frag].replicas} "
                     f"{frag!r} replicas, which hold a share of the environments each, but it {why}: the replicas "
                     "could compute something other than the loop", s.file, s.line,
                     "compute it inside the learner (on the whole batch), or use policy.name=fused or "

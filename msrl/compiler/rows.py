@@ -224,6 +224,10 @@ def _function(s: Stmt, names: list[str], namespace: dict[str, Any]) -> Callable:
     """The statement alone as ``f(*values of names) -> what it defines`` (an API call: its arguments)."""
     if s.kind == "compute":
         body, result = ast.unparse(s.node), sorted(d for d in s.defs if not is_state(d))
+    elif s.kind == "api" and s.api.component == "actor":  # the actor's own method, with its state
+        args = ["_s_actor"] + (["_s_params"] if "params" in s.api.reads else []) + \
+            [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
+        body, result = f"_out = _c_actor.{s.api.method}({', '.join(args)})", ["_out"]
     elif s.kind == "api":
         body, result = "pass", [ast.unparse(a) for a in s.args] + [ast.unparse(v) for _, v in s.kwargs]
     else:
@@ -235,8 +239,8 @@ def _function(s: Stmt, names: list[str], namespace: dict[str, Any]) -> Callable:
     return ns["_row_check"]
 
 
-def _trace(fn: Callable, values: dict[str, Any], names: list[str]) -> Any:
-    leaves, tree = jax.tree.flatten([values[n] for n in names])
+def _trace(fn: Callable, args: list) -> Any:
+    leaves, tree = jax.tree.flatten(args)
     arrays = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
 
     def call(*xs: Any) -> Any:
@@ -248,12 +252,22 @@ def _trace(fn: Callable, values: dict[str, Any], names: list[str]) -> Any:
 
 def mixing(s: Stmt, values: dict[str, Any], doubled: dict[str, Any], namespace: dict[str, Any]) -> str | None:
     """Why statement ``s`` may mix environments' rows, or None. ``values`` and ``doubled`` are what it reads
-    (shape-dtype structs and Python values) in the loop traced with N and with 2N environments. A statement
-    that cannot be traced alone is not judged (None)."""
+    (shape-dtype structs and Python values) in the loop traced with N and with 2N environments (an actor's call:
+    its method too). A statement that cannot be traced alone is not judged (None)."""
     names = sorted(n for n in values if n in doubled)
     try:
         fn = _function(s, names, namespace)
-        j1, j2 = _trace(fn, values, names), _trace(fn, doubled, names)
     except Exception:  # noqa: BLE001 - the loop itself traced; this view of one statement is best effort
+        return None
+    return mixing_fn(fn, [values[n] for n in names], [doubled[n] for n in names])
+
+
+def mixing_fn(fn: Callable, args: list, doubled: list) -> str | None:
+    """Why ``fn(*args)`` may mix environments' rows, or None (``doubled``: its arguments at 2N environments;
+    shape-dtype structs are traced, other values passed as they are). Not judged (None) where it cannot be
+    traced."""
+    try:
+        j1, j2 = _trace(fn, args), _trace(fn, doubled)
+    except Exception:  # noqa: BLE001 - best effort, as above
         return None
     return next((r for r in _call(j1, j2, [None] * len(j1.jaxpr.invars)) if r), None)
