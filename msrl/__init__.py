@@ -50,10 +50,14 @@ def compile(algorithm, policy, env, num_envs):  # noqa: A001 - mirrors the paper
 
 
 def __getattr__(name):
-    if name in ("train", "build", "load_config"):
+    if name in ("train", "build"):
         from msrl import runner
 
         return getattr(runner, name)
+    if name == "load_config":
+        from msrl.config import load_config
+
+        return load_config
     if name == "component_keys":
         from msrl.compiler import component_keys
 
