@@ -462,6 +462,14 @@ def _returns_to_go(reward, done, gamma=0.9):
     return jax.lax.scan(back, jnp.zeros(reward.shape[1]), (reward, done), reverse=True)[1]
 
 
+def _conv_pool_top(obs):
+    """A network's per-environment layers: a convolution over features, max-pooling, the top 2."""
+    conv = jax.lax.conv_general_dilated(obs[:, :, None], jnp.ones((2, 1, 3)), (1,), "VALID",
+                                        dimension_numbers=("NWC", "WIO", "NWC"))
+    pooled = jax.lax.reduce_window(conv, -jnp.inf, jax.lax.max, (1, 2, 1), (1, 1, 1), "VALID")
+    return jax.lax.top_k(pooled.reshape(obs.shape[0], -1), 2)[0].sum(-1)
+
+
 class PerEnvRows(Base):
     """Statements on the actor side that compute each environment's row from that environment alone, with
     what looks like mixing but is not: a count of environments used only for shapes, a scan over time, a
@@ -479,6 +487,7 @@ class PerEnvRows(Base):
             next_obs, reward, done = msrl.env_step(out.action)
             feature = jnp.take_along_axis(obs, out.action[:, None], -1)[:, 0] + jnp.tanh(obs @ w)
             feature += jnp.stack([reward, seen], -1).sum(-1) + (obs * reward[:, None]).max(-1)
+            feature += _conv_pool_top(obs)
             seen = jnp.where(done, 0.0, seen + 1.0)
             msrl.buffer_insert(Item(obs, out.action, reward + 0.01 * feature + 0.001 * seen, done))
             obs = next_obs

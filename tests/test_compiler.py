@@ -195,3 +195,23 @@ def test_source_unavailable_is_a_compile_error(env):
 def test_api_called_outside_a_loop_raises():
     with pytest.raises(msrl.MsrlError, match="only has meaning inside"):
         msrl.agent_act(jnp.zeros(3))
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda x: jax.lax.conv_general_dilated(x, jnp.ones((2, 1, 1)), (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC")),
+     None),
+    (lambda x: jax.lax.conv_general_dilated(x, jnp.ones((2, 1, 1)), (1,), "VALID", dimension_numbers=("WNC", "WIO", "WNC")),
+     "convolves across the environment axis"),
+    (lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 1), (1, 1, 1), "VALID"), None),
+    (lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 1, 1), (1, 1, 1), "VALID"), "pools over the environment"),
+    (lambda x: jax.lax.top_k(x[..., 0], 2)[0], None),
+    (lambda x: jax.lax.top_k(x[..., 0].T, 2)[0], "takes the top k along the environment axis"),
+    (lambda x: x * x.sum(1, keepdims=True), None),
+    (lambda x: x - x.mean(0), "reduces over the environment axis")])
+def test_the_row_check_judges_network_layers_by_the_axis_they_work_along(fn, why):
+    """[envs, width, channels]: a layer over each environment's own features passes; along environments, refused."""
+    from msrl.compiler import rows
+
+    shapes = [[jax.ShapeDtypeStruct((n, 5, 1), jnp.float32)] for n in (4, 8)]
+    got = rows.mixing_fn(fn, *shapes)
+    assert (got is None) if why is None else why in got, got

@@ -183,6 +183,16 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
         return None if ok else "reshapes the environment axis together with another axis"
     if name in ("broadcast_in_dim", "transpose", "squeeze", "expand_dims") or name in _KEYS:
         return None
+    if name == "conv_general_dilated":  # a network's convolution: over each environment's own frames
+        dn = p1["dimension_numbers"]
+        ok = env <= {dn.lhs_spec[0]} and not dims_in[1] and p1["batch_group_count"] == 1
+        return None if ok else "convolves across the environment axis"
+    if name.startswith("reduce_window"):  # pooling: a window of one row along the environment axis
+        ok = all(p1["window_dimensions"][d] == 1 and p1["window_strides"][d] == 1 and
+                 tuple(p1["padding"][d]) == (0, 0) for d in env)
+        return None if ok else "pools over the environment axis (a window spanning several environments)"
+    if name == "top_k":
+        return "takes the top k along the environment axis" if len(shape_in[0]) - 1 in env else None
     if name == "dot_general":
         (lc, rc), (lb, rb) = p1["dimension_numbers"]
         left, right = dims_in
