@@ -332,7 +332,8 @@ class Frontend:
             test = self._static_eval(
                 src, st.test, rename, "the condition of an `if` around API calls",
                 "an `if` around API calls must be decidable at compile time (e.g. on self.cfg); "
-                "for data-dependent choices compute both values and select with jnp.where",
+                "for data-dependent choices compute both values and select with jnp.where; to treat one "
+                "iteration of a loop apart (`if t == 0`), write it out before the loop and loop over the rest",
             )
             out = []
             for s in st.body if test else st.orelse:
