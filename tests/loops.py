@@ -414,13 +414,6 @@ class LearnGrowsState(LearnReturnsState):
         super().__init__()
         self.learner = GrowingLearner()
 
-    def train_step(self):
-        obs = msrl.env_observe()
-        out = msrl.agent_act(obs)
-        next_obs, reward, done = msrl.env_step(out.action)
-        msrl.buffer_insert(Item(obs, out.action, reward, done))
-        return msrl.agent_learn(msrl.buffer_get())  # E:learn_grows
-
 
 REJECTED = {
     "while": WhileLoop,
@@ -448,7 +441,6 @@ REJECTED = {
     "decorated": Decorated,
     "no_learner": NoLearner,
     "learn_state_only": LearnReturnsState,
-    "learn_grows": LearnGrowsState,
     "insert_shape": InsertsTwoShapes,
 }
 

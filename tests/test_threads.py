@@ -91,26 +91,24 @@ def test_replay_server_actors_mixing_environments_are_refused_too():
     # the insert's item is built where the buffer is: one shard holds every environment's rows, as fused does
     from msrl.policies.fused import Fused
 
-    params = []
-    for policy in (Fused(), ReplayServer(actors=2, shards=1)):
-        program = msrl.compile(loops.MixesBeforeReplay(), policy, make_env("gymnax:CartPole-v1"), 4)
-        with msrl.Session(program=program, seed=0, iterations_per_dispatch=3) as session:
-            session.run(3)
-            params.append(float(session.params()["w"]))
-    assert params[0] == params[1] and params[0] != 0.0
+    fused, replay = (_final_w(loops.MixesBeforeReplay(), p) for p in (Fused(), ReplayServer(actors=2, shards=1)))
+    assert fused == replay and fused != 0.0
+
+
+def _final_w(loop, policy) -> float:
+    """The learner's parameter after 3 iterations of ``loop`` under ``policy`` (4 CartPole envs, seed 0)."""
+    program = msrl.compile(loop, policy, make_env("gymnax:CartPole-v1"), 4)
+    with msrl.Session(program=program, seed=0, iterations_per_dispatch=3) as session:
+        session.run(3)
+        return float(session.params()["w"])
 
 
 def test_per_environment_statements_on_actors_equal_fused():
     from msrl.policies.fused import Fused
     from msrl.policies.single_learner import SingleLearnerCoarse
 
-    params = []
-    for policy in (Fused(), SingleLearnerCoarse(actors=2)):
-        program = msrl.compile(loops.PerEnvRows(), policy, make_env("gymnax:CartPole-v1"), 4)
-        with msrl.Session(program=program, seed=0, iterations_per_dispatch=3) as session:
-            session.run(3)
-            params.append(float(session.params()["w"]))
-    assert params[0] == params[1] and params[0] != 0.0
+    fused, coarse = (_final_w(loops.PerEnvRows(), p) for p in (Fused(), SingleLearnerCoarse(actors=2)))
+    assert fused == coarse and fused != 0.0
 
 
 def test_gymnasium_env_seeds_depend_on_global_index_only():
