@@ -207,9 +207,22 @@ def test_api_called_outside_a_loop_raises():
     (lambda x: jax.lax.top_k(x[..., 0], 2)[0], None),
     (lambda x: jax.lax.top_k(x[..., 0].T, 2)[0], "takes the top k along the environment axis"),
     (lambda x: x * x.sum(1, keepdims=True), None),
-    (lambda x: x - x.mean(0), "reduces over the environment axis")])
+    (lambda x: x - x.mean(0), "reduces over the environment axis"),
+    (lambda x: jax.nn.softmax(x, axis=1), None),
+    (lambda x: jnp.fft.fft(x[..., 0], axis=1).real, None),
+    (lambda x: jnp.fft.fft(x[..., 0], axis=0).real, "transforms along the environment axis"),
+    (lambda x: jnp.linalg.solve(x * x.transpose(0, 2, 1) + jnp.eye(5), x), None),
+    (lambda x: jax.lax.custom_linear_solve(lambda v: v + v.mean(0), x, lambda mv, b: b), "reduces over the environment"),
+    (lambda x: jnp.linalg.cholesky(x[..., 0].T @ x[..., 0] + jnp.eye(5)), "takes a matrix product over the environment"),
+    (lambda x: jax.lax.scan(lambda c, row: (c, row * 2 + row.sum()), 0.0, x)[1], None),
+    (lambda x: jax.lax.scan(lambda c, row: (c + row.sum(), row * c), 0.0, x)[1], "loops over the environments"),
+    (lambda x: jax.lax.scan(lambda c, row: (c, row[0, 0] * x[:, 0, 0]), 0.0, x)[1], "combines every environment"),
+    (lambda x: x[:, None, 0, 0] * x[None, :, 0, 0], "combines every environment with every other"),
+    (lambda x: jax.pure_callback(np.asarray, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="sequential"),
+     "uses `pure_callback` on an environment axis")])
 def test_the_row_check_judges_network_layers_by_the_axis_they_work_along(fn, why):
-    """[envs, width, channels]: a layer over each environment's own features passes; along environments, refused."""
+    """[envs, width, channels]: a layer, a transform, a solve or a scan over each environment's own features passes;
+    along environments, or by a primitive the walk does not know, refused."""
     from msrl.compiler import rows
 
     shapes = [[jax.ShapeDtypeStruct((n, 5, 1), jnp.float32)] for n in (4, 8)]

@@ -6,10 +6,10 @@ on environment ``i`` alone. :func:`mixing` tells, for one statement, whether it 
 statement at two environment counts (``N`` and ``2N``; an axis whose size differs is an environment axis) and
 walks the two jaxprs side by side. A value mixes rows when it comes from a reduction, a cumulative op, a sort, a
 slice, a shift or an indexing along an environment axis, a matrix product over it, random numbers or an ``iota``
-laid along it (numbered by position in the replica, not by environment), or a number that changes with the count
-of environments. The walk is conservative: a primitive it does not know, touching an environment axis, counts as
-mixing (the policy then refuses the loop; it never runs it differently).
-"""
+laid along it (numbered by position in the replica, not by environment), a second environment axis (every
+environment with every other), or a number that changes with the count of environments. The walk is
+conservative: a primitive it does not know, touching an environment axis, counts as mixing (the policy then
+refuses the loop; it never runs it differently)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ _REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and"
 _CUMULATIVE = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"}
 _KEYS = {"random_wrap", "random_unwrap", "random_fold_in", "random_seed", "random_key_data", "random_clone",
          "bitcast_convert_type", "threefry2x32"}  # per key (a trailing axis of key data may come or go)
+_ELEMENTWISE = set("""abs acos acosh add and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil clamp clz
+    complex conj convert_element_type cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt
+    igamma igamma_grad_a igammac imag integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg
+    nextafter not or polygamma population_count pow random_gamma random_gamma_grad real reduce_precision
+    regularized_incomplete_beta rem round rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign
+    sin sinh sqrt square sub tan tanh xor zeta""".split())  # each output element from the same-place inputs
+_IDENTITY = {"stop_gradient", "device_put", "optimization_barrier", "copy", "sharding_constraint", "pvary"}  # as given
+_LINALG = {"cholesky", "triangular_solve", "lu", "qr", "eigh", "eig", "svd", "householder_product", "schur",
+           "tridiagonal", "tridiagonal_solve"}  # on the last two axes, batched over the leading ones
 _CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")  # where calls (jit, custom_jvp/vjp, checkpoint) keep their body
 
 COUNT = "uses a number that depends on how many environments a replica holds"
@@ -92,11 +101,14 @@ def _eqn(e1: core.JaxprEqn, e2: core.JaxprEqn, ins: list[str | None]) -> list[st
             return [SHAPE] * n
         if isinstance(a, core.Literal) and not _same(a.val, b.val):
             return [COUNT] * n
+    if any(len(_dims(tuple(a.aval.shape), tuple(b.aval.shape)) or ()) > 1 for a, b in zip(e1.outvars, e2.outvars)):
+        return ["combines every environment with every other (a value with two environment axes)"] * n
     p1, p2 = e1.params, e2.params
     if name == "scan":
-        if p1["length"] != p2["length"]:
-            return ["loops over the environments (a scan along an environment axis)"] * n
         k, c = p1["num_consts"], p1["num_carry"]
+        if p1["length"] != p2["length"]:  # over the environments: each step sees one of them, unless it carries
+            return _call(p1["jaxpr"], p2["jaxpr"], ins) if c == 0 else \
+                ["loops over the environments (a scan along an environment axis, carrying from one to the next)"] * n
         carry = ins[k:k + c]
         for _ in range(c + 1):  # until the carry's reasons settle
             outs = _call(p1["jaxpr"], p2["jaxpr"], ins[:k] + carry + ins[k + c:])
@@ -119,6 +131,12 @@ def _eqn(e1: core.JaxprEqn, e2: core.JaxprEqn, ins: list[str | None]) -> list[st
     if name == "cond":
         branches = [_call(b1, b2, ins[1:]) for b1, b2 in zip(p1["branches"], p2["branches"])]
         return [next((r for r in rs if r), None) for rs in zip(*branches)]
+    if name == "custom_linear_solve":  # x with matvec(x) = b: per environment where each function it is given is
+        b, i, outs = ins[sum(p1["const_lengths"]):], 0, []
+        for k, j1, j2 in zip(p1["const_lengths"], p1["jaxprs"], p2["jaxprs"]):
+            outs += _call(j1, j2, ins[i:i + k] + b) if j1 is not None else []
+            i += k
+        return [next((r for r in outs if r), None)] * n
     body = next((k for k in _CALLS if k in p1), None)
     if body is not None:
         return _call(p1[body], p2[body], ins)
@@ -181,7 +199,7 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
             math.prod(shape_in[0][:a]) == math.prod(shape_out[0][:b]) and shape_in[0][a] == shape_out[0][b]
             for a, b in zip(sorted(dims_in[0]), sorted(dims_out[0])))
         return None if ok else "reshapes the environment axis together with another axis"
-    if name in ("broadcast_in_dim", "transpose", "squeeze", "expand_dims") or name in _KEYS:
+    if name in ("broadcast_in_dim", "transpose", "squeeze", "expand_dims") or name in _KEYS or name in _IDENTITY:
         return None
     if name == "conv_general_dilated":  # a network's convolution: over each environment's own frames
         dn = p1["dimension_numbers"]
@@ -198,8 +216,6 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
         left, right = dims_in
         if left & set(lc) or right & set(rc):
             return "takes a matrix product over the environment axis"
-        if left - set(lb) and right - set(rb):
-            return "combines every environment with every other (an outer product of environment axes)"
         return None
     if name == "gather":
         dn, sizes = p1["dimension_numbers"], p1["slice_sizes"]
@@ -223,10 +239,16 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
                     shape_in[2][dn.update_window_dims[window.index(d)]] != shape_in[0][d]:
                 return "writes some environments' rows (an indexed update of the environment axis)"
         return None
+    if name == "fft":  # over the last len(fft_lengths) axes
+        return "transforms along the environment axis (`fft`)" \
+            if any(d >= len(shape_in[0]) - len(p1["fft_lengths"]) for d in env) else None
+    if name in _LINALG:
+        return None if all(d < len(s) - 2 for s, dims in zip(shape_in, dims_in) for d in dims) else \
+            f"solves or factors along the environment axis (`{name}`)"
     out = shape_out[0]
-    if all(s == out for s in shape_out) and all(s == () or len(s) == len(out) and all(
-            m in (n, 1) for m, n in zip(s, out)) for s in shape_in):
-        return None  # elementwise, an operand of size 1 along an axis broadcast
+    if name in _ELEMENTWISE and all(s == out for s in shape_out) and all(
+            s == () or len(s) == len(out) and all(m in (n, 1) for m, n in zip(s, out)) for s in shape_in):
+        return None  # an operand of size 1 along an axis is broadcast
     return f"uses `{name}` on an environment axis, which msrl cannot tell computes each environment's row alone"
 
 
