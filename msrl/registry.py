@@ -7,6 +7,8 @@ installed plug-ins are found through the entry-point groups ``msrl.algorithms``,
 
 from __future__ import annotations
 
+import operator
+import sys
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -21,9 +23,7 @@ class Registry:
         """A decorator registering its class under ``name``; a name another class holds (registered, or an installed
         entry point) is refused. The same ``module:qualname`` again (a module imported twice) replaces it."""
         def wrap(obj: Any) -> Any:
-            held = self._items.get(name)
-            if held is None and name in self._entry_points():
-                held = self._entry_points()[name].load()
+            held = self._items.get(name) or self._entry_point_class(name)
             if held is not None and _path(held) != _path(obj):
                 raise ConfigError(self.key, f"{quote(name)} is already the {self.noun} {_path(held)}; register "
                                   f"{_path(obj)} under another name")
@@ -32,6 +32,20 @@ class Registry:
             return obj
 
         return wrap
+
+    def _entry_point_class(self, name: str) -> Any:
+        """The class an installed entry point names ``name``, or None. A module being imported (a plug-in whose
+        decorator registers the name its own entry point gives) is read as it stands, not imported again."""
+        ep = self._entry_points().get(name)
+        if ep is None:
+            return None
+        module = sys.modules.get(ep.module)
+        if module is None:
+            return ep.load()
+        try:
+            return operator.attrgetter(ep.attr)(module)
+        except AttributeError:  # not defined yet: the decorator runs inside the module it names
+            return None
 
     def _entry_points(self):
         return {ep.name: ep for ep in entry_points(group=f"msrl.{self.kind}")}

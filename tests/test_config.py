@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,7 +76,8 @@ def test_sections_must_be_mappings(tmp_path):
         load_config(tmp_path / "scalar.yaml")
 
 
-@pytest.mark.parametrize("text, got", [("- a\n- b\n", "list \\['a', 'b'\\]"), ("5\n", "int 5")], ids=["list", "scalar"])
+@pytest.mark.parametrize("text, got", [("- a\n- b\n", "list \\['a', 'b'\\]"), ("5\n", "int 5"), ("[]\n", "list \\[\\]"),
+                                       ("false\n", "bool False")], ids=["list", "scalar", "empty list", "false"])
 def test_a_file_that_is_not_a_mapping_is_named(tmp_path, text, got):
     (tmp_path / "top.yaml").write_text(text)
     for overrides in ([], ["run.seed=1"]):
@@ -152,3 +156,19 @@ def test_a_registered_name_is_not_taken_over_by_another_class():
     with pytest.raises(msrl.ConfigError, match=r"'fused' is already the policy msrl.policies.fused.*:Fused"):
         msrl.register_policy("fused")(Other)
     assert msrl.registry.ALGORITHMS.get("mine_twice") is again and load_config(None, ["algorithm.name=ppo"])
+
+
+def test_a_plugin_registering_the_name_of_its_own_entry_point_loads(tmp_path):
+    """An installed plug-in may both declare an entry point and decorate its class with the same name: loading
+    it through the entry point runs the decorator while its module is half imported (a fresh process, a real
+    dist-info on its path)."""
+    (tmp_path / "plugin_both_ways.py").write_text(
+        "import msrl\n\n@msrl.register_algorithm('both_ways')\nclass BothWays(msrl.Algorithm):\n    pass\n")
+    info = tmp_path / "plugin_both_ways-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugin-both-ways\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[msrl.algorithms]\nboth_ways = plugin_both_ways:BothWays\n")
+    code = "from msrl.registry import ALGORITHMS; c = ALGORITHMS.get('both_ways'); print(c.__module__, c.__name__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "plugin_both_ways BothWays\n"), done.stderr[-2000:]
