@@ -330,11 +330,12 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> di
         if not p.is_file():
             raise ConfigError("", f"config file {str(p)!r} does not exist")
         try:
-            data = yaml.load(p.read_text(), Loader=_StrictLoader) or {}
+            data = yaml.load(p.read_text(), Loader=_StrictLoader)
         except ConfigError as e:
             raise ConfigError(e.key, f"{p}: {e.message}") from None
         except _YAML_ERRORS as e:
             raise ConfigError("", f"{p}: not valid YAML: {e}") from None
+        data = {} if data is None else data  # an empty file
         if not isinstance(data, dict):
             raise ConfigError("", f"{p}: {_NOT_A_MAPPING}, got {type(data).__name__} {quote(data)}")
     return apply_overrides(data, list(overrides))
