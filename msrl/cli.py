@@ -279,6 +279,8 @@ def import_user_module(spec: str) -> None:
     try:
         importlib.import_module(spec)
     except ImportError as e:
+        if e.name != spec and _module_exists(spec):  # it ran, and an import of its own failed: say where
+            raise user_code_error(e, spec, "--import") from e
         raise ConfigError("--import", f"cannot import {spec!r}: {e}") from None
     except MsrlError:
         raise
@@ -288,6 +290,15 @@ def import_user_module(spec: str) -> None:
 
     if spec not in USER_MODULES:
         USER_MODULES.append(spec)
+
+
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

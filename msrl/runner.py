@@ -388,7 +388,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         try:
             cfg = validate_config(data)
         except ConfigError as e:  # resuming with the run's own config: name it
-            if saved is None or not isinstance(cfg, (str, Path)) or Path(cfg).resolve() != saved.resolve():
+            if saved is None or not isinstance(cfg, (str, Path)) or Path(cfg).resolve() != saved.resolve() or \
+                    any(o.split("=", 1)[0].strip() == e.key for o in overrides):
                 raise
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
