@@ -513,6 +513,17 @@ class MixesInArgument(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class MixesInActArgument(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs - obs.mean(axis=0))  # E:mix_act_argument
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class MixesNoise(Base):
     def train_step(self):
         obs = msrl.env_observe()
@@ -632,6 +643,7 @@ MIXING = {  # marker: (loop, what the refusal says)
     "mix_slice": (MixesSlice, "takes some environments' rows"),
     "mix_count": (MixesCount, "depends on how many environments a replica holds"),
     "hands_count": (HandsCount, "depends on how many environments a replica holds"),
+    "mix_act_argument": (MixesInActArgument, "runs this statement on each .* reduces over"),  # not the actor's act
     "mix_act": (MixesInAct, r"runs CenteringActor.act\(\) \(.*loops.py:\d+\), called here, .* reduces over"),
     "mix_init": (MixesInInit, r"initializes the actor .* SlotActor.init\(\) \(.*loops.py:\d+\) numbers the "
                               "environments by their position"),

@@ -218,6 +218,8 @@ def test_api_called_outside_a_loop_raises():
     (lambda x: jax.lax.scan(lambda c, row: (c + row.sum(), row * c), 0.0, x)[1], "loops over the environments"),
     (lambda x: jax.lax.scan(lambda c, row: (c, row[0, 0] * x[:, 0, 0]), 0.0, x)[1], "combines every environment"),
     (lambda x: x[:, None, 0, 0] * x[None, :, 0, 0], "combines every environment with every other"),
+    (lambda x: jax.lax.dynamic_update_slice(x, x[:, :2], (0, 3, 0)), None),
+    (lambda x: jax.lax.dynamic_update_slice(jnp.zeros((64, 5, 1)), x, (0, 0, 0)), "writes rows of several environments"),
     (lambda x: jax.pure_callback(np.asarray, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="sequential"),
      "uses `pure_callback` on an environment axis")])
 def test_the_row_check_judges_network_layers_by_the_axis_they_work_along(fn, why):

@@ -273,10 +273,13 @@ class Program:
                     "indices), or use policy.name=fused or single_learner_fine")
         for s in leaves(self.stmts):
             frag = self.plan.assign.get(s.id)
-            why = rows.mixing(s, small[s.id], big.get(s.id, {}), namespace) \
-                if frag in shared and s.id in small else None
+            if frag not in shared or s.id not in small:
+                continue
+            what, why = "this statement", rows.mixing(s, small[s.id], big.get(s.id, {}), namespace)
+            if not why and s in acting:  # its arguments pass: the actor's own method, with its state
+                what = f"{_method_name(actor, s.api.method)}, called here,"
+                why = rows.mixing(s, small[s.id], big.get(s.id, {}), namespace, method=True)
             if why:
-                what = f"{_method_name(actor, s.api.method)}, called here," if s in acting else "this statement"
                 raise CompileError(
                     f"policy {self.policy.name!r} runs {what} on each of its {frags[frag].replicas} "
                     f"{frag!r} replicas, which hold a share of the environments each, but it {why}: the replicas "
@@ -379,8 +382,8 @@ class Program:
             raise CompileError(
                 f"{e.reason} (with {2 * self.num_envs} environments: policy {self.policy.name!r} cuts the loop, "
                 f"and traces it with twice the {self.num_envs} environments to tell which axes are per-environment)",
-                e.file, e.line, "a statement whose shapes hold only for one count of environments (a size written "
-                "as a number) cannot be cut: derive the size from the arrays, or use policy.name=fused") from None
+                e.file, e.line, e.hint or "a statement whose shapes hold only for one count of environments (a size "
+                "written as a number) cannot be cut: derive the size from the arrays, or use policy.name=fused") from None
         self._doubled = doubled
 
         def axes(value: Any, twice: Any) -> list[int | None]:

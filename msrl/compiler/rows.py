@@ -183,6 +183,8 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
         whole = all(p["slice_sizes"][d] == s[d] for p, s in ((p1, shape_in[0]), (p2, shape_in2[0])) for d in env)
         return None if whole else "takes some environments' rows (a slice of the environment axis)"
     if name == "dynamic_update_slice":
+        if dims_in[1] - env:
+            return "writes rows of several environments into one array"
         whole = all(shape_in[1][d] == shape_in[0][d] for d in env)
         return None if whole else "writes some environments' rows (an update of part of the environment axis)"
     if name == "iota":
@@ -252,11 +254,12 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
     return f"uses `{name}` on an environment axis, which msrl cannot tell computes each environment's row alone"
 
 
-def _function(s: Stmt, names: list[str], namespace: dict[str, Any]) -> Callable:
-    """The statement alone as ``f(*values of names) -> what it defines`` (an API call: its arguments)."""
+def _function(s: Stmt, names: list[str], namespace: dict[str, Any], method: bool) -> Callable:
+    """The statement alone as ``f(*values of names) -> what it defines`` (an API call: its arguments; with
+    ``method``, an actor's call: the actor's own method on them)."""
     if s.kind == "compute":
         body, result = ast.unparse(s.node), sorted(d for d in s.defs if not is_state(d))
-    elif s.kind == "api" and s.api.component == "actor":  # the actor's own method, with its state
+    elif s.kind == "api" and s.api.component == "actor" and method:  # the actor's own method, with its state
         args = ["_s_actor"] + (["_s_params"] if "params" in s.api.reads else []) + \
             [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
         body, result = f"_out = _c_actor.{s.api.method}({', '.join(args)})", ["_out"]
@@ -282,13 +285,14 @@ def _trace(fn: Callable, args: list) -> Any:
     return jax.make_jaxpr(call)(*[x for x, a in zip(leaves, arrays) if a])
 
 
-def mixing(s: Stmt, values: dict[str, Any], doubled: dict[str, Any], namespace: dict[str, Any]) -> str | None:
+def mixing(s: Stmt, values: dict[str, Any], doubled: dict[str, Any], namespace: dict[str, Any],
+           method: bool = False) -> str | None:
     """Why statement ``s`` may mix environments' rows, or None. ``values`` and ``doubled`` are what it reads
-    (shape-dtype structs and Python values) in the loop traced with N and with 2N environments (an actor's call:
-    its method too). A statement that cannot be traced alone is not judged (None)."""
+    (shape-dtype structs and Python values) in the loop traced with N and with 2N environments (an actor's call,
+    with ``method``: its method too). A statement that cannot be traced alone is not judged (None)."""
     names = sorted(n for n in values if n in doubled)
     try:
-        fn = _function(s, names, namespace)
+        fn = _function(s, names, namespace, method)
     except Exception:  # noqa: BLE001 - the loop itself traced; this view of one statement is best effort
         return None
     return mixing_fn(fn, [values[n] for n in names], [doubled[n] for n in names])
