@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 import ray
-from ray import cloudpickle  # not the cloudpickle package: from 3.1 it renames code pickled by value (a script's
+from ray import cloudpickle  # not the cloudpickle package: from 3.1.3 it renames code pickled by value (a script's
 # classes) to "<dynamic-code>", and every process compiles the loop from the source in the file it names
 
 from msrl import services

@@ -33,7 +33,9 @@ class Policy(BaseModel):
         raise NotImplementedError
 
     def total_envs(self, num_envs: int) -> int:
-        """How many environments run in total, given ``env.num_envs`` (a policy may set it itself)."""
+        """How many environments run in total, given ``env.num_envs`` (a policy may set it itself). Applied when a
+        config is validated and again where it is built or resumed (to a count that already holds its answer): given
+        its own answer, it must give it again."""
         return num_envs
 
     def assign(self, loop: Loop) -> dict[str, str]:
