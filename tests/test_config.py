@@ -155,7 +155,8 @@ def test_a_registered_name_is_not_taken_over_by_another_class():
         msrl.register_algorithm("ppo")(Other)  # an installed entry point's name
     with pytest.raises(msrl.ConfigError, match=r"'fused' is already the policy msrl.policies.fused.*:Fused"):
         msrl.register_policy("fused")(Other)
-    assert msrl.registry.ALGORITHMS.get("mine_twice") is again and load_config(None, ["algorithm.name=ppo"])
+    assert msrl.registry.ALGORITHMS.get("mine_twice") is again
+    assert type(load_config(None, ["algorithm.name=ppo"]).algorithm).__module__.startswith("msrl.algorithms.ppo")
 
 
 def test_a_plugin_registering_the_name_of_its_own_entry_point_loads(tmp_path):
