@@ -214,7 +214,7 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
     if name == "top_k":
         return "takes the top k along the environment axis" if len(shape_in[0]) - 1 in env else None
     if name == "dot_general":
-        (lc, rc), (lb, rb) = p1["dimension_numbers"]
+        (lc, rc), _ = p1["dimension_numbers"]
         left, right = dims_in
         if left & set(lc) or right & set(rc):
             return "takes a matrix product over the environment axis"
