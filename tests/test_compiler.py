@@ -220,6 +220,7 @@ def test_api_called_outside_a_loop_raises():
     (lambda x: x[:, None, 0, 0] * x[None, :, 0, 0], "combines every environment with every other"),
     (lambda x: jax.lax.dynamic_update_slice(x, x[:, :2], (0, 3, 0)), None),
     (lambda x: jax.lax.dynamic_update_slice(jnp.zeros((64, 5, 1)), x, (0, 0, 0)), "writes rows of several environments"),
+    (lambda x: x.reshape(3, -1), "cannot be traced alone, at two environment counts"),  # 4 x 5 x 1 is not 3 x ...
     (lambda x: jax.pure_callback(np.asarray, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="sequential"),
      "uses `pure_callback` on an environment axis")])
 def test_the_row_check_judges_network_layers_by_the_axis_they_work_along(fn, why):

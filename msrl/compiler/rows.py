@@ -285,25 +285,31 @@ def _trace(fn: Callable, args: list) -> Any:
     return jax.make_jaxpr(call)(*[x for x, a in zip(leaves, arrays) if a])
 
 
+def _untraced(e: Exception) -> str:
+    text = (str(e).strip().splitlines() or [""])[0][:200]
+    return f"cannot be traced alone, at two environment counts, to check that it computes each environment's row " \
+        f"alone ({type(e).__name__}: {text})"
+
+
 def mixing(s: Stmt, values: dict[str, Any], doubled: dict[str, Any], namespace: dict[str, Any],
            method: bool = False) -> str | None:
     """Why statement ``s`` may mix environments' rows, or None. ``values`` and ``doubled`` are what it reads
     (shape-dtype structs and Python values) in the loop traced with N and with 2N environments (an actor's call,
-    with ``method``: its method too). A statement that cannot be traced alone is not judged (None)."""
+    with ``method``: its method too). One that cannot be traced alone cannot be checked, so it counts as mixing."""
     names = sorted(n for n in values if n in doubled)
     try:
         fn = _function(s, names, namespace, method)
-    except Exception:  # noqa: BLE001 - the loop itself traced; this view of one statement is best effort
-        return None
+    except Exception as e:  # noqa: BLE001 - the loop itself traced; this statement alone did not
+        return _untraced(e)
     return mixing_fn(fn, [values[n] for n in names], [doubled[n] for n in names])
 
 
 def mixing_fn(fn: Callable, args: list, doubled: list) -> str | None:
     """Why ``fn(*args)`` may mix environments' rows, or None (``doubled``: its arguments at 2N environments;
-    shape-dtype structs are traced, other values passed as they are). Not judged (None) where it cannot be
-    traced."""
+    shape-dtype structs are traced, other values passed as they are). Where it cannot be traced, it cannot be
+    checked: that is the reason."""
     try:
         j1, j2 = _trace(fn, args), _trace(fn, doubled)
-    except Exception:  # noqa: BLE001 - best effort, as above
-        return None
+    except Exception as e:  # noqa: BLE001 - any failure: the check cannot vouch for it
+        return _untraced(e)
     return next((r for r in _call(j1, j2, [None] * len(j1.jaxpr.invars)) if r), None)
