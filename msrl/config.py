@@ -17,6 +17,7 @@ from msrl.registry import ALGORITHMS, POLICIES
 
 MAX_YAML_VALUES = 100_000  # what a YAML text may expand to through anchors and aliases (a "billion laughs")
 INT32_MAX = 2**31 - 1  # counts that become array sizes or indices (jax's default integers are int32)
+SEED_MAX = 2**32 - 1  # a jax PRNG key holds a 32-bit seed
 # what yaml.safe_load raises on bad input: PyYAML's own errors, and plain ones for a malformed explicit tag
 # (`!!int x`: ValueError, `!!bool x`: KeyError, `!!timestamp x`: AttributeError) or absurd nesting
 _YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
@@ -52,7 +53,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     total_env_steps: int = Field(500_000, gt=0, le=2**63 - 1)
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="jax PRNG seed (32 bits)")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="jax PRNG seed (32 bits)")
     num_seeds: int = Field(1, ge=1, le=4096, description="train seeds seed .. seed+num_seeds-1 at once, in one "
                            "program (fused only); metrics per seed under RUN_DIR/seed_N/")
     seed_batching: Literal["auto", "vmap", "sequential"] = Field(

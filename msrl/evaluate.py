@@ -10,7 +10,7 @@ import numpy as np
 
 from msrl import checkpoint
 from msrl.algorithm import Context
-from msrl.config import load_config
+from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError
 from msrl.policy import prepare_learner
@@ -156,8 +156,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     (``run_seed``: which seed's policy, for a run of several)."""
     if not 1 <= episodes <= MAX_EPISODES:
         raise ConfigError("--episodes", f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
-    if not 0 <= seed <= 2**32 - 1:  # (a jax PRNG key holds 32 bits)
-        raise ConfigError("--seed", f"must be between 0 and {2**32 - 1:,}, got {seed}")
+    if not 0 <= seed <= SEED_MAX:
+        raise ConfigError("--seed", f"must be between 0 and {SEED_MAX:,}, got {seed}")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
