@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -83,6 +84,40 @@ def test_bad_multi_agent_configs_are_errors_naming_the_key():
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", [f"env.id={SPREAD_ID}"]))
     with pytest.raises(msrl.ConfigError, match="algorithm.agent_ids"):
         load_config(SPREAD, ["algorithm.agent_ids=maybe"])
+
+
+def test_an_mpe_env_is_made_and_unpickled_without_importing_every_jaxmarl_env(tmp_path):
+    """JaxMARL's package import imports all its envs (STORM, SMAX, JaxNav, MABrax with Brax and MuJoCo: ~3 s);
+    an MPE env is made, and unpickled in a fresh process (as a Ray actor does), with its MPE modules alone. A
+    later ``import jaxmarl`` is the whole package, with the same classes, and msrl's MPE ids are jaxmarl.make's."""
+    import subprocess
+    import sys
+
+    from msrl.envs.jaxmarl_env import MPE, _jaxmarl, _mpe_make
+
+    heavy = ["jaxmarl.environments.storm", "jaxmarl.environments.smax", "jaxmarl.environments.mabrax", "brax"]
+    made = f"""
+import json, sys, cloudpickle
+from msrl.envs import make_env
+open(sys.argv[1], "wb").write(cloudpickle.dumps(make_env("{SPREAD_ID}")))
+print(json.dumps([m for m in {heavy!r} if m in sys.modules]))
+"""
+    loaded = f"""
+import json, sys, cloudpickle
+env = cloudpickle.loads(open(sys.argv[1], "rb").read())
+print(json.dumps([[m for m in {heavy!r} if m in sys.modules], type(env.env).__name__, list(env.spec.obs_shape)]))
+"""
+    outs = []
+    for code in (made, loaded):
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "env.pkl")], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        outs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert outs == [[], [[], "SimpleSpreadMPE", [18]]]
+    jaxmarl = _jaxmarl()
+    assert set(MPE) == {name for name in jaxmarl.registered_envs if name.startswith("MPE_")}
+    assert all(type(jaxmarl.make(name)) is type(_mpe_make(name)()) for name in MPE)
+    assert type(make_env(SPREAD_ID).env) is type(jaxmarl.make(SPREAD_ID.split(":")[1]))
 
 
 # ------------------------------------------------------------------------------------------------ MAPPO

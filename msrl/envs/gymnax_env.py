@@ -131,13 +131,19 @@ class _Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), attr)
 
 
+def defer_plotting() -> None:
+    """Leave the plotting packages that env libraries import for their render functions (seaborn, which
+    brings pandas and scipy.stats; matplotlib.pyplot and matplotlib.animation) to import on first use."""
+    for name in ("seaborn", "matplotlib.pyplot", "matplotlib.animation"):
+        if name not in sys.modules:
+            sys.modules[name] = _Deferred(name)
+
+
 def import_gymnax() -> Any:
     """``import gymnax``, with the plotting packages its package import pulls in for a few envs' render
-    functions (seaborn, which brings pandas and scipy.stats, and matplotlib.pyplot) left to import on first use:
-    about a second less at every start."""
+    functions left to import on first use (:func:`defer_plotting`): about a second less at every start."""
     if "gymnax" not in sys.modules:
-        for name in ("seaborn", "matplotlib.pyplot"):
-            sys.modules.setdefault(name, _Deferred(name))
+        defer_plotting()
     import gymnax
 
     return gymnax

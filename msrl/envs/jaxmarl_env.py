@@ -10,9 +10,13 @@ when all its agents are. JaxMARL's ``step`` resets an environment whose episode 
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import inspect
 import os
 import sys
+import types
 from typing import Any
 
 import jax
@@ -20,15 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from msrl.components import Discrete, MultiAgentObs, MultiAgentSpec
-from msrl.envs.gymnax_env import FunctionalEnv, box
+from msrl.envs.gymnax_env import FunctionalEnv, box, defer_plotting
 from msrl.errors import ConfigError, did_you_mean
 
 
 def _jaxmarl():
     """``import jaxmarl``, which prints about optional environments on stdout and, trying one, sets
     ``sys.stdout``/``sys.stderr`` to the process's own: silence file descriptor 1 and put both back."""
-    if "jaxmarl" in sys.modules:
-        return sys.modules["jaxmarl"]
+    module = sys.modules.get("jaxmarl")
+    if module is not None and not isinstance(module, _Unrun):
+        return module
     streams = sys.stdout, sys.stderr
     sys.stdout.flush()
     saved = os.dup(1)
@@ -36,6 +41,7 @@ def _jaxmarl():
         with open(os.devnull, "w") as null:
             os.dup2(null.fileno(), 1)
             import jaxmarl
+            jaxmarl.make  # (runs the package's own import, if only its MPE envs were imported so far)
             sys.__stdout__.flush()
     finally:
         os.dup2(saved, 1)
@@ -44,17 +50,65 @@ def _jaxmarl():
     return jaxmarl
 
 
+# jaxmarl.make's MPE ids and what makes each in jaxmarl.environments.mpe (tests/test_mappo.py checks them against it)
+MPE = {"MPE_simple_v3": "SimpleMPE", "MPE_simple_tag_v3": "SimpleTagMPE",
+       "MPE_simple_world_comm_v3": "SimpleWorldCommMPE", "MPE_simple_spread_v3": "SimpleSpreadMPE",
+       "MPE_simple_crypto_v3": "SimpleCryptoMPE", "MPE_simple_speaker_listener_v4": "SimpleSpeakerListenerMPE",
+       "MPE_simple_push_v3": "SimplePushMPE", "MPE_simple_adversary_v3": "SimpleAdversaryMPE",
+       "MPE_simple_reference_v3": "SimpleReferenceMPE", "MPE_simple_facmac_v1": "SimpleFacmacMPE",
+       "MPE_simple_facmac_3a_v1": "SimpleFacmacMPE3a", "MPE_simple_facmac_6a_v1": "SimpleFacmacMPE6a",
+       "MPE_simple_facmac_9a_v1": "SimpleFacmacMPE9a"}
+
+
+class _Unrun(types.ModuleType):
+    """A package in ``sys.modules`` whose own ``__init__`` has not run yet: its submodules import as usual, and
+    the first read of anything else runs it (importing all it imports) into this module, which then is the
+    package as a plain ``import`` makes it."""
+
+    def __init__(self, spec: Any):
+        super().__init__(spec.name)
+        self.__spec__, self.__loader__, self.__file__ = spec, spec.loader, spec.origin
+        self.__path__, self.__package__ = list(spec.submodule_search_locations), spec.name
+
+    def __getattr__(self, attr: str) -> Any:
+        self.__class__ = types.ModuleType  # (once: later reads find what the __init__ defined)
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, attr)
+
+
+def _without_package_import() -> None:
+    """Let JaxMARL's modules import without its package import, which imports every JaxMARL environment (STORM,
+    SMAX, JaxNav, and MABrax with Brax and MuJoCo): ~3 s at every start of a process that makes or unpickles an
+    MPE env (each Ray actor of MAPPO, say). ``jaxmarl`` and ``jaxmarl.environments`` wait in ``sys.modules``
+    (:class:`_Unrun`) until something reads more of them than the modules it imports."""
+    if "jaxmarl" not in sys.modules:
+        defer_plotting()  # (the MPE visualizer imports matplotlib.pyplot at its import)
+        for package in ("jaxmarl", "jaxmarl.environments"):
+            sys.modules[package] = _Unrun(importlib.util.find_spec(package))
+        sys.modules["jaxmarl"].environments = sys.modules["jaxmarl.environments"]
+
+
+def _mpe_make(name: str) -> Any:
+    """What makes JaxMARL's MPE env ``name`` (its class, or JaxMARL's function for it): ``jaxmarl.make(name)``."""
+    _without_package_import()
+    return getattr(importlib.import_module("jaxmarl.environments.mpe"), MPE[name])
+
+
 class JaxMarlEnv(FunctionalEnv):
-    _import_library = staticmethod(_jaxmarl)
+    _import_library = staticmethod(_without_package_import)
 
     def __init__(self, name: str, **kwargs: Any):
-        jaxmarl = _jaxmarl()
-        if name not in jaxmarl.registered_envs:
-            raise ConfigError("env.id", f"'jaxmarl:{name}' is not a JaxMARL environment; "
-                              f"{did_you_mean(name, jaxmarl.registered_envs)}known: "
-                              f"{', '.join(jaxmarl.registered_envs)}")
+        if name in MPE:
+            make = _mpe_make(name)
+        else:
+            jaxmarl = _jaxmarl()
+            if name not in jaxmarl.registered_envs:
+                raise ConfigError("env.id", f"'jaxmarl:{name}' is not a JaxMARL environment; "
+                                  f"{did_you_mean(name, jaxmarl.registered_envs)}known: "
+                                  f"{', '.join(jaxmarl.registered_envs)}")
+            make = functools.partial(jaxmarl.make, name)
         try:
-            self.env = jaxmarl.make(name, **kwargs)
+            self.env = make(**kwargs)
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
             raise ConfigError("env.kwargs", f"jaxmarl:{name} rejected {kwargs}: {type(e).__name__}: {e}") from None
         unknown = [k for k in kwargs if k not in _parameters(type(self.env)) and not hasattr(self.env, k)]
