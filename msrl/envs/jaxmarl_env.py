@@ -71,8 +71,14 @@ class _Unrun(types.ModuleType):
         self.__path__, self.__package__ = list(spec.submodule_search_locations), spec.name
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr not in ("__all__", "__version__"):  # a probe (pickle's whichmodule, ...)
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
         self.__class__ = types.ModuleType  # (once: later reads find what the __init__ defined)
-        self.__spec__.loader.exec_module(self)
+        try:
+            self.__spec__.loader.exec_module(self)
+        except BaseException:  # as a failed import: not left in sys.modules half made
+            sys.modules.pop(self.__name__, None)
+            raise
         return getattr(self, attr)
 
 
@@ -81,7 +87,7 @@ def _without_package_import() -> None:
     SMAX, JaxNav, and MABrax with Brax and MuJoCo): ~3 s at every start of a process that makes or unpickles an
     MPE env (each Ray actor of MAPPO, say). ``jaxmarl`` and ``jaxmarl.environments`` wait in ``sys.modules``
     (:class:`_Unrun`) until something reads more of them than the modules it imports."""
-    if "jaxmarl" not in sys.modules:
+    if "jaxmarl" not in sys.modules and importlib.util.find_spec("jaxmarl") is not None:
         defer_plotting()  # (the MPE visualizer imports matplotlib.pyplot at its import)
         for package in ("jaxmarl", "jaxmarl.environments"):
             sys.modules[package] = _Unrun(importlib.util.find_spec(package))
