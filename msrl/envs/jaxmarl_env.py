@@ -41,7 +41,7 @@ def _jaxmarl():
         with open(os.devnull, "w") as null:
             os.dup2(null.fileno(), 1)
             import jaxmarl
-            jaxmarl.make  # (runs the package's own import, if only its MPE envs were imported so far)
+            _ = jaxmarl.make  # (runs the package's own import, if only its MPE envs were imported so far)
             sys.__stdout__.flush()
     finally:
         os.dup2(saved, 1)
