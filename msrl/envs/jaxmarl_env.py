@@ -11,7 +11,6 @@ when all its agents are. JaxMARL's ``step`` resets an environment whose episode 
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import inspect
 import os
@@ -87,11 +86,12 @@ def _without_package_import() -> None:
     SMAX, JaxNav, and MABrax with Brax and MuJoCo): ~3 s at every start of a process that makes or unpickles an
     MPE env (each Ray actor of MAPPO, say). ``jaxmarl`` and ``jaxmarl.environments`` wait in ``sys.modules``
     (:class:`_Unrun`) until something reads more of them than the modules it imports."""
-    if "jaxmarl" not in sys.modules and importlib.util.find_spec("jaxmarl") is not None:
+    spec = None if "jaxmarl" in sys.modules else importlib.util.find_spec("jaxmarl")
+    if spec is not None:
         defer_plotting()  # (the MPE visualizer imports matplotlib.pyplot at its import)
-        for package in ("jaxmarl", "jaxmarl.environments"):
-            sys.modules[package] = _Unrun(importlib.util.find_spec(package))
-        sys.modules["jaxmarl"].environments = sys.modules["jaxmarl.environments"]
+        package = sys.modules["jaxmarl"] = _Unrun(spec)
+        package.environments = sys.modules["jaxmarl.environments"] = _Unrun(
+            importlib.util.find_spec("jaxmarl.environments"))
 
 
 def _mpe_make(name: str) -> Any:
