@@ -1,7 +1,7 @@
 """The ``ray`` backend: every fragment replica is a Ray actor, in its own process, on any node.
 
-Each actor compiles the program itself from the same recipe (algorithm, policy, env; one ``ray.put`` for
-all of them) and runs its replica's driver (:mod:`msrl.runtime.driver`). The transport: a delivery is one
+Each actor compiles the program itself from the same recipe (algorithm, policy, env, and the shapes the driver's
+compiler traced; one ``ray.put`` for all of them) and runs its replica's driver (:mod:`msrl.runtime.driver`). The transport: a delivery is one
 ``deliver`` call on the receiving actor; its arrays travel as numpy (pickled out of band, through the object
 store when large); a broadcast is one ``ray.put`` whose reference every receiver gets.
 
@@ -221,7 +221,8 @@ class RayRuntime(ReplicaRuntime):
         self.unrestartable = {name: restartable(f) for name, f in program.fragments.items()}
         self.workers: dict[tuple[str, int], Any] = {}
         self.hosts: dict[str, Any] = {}  # the policy's services, by name
-        recipe = cloudpickle.dumps((program.algorithm, self.policy, program.env, program.num_envs))  # ~2 KB
+        # ~2 KB; the analysis spares each process the compiler's shape probes (the fingerprint checks the result)
+        recipe = cloudpickle.dumps((program.algorithm, self.policy, program.env, program.num_envs, program.analysis()))
         cache = jax.config.jax_compilation_cache_dir
         driver = {"sys_path": [p for p in sys.path if p],
                   "compile_cache": cache and (cache, jax.config.jax_persistent_cache_min_compile_time_secs),

@@ -154,6 +154,25 @@ def test_partition_inserts_comm_nodes(env):
     assert learner.state_keys == ["learner"]
 
 
+def test_given_the_analysis_another_process_compiles_the_same_program_without_tracing_the_loop(env):
+    """What a Ray actor does with the driver's recipe: the program compiled from the pickled loop, policy, env and
+    ``Program.analysis()`` has the same fragments and comms (the fingerprint each actor checks) and the same
+    per-environment axes, and compiling it runs no JAX trace (the shape probes are the driver's)."""
+    import cloudpickle
+    from msrl.backends.ray_backend import fingerprint
+    from msrl.compiler import compile as compile_program
+
+    prog = msrl.compile(loops.Simple(), ActorsLearner(), env, NUM_ENVS)
+    recipe = cloudpickle.dumps((prog.algorithm, prog.policy, prog.env, prog.num_envs, prog.analysis()))
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(lambda event, seconds, **kw: events.append(event))
+    again = compile_program(*cloudpickle.loads(recipe))
+    traced, events[:] = list(events), [None]  # (the listener stays registered: it only grows a list from here on)
+    assert not traced
+    assert fingerprint(again) == fingerprint(prog)
+    assert again.env_axes == prog.env_axes and again.env_axes and again.item_axes == prog.item_axes
+
+
 def test_policy_that_splits_component_state_is_rejected(env):
     with pytest.raises(msrl.CompileError, match="splits the state of component 'env'"):
         msrl.compile(loops.Simple(), SplitEnv(), env, NUM_ENVS)

@@ -128,7 +128,8 @@ class _ProbeBuffer:
 class Program:
     """A compiled training loop: the FDG, its partition and one generated function per fragment."""
 
-    def __init__(self, algorithm: Any, policy: Policy, env: Environment, num_envs: int):
+    def __init__(self, algorithm: Any, policy: Policy, env: Environment, num_envs: int,
+                 analysis: dict[str, Any] | None = None):
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
         self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
@@ -144,13 +145,16 @@ class Program:
             fragments, assign = assign_roles(self.stmts, build_fdg(self.stmts), policy)
             shards = self._shard_buffer(fragments, assign)
         with self._phase("shapes"):
-            self.shapes, self.item_spec = self._infer_shapes()
+            self.shapes, self.item_spec = (analysis["shapes"], analysis["item_spec"]) if analysis else self._infer_shapes()
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.plan: Plan = partition(self.stmts, self.fdg, policy, fragments, assign, tuple(self.services), shards)
         self.env_axes: dict[tuple[str, str], list[int | None]] = {}  # needed only to gather/scatter/split
         self.item_axes: list[int | None] | None = None
-        if self.plan.comms or any(f.replicas > 1 for f in self.plan.fragments.values()):
+        self._doubled: dict[tuple[str, str], Any] = {}  # the shapes traced with twice the environments
+        if analysis:  # this loop's own analysis, from another process (the caller checks they compiled alike)
+            self.env_axes, self.item_axes, self._doubled = (analysis[k] for k in ("env_axes", "item_axes", "doubled"))
+        elif self.plan.comms or any(f.replicas > 1 for f in self.plan.fragments.values()):
             with self._phase("env axes"):
                 self.env_axes = self._env_axes()
                 self._check_cuts()
@@ -158,6 +162,12 @@ class Program:
         with self._phase("lowering"):
             self.fragments = {name: self._lower(spec) for name, spec in self.plan.fragments.items()}
         self.compile_seconds = sum(self.timings.values())
+
+    def analysis(self) -> dict[str, Any]:
+        """What the compiler found by tracing the loop (its values' shapes and per-environment axes), for another
+        process compiling the same loop to take instead of tracing it again (``compile(..., analysis=)``)."""
+        return {"shapes": self.shapes, "item_spec": self.item_spec, "env_axes": self.env_axes,
+                "item_axes": self.item_axes, "doubled": self._doubled}
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -535,6 +545,8 @@ class Program:
         return list(nx.topological_sort(acyclic))
 
 
-def compile(algorithm: Any, policy: Policy, env: Environment, num_envs: int) -> Program:  # noqa: A001
-    """Compile ``algorithm.train_step`` under ``policy`` for ``num_envs`` environments of ``env``."""
-    return Program(algorithm, policy, env, num_envs)
+def compile(algorithm: Any, policy: Policy, env: Environment, num_envs: int,  # noqa: A001
+            analysis: dict[str, Any] | None = None) -> Program:
+    """Compile ``algorithm.train_step`` under ``policy`` for ``num_envs`` environments of ``env``. ``analysis``:
+    a ``Program.analysis()`` of the same loop, policy, env and count (its shape probes are then not run again)."""
+    return Program(algorithm, policy, env, num_envs, analysis)
