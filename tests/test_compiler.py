@@ -159,6 +159,7 @@ def test_given_the_analysis_another_process_compiles_the_same_program_without_tr
     ``Program.analysis()`` has the same fragments and comms (the fingerprint each actor checks) and the same
     per-environment axes, and compiling it runs no JAX trace (the shape probes are the driver's)."""
     import cloudpickle
+
     from msrl.backends.ray_backend import fingerprint
     from msrl.compiler import compile as compile_program
 
