@@ -67,10 +67,15 @@ def test_worker_env_errors_name_the_env(mode, message):
         env.close(state)
 
 
-def test_a_dead_worker_is_a_training_error():
+@pytest.mark.parametrize("gone", [True, False])
+def test_a_dead_worker_is_a_training_error(gone):
+    """Killed and gone before the step (the step's request meets a broken pipe), or dying as it starts (its
+    answer never comes): the same error."""
     env = make_env("gymnasium:CartPole-v1", subprocesses=2)
     state = env.init(jax.random.PRNGKey(0), np.arange(4))
     state.workers.procs[1].kill()
+    if gone:
+        state.workers.procs[1].wait()
     try:
         with pytest.raises(msrl.TrainingError, match=r"worker process of environments gymnasium:CartPole-v1 #2..#3 "
                                                      r"\(env.subprocesses\) exited with code -9 during step"):

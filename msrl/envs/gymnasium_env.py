@@ -128,15 +128,16 @@ class Workers:
 
     def call(self, command: str, per_worker: list | None = None) -> list:
         for k, conn in enumerate(self.conns):
-            conn.send((command, None if per_worker is None else per_worker[k]))
+            try:
+                conn.send((command, None if per_worker is None else per_worker[k]))
+            except OSError:  # a broken pipe: the worker is gone
+                raise self.died(k, command) from None
         out, error = [], None
         for k, conn in enumerate(self.conns):  # every answer is read, so no stale one is left for the next call
             try:
                 status, value = conn.recv()
             except (EOFError, OSError):
-                code = self.procs[k].wait(timeout=5)
-                raise TrainingError(f"the worker process of environments {self.env_id} {self.span(k)} "
-                                    f"(env.subprocesses) exited with code {code} during {command}") from None
+                raise self.died(k, command) from None
             if status == "error" and error is None:
                 at, message, trace = value
                 where = f"#{self.ids[self.parts[k][0] + at]}" if at is not None else self.span(k)
@@ -149,6 +150,11 @@ class Workers:
         if error is not None:
             raise error
         return out
+
+    def died(self, k: int, command: str) -> TrainingError:
+        code = self.procs[k].wait(timeout=5)
+        return TrainingError(f"the worker process of environments {self.env_id} {self.span(k)} (env.subprocesses) "
+                             f"exited with code {code} during {command}")
 
     def span(self, k: int) -> str:
         ids = self.ids[self.parts[k]]
