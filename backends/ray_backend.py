@@ -1,9 +1,9 @@
 """The ``ray`` backend: every fragment replica is a Ray actor, in its own process, on any node.
 
 Each actor compiles the program itself from the same recipe (algorithm, policy, env, and the shapes the driver's
-compiler traced; one ``ray.put`` for all of them) and runs its replica's driver (:mod:`msrl.runtime.driver`). The transport: a delivery is one
-``deliver`` call on the receiving actor; its arrays travel as numpy (pickled out of band, through the object
-store when large); a broadcast is one ``ray.put`` whose reference every receiver gets.
+compiler traced; one ``ray.put`` for all of them) and runs its replica's driver (:mod:`msrl.runtime.driver`). The
+transport: a delivery is one ``deliver`` call on the receiving actor; its arrays travel as numpy (pickled out of
+band, through the object store when large); a broadcast is one ``ray.put`` whose reference every receiver gets.
 
 A jitted fragment with several replicas and no comms (``multi_learner``) is one SPMD program: its replicas
 join one ``jax.distributed`` group (gloo collectives on CPU, replica 0 coordinates) and step together over a

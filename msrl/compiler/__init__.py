@@ -145,7 +145,8 @@ class Program:
             fragments, assign = assign_roles(self.stmts, build_fdg(self.stmts), policy)
             shards = self._shard_buffer(fragments, assign)
         with self._phase("shapes"):
-            self.shapes, self.item_spec = (analysis["shapes"], analysis["item_spec"]) if analysis else self._infer_shapes()
+            self.shapes, self.item_spec = \
+                (analysis["shapes"], analysis["item_spec"]) if analysis else self._infer_shapes()
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.plan: Plan = partition(self.stmts, self.fdg, policy, fragments, assign, tuple(self.services), shards)
