@@ -561,6 +561,52 @@ class MixesCount(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class BrokenLearner(SumLearner):
+    def learn(self, state, batch, **extra):
+        raise ValueError("the learner's own bug")  # E:learner_raises
+
+
+class LearnerRaises(Base):
+    def __init__(self):
+        super().__init__()
+        self.learner = BrokenLearner()
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+        return msrl.agent_learn(msrl.buffer_get())  # E:calls_learner
+
+
+class MixesCappedCount(Base):
+    """``min(n, 4)`` at the loop's 4 environments and at 8 is 4, but 2 on a replica holding 2 of them."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward * min(reward.shape[0], 4), done))  # E:mix_capped
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class MixesCountBranch(Base):
+    """A Python ``if`` on the count: true at 4 and 8 environments, false on a replica's 2."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            reward = reward * 2.0 if reward.shape[0] > 2 else reward  # E:mix_branch
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class CenteringActor(RandomActor):
     """Acts on observations centred over the environments it is given: a mean over a replica's share."""
 
@@ -642,6 +688,8 @@ MIXING = {  # marker: (loop, what the refusal says)
     "mix_noise": (MixesNoise, "draws random numbers for the environments by their position"),
     "mix_slice": (MixesSlice, "takes some environments' rows"),
     "mix_count": (MixesCount, "depends on how many environments a replica holds"),
+    "mix_capped": (MixesCappedCount, "hold 2 of the 4 environments each, but it uses a number that depends on"),
+    "mix_branch": (MixesCountBranch, "hold 2 of the 4 environments each, but it computes differently for different"),
     "hands_count": (HandsCount, "depends on how many environments a replica holds"),
     "mix_act_argument": (MixesInActArgument, "runs this statement on each .* reduces over"),  # not the actor's act
     "mix_act": (MixesInAct, r"runs CenteringActor.act\(\) \(.*loops.py:\d+\), called here, .* reduces over"),

@@ -200,6 +200,14 @@ def test_a_wrong_state_or_item_is_named(env, loop, says):
         msrl.compile(loop(), Fused(), env, NUM_ENVS)
 
 
+def test_an_error_in_a_method_the_loop_calls_names_its_line_and_the_statement(env):
+    with pytest.raises(msrl.CompileError) as info:
+        msrl.compile(loops.LearnerRaises(), Fused(), env, NUM_ENVS)
+    assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line("learner_raises"))
+    assert f"ValueError in learn() while tracing `return msrl.agent_learn(msrl.buffer_get())  # E:calls_learner` " \
+           f"(loops.py:{loops.marked_line('calls_learner')}): the learner's own bug" in str(info.value)
+
+
 def test_loop_without_env_step_is_rejected(env):
     with pytest.raises(msrl.CompileError, match="never calls msrl.env_step"):
         msrl.compile(loops.NoEnvStep(), Fused(), env, NUM_ENVS)

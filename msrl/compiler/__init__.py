@@ -42,6 +42,11 @@ def _jitted(init: Callable, *args: Any) -> Any:
         return init(*args)
 
 
+def _hint(e: CompileError, instead: str) -> str:
+    """``e``'s own hint, or ``instead`` where it only says to run with ``--debug``."""
+    return e.hint if e.hint and "--debug" not in e.hint else instead
+
+
 def _signature(tree: Any) -> dict[str, tuple]:
     """Each leaf's path -> (shape, dtype)."""
     return {jax.tree_util.keystr(p) or "the state": (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
@@ -260,59 +265,91 @@ class Program:
 
     def _check_rows(self) -> None:
         """A replica holding a share of the environments runs the loop's statements on that share. Each must
-        compute every environment's row from that environment alone (:mod:`msrl.compiler.rows`), and a number
-        a replica hands across a cut must not depend on how many environments it holds; otherwise the policy
-        would compute something other than the loop, so it refuses it."""
+        compute every environment's row from that environment alone (:mod:`msrl.compiler.rows`: traced at the N
+        environments of the loop and at the replica's share), and a number a replica hands across a cut must not
+        depend on how many environments it holds; otherwise the policy would compute something other than the
+        loop, so it refuses it."""
         frags, comms = self.plan.fragments, self.plan.comms
-        shared = {f for c in comms if c.op in ("gather", "scatter") and c.axis == "env"
-                  for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}
-        small, big = self._inputs[self.num_envs], self._inputs[2 * self.num_envs]
+        share = {f: self.num_envs // frags[f].replicas for c in comms if c.op in ("gather", "scatter") and
+                 c.axis == "env" for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}
+        at = {n: self._probe_share(n, set(share)) for n in set(share.values())}  # the shapes at a replica's share
+        small = self._inputs[self.num_envs]
         actor = self.components.get("actor")
         namespace = {**self.namespace, "self": self.algorithm, "_c_actor": actor}
-        acting = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in shared and s.kind == "api"
+        acting = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in share and s.kind == "api"
                   and s.api.component == "actor"]
-        if acting:  # the actor's state, as each replica initializes it for its environments
-            ids = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in (self.num_envs, 2 * self.num_envs)]
-            why = rows.mixing_fn(actor.init, [jax.random.PRNGKey(0), ids[0]], [jax.random.PRNGKey(0), ids[1]])
+        def judge(n: int, at_n: Callable[[int], str | None]) -> str | None:
+            """Why a replica's ``n`` environments may compute other rows than the loop's N. For one environment,
+            jax traces some operations in their own way (``take_along_axis``), so a trace that differs there in
+            more than a number is judged at N and 2N instead."""
+            why = at_n(n)
+            return at_n(2 * self.num_envs) if why and n == 1 and why != rows.COUNT else why
+
+        for n in {share[self.plan.assign[s.id]] for s in acting}:  # the actor's state, as each replica starts it
+            ids = {k: [jax.random.PRNGKey(0), jax.ShapeDtypeStruct((k,), jnp.int32)]
+                   for k in (n, self.num_envs, 2 * self.num_envs)}
+            why = judge(n, lambda k: rows.mixing_fn(actor.init, ids[self.num_envs], ids[k]))
             if why:
                 s = acting[0]
                 raise CompileError(
                     f"policy {self.policy.name!r} initializes the actor on each of its "
-                    f"{frags[self.plan.assign[s.id]].replicas} replicas for a share of the environments, but "
-                    f"{_method_name(actor, 'init')} {why}: the replicas could compute something other than the "
-                    "loop", s.file, s.line, "derive per-environment values from env_ids (the global environment "
-                    "indices), or use policy.name=fused or single_learner_fine")
+                    f"{frags[self.plan.assign[s.id]].replicas} replicas for its {n} of the {self.num_envs} "
+                    f"environments, but {_method_name(actor, 'init')} {why}: the replicas could compute something "
+                    "other than the loop", s.file, s.line, "derive per-environment values from env_ids (the "
+                    "global environment indices), or use policy.name=fused or single_learner_fine")
         for s in leaves(self.stmts):
             frag = self.plan.assign.get(s.id)
-            if frag not in shared or s.id not in small:
+            if frag not in share or s.id not in small:
                 continue
-            what, why = "this statement", rows.mixing(s, small[s.id], big.get(s.id, {}), namespace)
+            n, what = share[frag], "this statement"
+            why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace))
             if not why and s in acting:  # its arguments pass: the actor's own method, with its state
                 what = f"{_method_name(actor, s.api.method)}, called here,"
-                why = rows.mixing(s, small[s.id], big.get(s.id, {}), namespace, method=True)
+                why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace,
+                                                     method=True))
             if why:
                 raise CompileError(
                     f"policy {self.policy.name!r} runs {what} on each of its {frags[frag].replicas} "
-                    f"{frag!r} replicas, which hold a share of the environments each, but it {why}: the replicas "
-                    "could compute something other than the loop", s.file, s.line,
+                    f"{frag!r} replicas, which hold {n} of the {self.num_envs} environments each, but it {why}: the "
+                    "replicas could compute something other than the loop", s.file, s.line,
                     "compute it inside the learner (on the whole batch), or use policy.name=fused or "
                     "single_learner_fine, which act on all environments in one place")
         by_id = {s.id: s for s in leaves(self.stmts)}
         for c in comms:
-            if c.op != "gather" or c.src_fragment not in shared:
+            if c.op != "gather" or c.src_fragment not in share:
                 continue
-            pairs = zip(jax.tree.leaves(self.shapes.get((c.src, c.var))),
-                        jax.tree.leaves(self._doubled.get((c.src, c.var))), strict=False)
+            n = share[c.src_fragment]
+            pairs = zip(jax.tree.leaves(self.shapes.get((c.src, c.var))), jax.tree.leaves(at[n].get((c.src, c.var))),
+                        strict=False)
             moved = next(((a, b) for a, b in pairs if isinstance(a, (int, float)) and a != b), None)
             if moved is not None:
                 s = by_id[c.src]
                 raise CompileError(
                     f"policy {self.policy.name!r} hands `{c.var}` from each of its {frags[c.src_fragment].replicas} "
                     f"{c.src_fragment!r} replicas to the {c.dst_fragment!r}, but its value depends on how many "
-                    f"environments a replica holds ({moved[0]} for {self.num_envs} environments, {moved[1]} for "
-                    f"{2 * self.num_envs}): the replicas would compute something other than the loop",
+                    f"environments a replica holds ({moved[0]} for the loop's {self.num_envs} environments, "
+                    f"{moved[1]} for a replica's {n}): the replicas would compute something other than the loop",
                     s.file, s.line, "compute it where all environments are seen: inside the learner, from the "
                     "batch's shape")
+
+    def _probe_share(self, n: int, shared: set[str]) -> dict[tuple[str, str], Any]:
+        """The loop's shapes (and each statement's inputs, for the row check) traced with a replica's ``n``
+        environments. A statement of another fragment (the learner's) need not trace with ``n``: it never runs
+        with them; the probe stops there, and what the replicas' statements read before it is what counts."""
+        shapes: dict[tuple[str, str], Any] = {}
+        try:
+            self._infer_shapes(n, shapes)
+        except CompileError as e:
+            missing = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in shared
+                       and s.id in self._inputs[self.num_envs] and s.id not in self._inputs[n]]
+            if missing:
+                raise CompileError(
+                    f"{e.reason} (with {n} environments: each replica of policy {self.policy.name!r} runs the loop "
+                    f"on its {n} of the {self.num_envs} environments)", e.file, e.line,
+                    _hint(e, "a statement whose shapes hold only for one count of environments (a size written as a "
+                          "number) cannot run on a share of them: derive the size from the arrays, or use "
+                          "policy.name=fused")) from None
+        return shapes
 
     def _state_keys(self, stmts: list[Stmt]) -> tuple[list[str], bool]:
         """The states a fragment holds, and whether it derives the policy params from its own learner
@@ -323,13 +360,15 @@ class Program:
         derive = "learner" in used and reads_params
         return keys + (["params"] if reads_params and not derive else []), derive
 
-    def _infer_shapes(self, num_envs: int | None = None) -> tuple[dict[tuple[str, str], Any], Any]:
-        """Run the whole loop once under ``jax.eval_shape``, recording every definition's shape."""
+    def _infer_shapes(self, num_envs: int | None = None,
+                      shapes: dict | None = None) -> tuple[dict[tuple[str, str], Any], Any]:
+        """Run the whole loop once under ``jax.eval_shape``, recording every definition's shape (into ``shapes``,
+        if given, as the probe goes)."""
         num_envs = num_envs or self.num_envs
         used, derive = self._state_keys(self.stmts)
         probe_buffer = _ProbeBuffer(self.components["buffer"]) if "buffer" in used else None
         lowered, _ = generate("probe", self.stmts, used, "probe", derive_params=derive, returns=True)
-        shapes: dict[tuple[str, str], Any] = {}
+        shapes = {} if shapes is None else shapes
         inputs = self._inputs[num_envs] = {}  # what each statement reads, for the row check
 
         def record(sid: str, values: dict[str, Any]) -> None:
@@ -393,8 +432,9 @@ class Program:
             raise CompileError(
                 f"{e.reason} (with {2 * self.num_envs} environments: policy {self.policy.name!r} cuts the loop, "
                 f"and traces it with twice the {self.num_envs} environments to tell which axes are per-environment)",
-                e.file, e.line, e.hint or "a statement whose shapes hold only for one count of environments (a size "
-                "written as a number) cannot be cut: derive the size from the arrays, or use policy.name=fused") from None
+                e.file, e.line, _hint(e, "a statement whose shapes hold only for one count of environments (a size "
+                                      "written as a number) cannot be cut: derive the size from the arrays, or use "
+                                      "policy.name=fused")) from None
         self._doubled = doubled
 
         def axes(value: Any, twice: Any) -> list[int | None]:

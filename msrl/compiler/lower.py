@@ -279,20 +279,37 @@ def materialize(lowered: Lowered, namespace: dict[str, Any]) -> Callable:
 
 def user_frame(exc: BaseException, lowered: list[Lowered]) -> tuple[str, int, str] | None:
     """The user's statement at which ``exc`` was raised while running generated code."""
+    return _frames(exc, lowered)[0]
+
+
+def _frames(exc: BaseException, lowered: list[Lowered]) -> tuple[tuple[str, int, str] | None, tuple | None]:
+    """The user's statement at which ``exc`` was raised while running generated code, and below it the deepest
+    frame in the user's own code (a method it calls: ``(file, line, function)``; None: not the user's code,
+    or raised at the statement itself)."""
+    import os
+    import sysconfig
+
+    libraries = {sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    libraries.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # msrl's core
     by_file = {lw.filename: lw for lw in lowered}
-    found = None
+    found = inner = None
     tb = exc.__traceback__
     while tb is not None:
-        lw = by_file.get(tb.tb_frame.f_code.co_filename)
+        file = tb.tb_frame.f_code.co_filename
+        lw = by_file.get(file)
         if lw is not None and tb.tb_lineno in lw.linemap:
-            found = lw.linemap[tb.tb_lineno]
+            found, inner = lw.linemap[tb.tb_lineno], None
+        elif found is not None and not file.startswith("<") and "site-packages" not in file and \
+                not any(file.startswith(p) for p in libraries):
+            inner = (file, tb.tb_lineno, tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
-    return found
+    return found, inner
 
 
 def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str) -> None:
-    """Re-raise an exception from generated code as a CompileError at the user's file:line."""
-    frame = user_frame(exc, lowered)
+    """Re-raise an exception from generated code as a CompileError at the user's file:line (where a method
+    the statement calls raised it in the user's own code: that line, naming the statement)."""
+    frame, inner = _frames(exc, lowered)
     if frame is None or (isinstance(exc, CompileError) and exc.file is not None) or isinstance(exc, ConfigError):
         raise exc
     file, line, source = frame
@@ -300,6 +317,10 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
         raise CompileError(exc.reason, file, line, exc.hint) from None
     message = str(exc).strip().splitlines()
     first = message[0] if message else ""
+    if inner is not None and inner[:2] != (file, line):
+        at = f"{file.rsplit('/', 1)[-1]}:{line}"
+        raise CompileError(f"{type(exc).__name__} in {inner[2]}() while {doing} `{source}` ({at}): {first}",
+                           inner[0], inner[1], "run `msrl ... --debug` to see the full traceback") \
+            from exc.with_traceback(exc.__traceback__)
     raise CompileError(f"{type(exc).__name__} while {doing} `{source}`: {first}", file, line,
                        "run `msrl ... --debug` to see the full JAX error") from exc.with_traceback(exc.__traceback__)
-

@@ -1,15 +1,16 @@
 """Does a statement compute each environment's row from that environment's rows alone?
 
 A policy that splits the environments over replicas runs the actor side of the loop on each replica's share and
-joins the results in global environment order. That equals the loop only where row ``i`` of every value depends
-on environment ``i`` alone. :func:`mixing` tells, for one statement, whether it may break this: it traces the
-statement at two environment counts (``N`` and ``2N``; an axis whose size differs is an environment axis) and
-walks the two jaxprs side by side. A value mixes rows when it comes from a reduction, a cumulative op, a sort, a
-slice, a shift or an indexing along an environment axis, a matrix product over it, random numbers or an ``iota``
-laid along it (numbered by position in the replica, not by environment), a second environment axis (every
-environment with every other), or a number that changes with the count of environments. The walk is
-conservative: a primitive it does not know, touching an environment axis, counts as mixing (the policy then
-refuses the loop; it never runs it differently)."""
+joins the results in global environment order. That equals the loop only where row ``i`` of every value depends on
+environment ``i`` alone. :func:`mixing` tells, for one statement, whether it may break this: it traces the
+statement at two environment counts (the loop's ``N`` and a replica's share ``n``; an axis whose size differs is an
+environment axis) and walks the two jaxprs side by side. The share is what the replicas run: a number computed from
+the count (``min(n, 8)``, an ``if`` on it) is judged at the very counts that meet. A value mixes rows when it comes
+from a reduction, a cumulative op, a sort, a slice, a shift or an indexing along an environment axis, a matrix
+product over it, random numbers or an ``iota`` laid along it (numbered by position in the replica, not by
+environment), a second environment axis (every environment with every other), or a number that changes with the
+count of environments. The walk is conservative: a primitive it does not know, touching an environment axis, counts
+as mixing (the policy then refuses the loop; it never runs it differently)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ SHAPE = "computes differently for different numbers of environments"
 
 
 def _dims(sa: tuple, sb: tuple) -> frozenset[int] | None:
-    """The axes of a value's shape traced at N environments (``sa``) and 2N (``sb``) whose sizes differ."""
+    """The axes of a value's shape traced at N environments (``sa``) and at a replica's share (``sb``) whose
+    sizes differ."""
     if len(sa) != len(sb):
         return None
     return frozenset(i for i, (m, n) in enumerate(zip(sa, sb)) if m != n)
@@ -58,14 +60,15 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _consts(c1: list, c2: list) -> list[str | None]:
-    """Constants a jaxpr closes over: the same at N and 2N environments, or why not."""
+    """Constants a jaxpr closes over: the same at both environment counts, or why not."""
     return [None if np.shape(x) == np.shape(y) and _same(x, y) else
             COUNT if _dims(np.shape(x), np.shape(y)) == frozenset() else
             "uses an array made outside it with one row per environment" for x, y in zip(c1, c2)]
 
 
 def _walk(j1: core.Jaxpr, j2: core.Jaxpr, consts: list[str | None], ins: list[str | None]) -> list[str | None]:
-    """The reason each output of ``j1`` (its twin ``j2`` traced at twice the environments) mixes rows, or None."""
+    """The reason each output of ``j1`` (its twin ``j2`` traced at a replica's share of the environments) mixes
+    rows, or None."""
     if len(j1.eqns) != len(j2.eqns) or len(j1.invars) != len(j2.invars):
         return [SHAPE] * len(j1.outvars)
     why: dict[Any, str | None] = dict(zip(j1.constvars, consts)) | dict(zip(j1.invars, ins))
@@ -291,25 +294,26 @@ def _untraced(e: Exception) -> str:
         f"alone ({type(e).__name__}: {text})"
 
 
-def mixing(s: Stmt, values: dict[str, Any], doubled: dict[str, Any], namespace: dict[str, Any],
+def mixing(s: Stmt, values: dict[str, Any], share: dict[str, Any], namespace: dict[str, Any],
            method: bool = False) -> str | None:
-    """Why statement ``s`` may mix environments' rows, or None. ``values`` and ``doubled`` are what it reads
-    (shape-dtype structs and Python values) in the loop traced with N and with 2N environments (an actor's call,
-    with ``method``: its method too). One that cannot be traced alone cannot be checked, so it counts as mixing."""
-    names = sorted(n for n in values if n in doubled)
+    """Why statement ``s`` may mix environments' rows, or None. ``values`` and ``share`` are what it reads
+    (shape-dtype structs and Python values) in the loop traced with its N environments and with a replica's
+    share (an actor's call, with ``method``: its method too). One that cannot be traced alone cannot be checked,
+    so it counts as mixing."""
+    names = sorted(n for n in values if n in share)
     try:
         fn = _function(s, names, namespace, method)
     except Exception as e:  # noqa: BLE001 - the loop itself traced; this statement alone did not
         return _untraced(e)
-    return mixing_fn(fn, [values[n] for n in names], [doubled[n] for n in names])
+    return mixing_fn(fn, [values[n] for n in names], [share[n] for n in names])
 
 
-def mixing_fn(fn: Callable, args: list, doubled: list) -> str | None:
-    """Why ``fn(*args)`` may mix environments' rows, or None (``doubled``: its arguments at 2N environments;
-    shape-dtype structs are traced, other values passed as they are). Where it cannot be traced, it cannot be
-    checked: that is the reason."""
+def mixing_fn(fn: Callable, args: list, share: list) -> str | None:
+    """Why ``fn(*args)`` may mix environments' rows, or None (``share``: its arguments at a replica's share of
+    the environments; shape-dtype structs are traced, other values passed as they are). Where it cannot be
+    traced, it cannot be checked: that is the reason."""
     try:
-        j1, j2 = _trace(fn, args), _trace(fn, doubled)
+        j1, j2 = _trace(fn, args), _trace(fn, share)
     except Exception as e:  # noqa: BLE001 - any failure: the check cannot vouch for it
         return _untraced(e)
     return next((r for r in _call(j1, j2, [None] * len(j1.jaxpr.invars)) if r), None)
