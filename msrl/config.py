@@ -128,7 +128,7 @@ def _integral(value: Any) -> int | None:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
         return None
-    return int(number) if number.is_integer() and abs(number) < 2**63 else None
+    return int(number) if number.is_integer() else None  # a huge one: the key's bound names the limit
 
 
 def unknown_key(key: str, allowed: Any) -> str:
@@ -276,9 +276,9 @@ def _expanded(node: Any, memo: dict[int, int], open_: set[int]) -> int:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key written twice in one mapping is an error (not "the last one wins"),
-    and a text that expands to more than ``MAX_YAML_VALUES`` values through aliases is refused before
-    anything is built, naming the key that holds the most of them."""
+    """PyYAML's safe loader, but a key written twice in one mapping (block or ``{...}``) is an error naming its
+    dotted path (not "the last one wins"), and a text that expands to more than ``MAX_YAML_VALUES`` values
+    through aliases is refused before anything is built, naming the key that holds the most of them."""
 
     def construct_document(self, node: Any) -> Any:
         memo: dict[int, int] = {}
@@ -289,20 +289,29 @@ class _StrictLoader(yaml.SafeLoader):
                 path.append(_name(key.value) if isinstance(key, yaml.ScalarNode) else "?")
             raise ConfigError(".".join(path), f"holds more than {MAX_YAML_VALUES:,} values once its YAML "
                               "anchors and aliases (&name, *name) are expanded; shorten it")
+        self._no_key_twice(node, [], set())
         return super().construct_document(node)
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+    def _no_key_twice(self, node: Any, path: list[str], done: set[int]) -> None:
+        if id(node) in done:  # an alias: checked where its anchor is
+            return
+        done.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                self._no_key_twice(item, path, done)
+        if not isinstance(node, yaml.MappingNode):
+            return
         seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
-            except TypeError:  # an unhashable key: construct_mapping reports it
-                continue
-            if first != key_node.start_mark.line + 1:
-                raise ConfigError(_name(key), f"written twice in one mapping (lines {first} and "
-                                  f"{key_node.start_mark.line + 1}); keep one")
-        return super().construct_mapping(node, deep)
+        for key_node, value in node.value:
+            key = self.construct_object(key_node, deep=True) if isinstance(key_node, yaml.ScalarNode) else None
+            here = [*path, _name(key) if key is not None else "?"]
+            line = key_node.start_mark.line + 1
+            if key is not None and key != "<<" and key in seen:
+                raise ConfigError(".".join(here), "written twice in one mapping (" + (
+                    f"lines {seen[key]} and {line}" if seen[key] != line else f"twice on line {line}") + "); keep one")
+            if key is not None:
+                seen[key] = line
+            self._no_key_twice(value, here, done)
 
 
 def _no_bools_for_numbers(model: type[BaseModel], data: dict, prefix: str) -> None:

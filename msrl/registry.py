@@ -61,7 +61,8 @@ class Registry:
             ep = self._entry_points().get(name)
             if ep is None:
                 raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"
-                                  f"available: {', '.join(self.names())}")
+                                  f"available: {', '.join(self.names())} (one of your own registers when its module "
+                                  "is imported: `msrl ... --import FILE.py`, or import it before msrl.train)")
             self.register(name)(ep.load())
         return self._items[name]
 

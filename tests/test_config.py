@@ -30,7 +30,8 @@ def test_example_loads_with_overrides():
         ("algorithm.lr=-1", "algorithm.lr", "greater than 0"),
         ("algorithm.nope=1", "algorithm.nope", "allowed keys: name, rollout_len"),
         ("algorithm.lrr=1", "algorithm.lrr", "unknown key; did you mean 'lr'\\? allowed keys: name,"),
-        ("algorithm.name=ppp", "algorithm.name", "unknown algorithm 'ppp'; did you mean 'ppo'\\? available:"),
+        ("algorithm.name=ppp", "algorithm.name", "unknown algorithm 'ppp'; did you mean 'ppo'\\? available:.* "
+                                               "`msrl ... --import FILE.py`"),
         ("policy.name=single_learner_corse", "policy.name", "did you mean 'single_learner_coarse'"),
         ("envv.id=x", "envv", "did you mean 'env'\\? allowed keys: algorithm, env, policy, run"),
         ("algorithm.activation=gelu", "algorithm.activation", "'tanh' or 'relu'"),
@@ -96,8 +97,13 @@ def test_whole_numbers_in_e_notation_go_where_an_integer_does():
 def test_duplicate_keys_booleans_for_numbers_and_non_finite_floats_are_refused(tmp_path):
     config = tmp_path / "dup.yaml"
     config.write_text("algorithm: {name: ppo}\nrun:\n  seed: 1\n  seed: 2\n")
-    with pytest.raises(msrl.ConfigError, match=r"seed: .*dup.yaml: written twice in one mapping \(lines 3 and 4\)"):
+    with pytest.raises(msrl.ConfigError, match=r"run.seed: .*dup.yaml: written twice in one mapping \(lines 3 and 4\)"):
         load_config(config)
+    config.write_text("algorithm: {name: ppo, lr: 1.0e-3, lr: 2.0e-3}\n")  # a flow mapping: both on one line
+    with pytest.raises(msrl.ConfigError, match=r"algorithm.lr: .*written twice in one mapping \(twice on line 1\)"):
+        load_config(config)
+    with pytest.raises(msrl.ConfigError, match=r"env.kwargs.a: .*written twice"):
+        load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.kwargs={a: 1, a: 2}"])
     config.write_text("algorithm: ppo\nalgorithm: dqn\n")
     with pytest.raises(msrl.ConfigError, match="algorithm: .*written twice .*lines 1 and 2"):
         load_config(config)
