@@ -77,6 +77,10 @@ class ReinforceActor(msrl.Actor):
         action = jax.vmap(lambda z, k: distrax.Categorical(logits=z).sample(seed=k))(logits, use)  # per-env keys
         return {"keys": keys}, action
 
+    def greedy(self, params, obs):  # `msrl eval` and `msrl.load`: the most likely action
+        logits, _ = self.net.apply(params, obs)
+        return jnp.argmax(logits, axis=-1)
+
 
 def returns_to_go(reward, done, bootstrap, gamma):
     """Discounted returns of every step of a [time, env] rollout, cut at episode ends; an episode still

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from msrl import checkpoint
 from msrl.algorithm import Context
+from msrl.components import Actor
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError
@@ -64,6 +66,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
                   updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
                   learner_replicas=cfg.policy.learner_plan().learner_replicas)
     algorithm = make_algorithm(cfg, ctx)
+    check_greedy(algorithm.actor, cfg.algorithm.name)
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:
         raise ConfigError("RUN_DIR", f"{path} holds no learner state")
@@ -73,6 +76,16 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     learner, _ = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
     state = checkpoint.restore_state(_template(learner.init, states[key]), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
+
+
+def check_greedy(actor: Any, name: str) -> None:
+    """An actor that ``msrl eval`` and ``msrl.load`` cannot act with is refused before anything is loaded."""
+    cls = type(actor)
+    if not hasattr(cls, "greedy_step") and getattr(cls, "greedy", None) is Actor.greedy:
+        raise ConfigError("algorithm.name", f"{cls.__qualname__} ({name}'s actor, {inspect.getsourcefile(cls)}) "
+                          "defines no greedy(params, obs), the deterministic action for each observation (the "
+                          "policy's mode, say), which msrl eval and msrl.load act with; define it (a recurrent "
+                          "actor: initial_carry(n) and greedy_step)")
 
 
 def _template(init: Any, saved: list[Any]) -> Any:

@@ -117,6 +117,19 @@ def test_reinforce_learns_cartpole_under_fused(tmp_path):
     assert summary["iterations"] == len(returns) == 128
     assert returns[0] < 50, returns  # the untrained policy plays about randomly (~22)
     assert np.mean(returns[-10:]) >= 150, returns
+    from msrl.evaluate import evaluate
+
+    assert evaluate(tmp_path, episodes=4)["return_mean"] >= 100  # its greedy action, as `msrl eval` takes it
+
+
+def test_eval_refuses_an_actor_without_a_greedy_action():
+    import loops
+    from msrl.evaluate import check_greedy
+
+    with pytest.raises(msrl.ConfigError, match=r"algorithm.name: RandomActor \(sums's actor, .*loops.py\) defines no "
+                                               r"greedy\(params, obs\)"):
+        check_greedy(loops.RandomActor(2), "sums")
+    check_greedy(custom_algorithm.ReinforceActor(None), "reinforce")
 
 
 def test_custom_policy_registers_compiles_and_runs_from_config(fused):
