@@ -857,7 +857,7 @@ def test_a_metric_that_is_not_a_scalar_is_a_compile_error(tmp_path, cartpole, re
 
 def test_print_in_train_step_warns_at_compile_time(tmp_path, cartpole):
     body = LOOP + ["print('reward', reward)"] + LEARN
-    with pytest.warns(UserWarning, match=r"print\(\) in .*runs once, while msrl traces the loop.*jax\.debug\.print"):
+    with pytest.warns(UserWarning, match=r"print\(\) in .*runs only while msrl traces the loop.*jax\.debug\.print"):
         _, err = compile_source(tmp_path, module_source(body), Fused(), cartpole)
     assert err is None, str(err)
 

@@ -138,10 +138,11 @@ class Source:
             raise CompileError(f"{what} is not a function definition", file=file, line=code.co_firstlineno)
         self.fn, self.file, self.fdef = fn, file, fdef
         self.offset = code.co_firstlineno - 1  # the source starts at the first decorator, if any
-        for node in ast.walk(fdef):  # traced once: a print shows shapes while compiling, then never again
+        for node in ast.walk(fdef):  # traced: a print shows shapes while compiling, then never again
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
-                warnings.warn_explicit(f"print() in {what} runs once, while msrl traces the loop, not every "
-                                       "iteration; use jax.debug.print(...) to print values as it runs",
+                warnings.warn_explicit(f"print() in {what} runs only while msrl traces the loop (a few times, "
+                                       "before training), not every iteration; use jax.debug.print(...) to print "
+                                       "values as it runs",
                                        UserWarning, file, self.line(node))
         self.lines = text.splitlines()
         self.namespace: dict[str, Any] = dict(fn.__globals__)
