@@ -303,10 +303,12 @@ class _StrictLoader(yaml.SafeLoader):
             return
         seen: dict[Any, int] = {}
         for key_node, value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=True) if isinstance(key_node, yaml.ScalarNode) else None
             here = [*path, _name(key) if key is not None else "?"]
             line = key_node.start_mark.line + 1
-            if key is not None and key != "<<" and key in seen:
+            if key is not None and key in seen:
                 raise ConfigError(".".join(here), "written twice in one mapping (" + (
                     f"lines {seen[key]} and {line}" if seen[key] != line else f"twice on line {line}") + "); keep one")
             if key is not None:

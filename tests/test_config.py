@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import msrl
-from msrl.config import load_config
+from msrl.config import load_config, read_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -104,6 +104,9 @@ def test_duplicate_keys_booleans_for_numbers_and_non_finite_floats_are_refused(t
         load_config(config)
     with pytest.raises(msrl.ConfigError, match=r"env.kwargs.a: .*written twice"):
         load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.kwargs={a: 1, a: 2}"])
+    config.write_text("defaults: &d {lr: 1.0e-3, gamma: 0.9}\nalgorithm:\n  <<: *d\n  name: ppo\n  lr: 2.0e-3\n")
+    raw = read_config(config)  # a YAML merge key: the mapping's own keys override the merged ones
+    assert raw["algorithm"] == {"name": "ppo", "lr": 2.0e-3, "gamma": 0.9}
     config.write_text("algorithm: ppo\nalgorithm: dqn\n")
     with pytest.raises(msrl.ConfigError, match="algorithm: .*written twice .*lines 1 and 2"):
         load_config(config)

@@ -278,6 +278,7 @@ class Program:
         namespace = {**self.namespace, "self": self.algorithm, "_c_actor": actor}
         acting = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in share and s.kind == "api"
                   and s.api.component == "actor"]
+
         def judge(n: int, at_n: Callable[[int], str | None]) -> str | None:
             """Why a replica's ``n`` environments may compute other rows than the loop's N. For one environment,
             jax traces some operations in their own way (``take_along_axis``), so a trace that differs there in
