@@ -82,6 +82,20 @@ def test_a_statement_mixing_environments_is_refused_where_replicas_hold_a_share(
     msrl.compile(loop(), SingleLearnerCoarse(actors=1), make_env("gymnax:CartPole-v1"), 4)  # one actor sees all
 
 
+def test_an_error_at_run_time_in_a_method_the_loop_calls_names_the_replica_the_statement_and_its_line():
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    loop = loops.LearnerRaises()
+    loop.learner.armed = False
+    program = msrl.compile(loop, SingleLearnerCoarse(actors=2), make_env("gymnax:CartPole-v1"), 4)
+    loop.learner.armed = True  # the learner fragment traces it when it first runs
+    with pytest.raises(msrl.TrainingError) as info, msrl.Session(program=program, seed=0) as session:
+        session.run(1)
+    assert f"fragment 'learner' replica 0 failed at {loops.__file__}:{loops.marked_line('calls_learner')} `return " \
+           f"msrl.agent_learn(msrl.buffer_get())  # E:calls_learner`, in learn() at {loops.__file__}:" \
+           f"{loops.marked_line('learner_raises')}: ValueError: the learner's own bug" in str(info.value)
+
+
 def test_replay_server_actors_mixing_environments_are_refused_too():
     from msrl.policies.replay_server import ReplayServer
 

@@ -277,12 +277,7 @@ def materialize(lowered: Lowered, namespace: dict[str, Any]) -> Callable:
     return lowered.fn
 
 
-def user_frame(exc: BaseException, lowered: list[Lowered]) -> tuple[str, int, str] | None:
-    """The user's statement at which ``exc`` was raised while running generated code."""
-    return _frames(exc, lowered)[0]
-
-
-def _frames(exc: BaseException, lowered: list[Lowered]) -> tuple[tuple[str, int, str] | None, tuple | None]:
+def user_frames(exc: BaseException, lowered: list[Lowered]) -> tuple[tuple | None, tuple | None]:
     """The user's statement at which ``exc`` was raised while running generated code, and below it the deepest
     frame in the user's own code (a method it calls: ``(file, line, function)``; None: not the user's code,
     or raised at the statement itself)."""
@@ -309,7 +304,7 @@ def _frames(exc: BaseException, lowered: list[Lowered]) -> tuple[tuple[str, int,
 def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str) -> None:
     """Re-raise an exception from generated code as a CompileError at the user's file:line (where a method
     the statement calls raised it in the user's own code: that line, naming the statement)."""
-    frame, inner = _frames(exc, lowered)
+    frame, inner = user_frames(exc, lowered)
     if frame is None or (isinstance(exc, CompileError) and exc.file is not None) or isinstance(exc, ConfigError):
         raise exc
     file, line, source = frame

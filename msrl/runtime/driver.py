@@ -32,7 +32,7 @@ from msrl import services
 from msrl.backend import (Runtime, concat_along, gather_receiver, gather_senders, mean_metrics, policy_lag,
                           result_metrics, split_along, stats_fn)
 from msrl.components import episode_metrics
-from msrl.compiler.lower import materialize, user_frame
+from msrl.compiler.lower import materialize, user_frames
 from msrl.errors import CompileError, ConfigError, TrainingError
 
 POLL_S = 0.05
@@ -252,8 +252,10 @@ class ReplicaDriver:
         TrainingError naming the replica, the user's line and the traceback."""
         if isinstance(e, (ConfigError, CompileError)):
             return e
-        frame = user_frame(e, [self.frag.lowered])
+        frame, inner = user_frames(e, [self.frag.lowered])
         at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
+        if inner is not None and frame is not None and inner[:2] != frame[:2]:
+            at += f", in {inner[2]}() at {inner[0]}:{inner[1]}"
         return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: "
                              f"{e}\n{traceback.format_exc()}")
 
