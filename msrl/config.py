@@ -131,6 +131,14 @@ def _integral(value: Any) -> int | None:
     return int(number) if number.is_integer() else None  # a huge one: the key's bound names the limit
 
 
+def _number_or_repr(value: Any) -> Any:
+    """A value as a float where it writes a number (YAML leaves ``1e-3`` as text), else its repr."""
+    try:
+        return float(value) if not isinstance(value, bool) else repr(value)
+    except (TypeError, ValueError, OverflowError):
+        return repr(value)
+
+
 def unknown_key(key: str, allowed: Any) -> str:
     """The message for an unknown ``key``: the closest allowed key if it looks like a typo, and all of them."""
     return f"unknown key; {did_you_mean(key, allowed)}allowed keys: {', '.join(allowed)}"
@@ -220,7 +228,7 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
                               "changes the program's shapes): run one program per value")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"run.sweep.{key}", f"must be a non-empty list of values, got {quote(values)}")
-        if len(set(map(repr, values))) < len(values):
+        if len(set(map(_number_or_repr, values))) < len(values):  # 1e-3 and 0.001 are one value
             raise ConfigError(f"run.sweep.{key}", f"lists a value twice: {quote(values)}")
         algo[key] = values[0]
     return {**run, "sweep": sweep} if sweep else run

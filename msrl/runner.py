@@ -253,6 +253,9 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     if resume or not run_dir.exists() or not any(run_dir.iterdir()):
         return
     is_run = any((run_dir / name).exists() for name in RUN_FILES)
+    if not overwrite and is_run and not any(run_dir.rglob("ckpt_*.msgpack")):
+        raise ConfigError("--run-dir", f"{run_dir} already holds a run that stopped before its first checkpoint; "
+                          "start it again with --overwrite, or choose another --run-dir")
     if not overwrite:
         raise ConfigError("--run-dir", f"{run_dir} already holds {'a run' if is_run else 'files'}; continue it with "
                           f"--resume {run_dir}" + (", or replace it with --overwrite" if is_run else
@@ -396,7 +399,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     if resume:  # refuse before building anything
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:
-            raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from")
+            raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from"
+                              "; start it again with --overwrite")
         path, states, meta = good
         checkpoint.check_same_config(meta["config"], cfg.dump(), path)
         if cfg.run.total_env_steps < meta["env_steps"]:  # its summary would contradict the checkpoint

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,10 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     assert main(["train", CARTPOLE, *SHORT, "--overwrite", "--run-dir", str(tmp_path / "other")]) == 2
     assert "holds files but no run" in capsys.readouterr().err
     assert (tmp_path / "other" / "notes.txt").exists()
+    shutil.rmtree(run / "checkpoints")  # as a run stopped (by an on_iteration that raised) before its first
+    assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run)]) == 2
+    assert f"{run} already holds a run that stopped before its first checkpoint; start it again with --overwrite" \
+        in capsys.readouterr().err
 
 
 def test_resume_with_the_run_dir_alone(tmp_path):
