@@ -61,6 +61,7 @@ class Session:
             several = {"members": [(m.seed, m.values) for m in self.members],
                        "vmap_seeds": vmap_seeds(seed_batching or "auto")}
         self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)), **several)
+        self.closed = False
         if stall_timeout_s is None:
             stall_timeout_s = (self.config.run if self.config is not None else RunConfig()).stall_timeout_s
         self.runtime.stall_timeout_s = float(stall_timeout_s)
@@ -83,14 +84,22 @@ class Session:
                        {**at, **r, "per_seed": [{**at, **each} for each in r["per_seed"]]})
         return out
 
+    def _open(self) -> None:
+        if self.closed:
+            from msrl.errors import TrainingError
+
+            raise TrainingError("this session is closed (its replicas are gone); start a new one")
+
     def run(self, iterations: int) -> list[dict[str, float]]:
         """Run ``iterations`` training iterations; one metrics row per iteration."""
+        self._open()
         return [row for rows in self.stream(iterations, iterations) for row in rows]
 
     def stream(self, iterations: int, chunk: int, stop: Callable[[], bool] = lambda: False
                ) -> Iterator[list[dict[str, float]]]:
         """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish; no chunk starts
         once ``stop()`` is true (the rows of those already started still come)."""
+        self._open()
         for rows in self.runtime.stream(iterations, chunk, stop):
             yield self._number(rows)
 
@@ -98,19 +107,24 @@ class Session:
         """The policy's parameters (the learner's ``policy_params``), as host arrays."""
         import jax
 
+        self._open()
         return jax.device_get(self.runtime.params())
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
         """Every replica's component states as host arrays, by fragment (components in ``skip`` left out)."""
+        self._open()
         return self.runtime.snapshot(skip)
 
     def restore(self, snapshot: dict[str, list[dict[str, Any]]], iteration: int | None = None) -> None:
-        """Set the states in ``snapshot``; ``iteration``: the iteration it was taken after."""
+        """Set the states in ``snapshot``; ``iteration``: the iteration it was taken after. Each state must have
+        the structure, shapes and dtypes of this session's own (a snapshot of this program)."""
+        _check_like(snapshot, self.snapshot())
         self.runtime.restore(snapshot)
         if iteration is not None:
             self.iteration = int(iteration)
 
     def close(self) -> None:
+        self.closed = True
         self.runtime.close()
 
     def __enter__(self) -> "Session":
@@ -118,6 +132,32 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
+    """``snapshot`` holds, for fragments and replicas of this program, states shaped as this session's own."""
+    import jax
+    import numpy as np
+
+    from msrl.errors import ConfigError
+
+    if not isinstance(snapshot, dict):
+        raise ConfigError("snapshot", f"must be a dict of fragment -> replica states, got {type(snapshot).__name__}")
+    for frag, replicas in snapshot.items():
+        if frag not in own or not isinstance(replicas, list) or len(replicas) != len(own[frag]):
+            raise ConfigError("snapshot", f"holds fragment {frag!r} ({len(replicas) if isinstance(replicas, list) else '?'}"
+                              f" replicas); this program's are {', '.join(f'{k!r} ({len(v)})' for k, v in own.items())}")
+        for r, (states, mine) in enumerate(zip(replicas, own[frag])):
+            for name, state in states.items():
+                if name not in mine:
+                    raise ConfigError("snapshot", f"{frag!r} replica {r} holds state {name!r}; this program's "
+                                      f"holds {', '.join(map(repr, mine))}")
+                like = jax.tree.structure(state) == jax.tree.structure(mine[name]) and all(
+                    np.shape(a) == np.shape(b) and np.asarray(a).dtype == np.asarray(b).dtype
+                    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(mine[name])))
+                if not like:
+                    raise ConfigError("snapshot", f"{frag!r} replica {r}'s {name!r} state differs in structure, "
+                                      "shapes or dtypes from this program's: it is a snapshot of another program")
 
 
 def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), **kwargs: Any) -> Session:
