@@ -178,3 +178,22 @@ def test_host_loop_details_match_fused(env_id):
             assert w == pytest.approx(float(session.params()["w"]), rel=1e-6)
     else:
         assert w == pytest.approx(2.0)  # CartPole pays 1 per step: mean reward 1, two updates
+
+
+def test_a_closed_session_and_another_programs_snapshot_are_clear_errors():
+    small = ["algorithm.rollout_len=8", "env.num_envs=4", "policy.actors=2"]
+    with msrl.Session(CARTPOLE, [*small, "policy.name=single_learner_coarse", "policy.backend=threads"]) as session:
+        session.run(1)
+        snap = session.snapshot()
+    for use in (lambda: session.run(1), session.params, session.snapshot, lambda: session.restore(snap)):
+        with pytest.raises(msrl.TrainingError, match="this session is closed"):
+            use()
+    with msrl.Session(CARTPOLE, [*small, "policy.name=single_learner_coarse", "policy.backend=threads",
+                                 "algorithm.hidden=[8]"]) as other:
+        with pytest.raises(msrl.ConfigError, match=r"'actor' replica 0's 'params' state differs in structure, "
+                                                   r"shapes or dtypes from this program's"):
+            other.restore(snap)
+        with pytest.raises(msrl.ConfigError, match=r"holds fragment 'main' \(1 replicas\); this program's are "
+                                                   r"'actor' \(2\), 'learner' \(1\)"):
+            other.restore({"main": [{}]})
+        other.restore(other.snapshot())  # its own: accepted
