@@ -48,10 +48,12 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
         in capsys.readouterr().err
 
 
-def test_resume_with_the_run_dir_alone(tmp_path):
+def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(run)]) == 0
     assert main(["train", "--resume", str(run), "run.total_env_steps=6144"]) == 0  # the run's own config
+    assert "run.total_env_steps changes from 4,096 to 6,144; a schedule built from it (anneal_lr" \
+        in capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["iterations"] == 12
 
 

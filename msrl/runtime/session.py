@@ -145,8 +145,9 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
         raise ConfigError("snapshot", f"must be a dict of fragment -> replica states, got {type(snapshot).__name__}")
     for frag, replicas in snapshot.items():
         if frag not in own or not isinstance(replicas, list) or len(replicas) != len(own[frag]):
-            raise ConfigError("snapshot", f"holds fragment {frag!r} ({len(replicas) if isinstance(replicas, list) else '?'}"
-                              f" replicas); this program's are {', '.join(f'{k!r} ({len(v)})' for k, v in own.items())}")
+            count = len(replicas) if isinstance(replicas, list) else "?"
+            mine = ", ".join(f"{k!r} ({len(v)})" for k, v in own.items())
+            raise ConfigError("snapshot", f"holds fragment {frag!r} ({count} replicas); this program's are {mine}")
         for r, (states, mine) in enumerate(zip(replicas, own[frag])):
             for name, state in states.items():
                 if name not in mine:
