@@ -59,7 +59,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
             raise ConfigError("--run-seed", f"{run_dir} trained seed {run_seed} with {len(found)} swept values; "
                               f"evaluate one member's folder instead (e.g. {run_dir / each[found[0]].name})")
         i = found[0]
-    cfg = member_config(cfg, each[i])
+    swept, cfg = bool(cfg.run.sweep), member_config(cfg, each[i])  # (a member's config sweeps nothing)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
                   total_env_steps=cfg.run.total_env_steps,
@@ -72,7 +72,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
         raise ConfigError("RUN_DIR", f"{path} holds no learner state")
     if len(each) > 1:  # every saved array has a leading member axis
         states = {**states, key: [None if x is None else np.asarray(x)[i] for x in states[key]]}
-        meta = {**meta, "run_seed": each[i].seed, **({"member": each[i].name} if cfg.run.sweep or member else {})}
+        meta = {**meta, "run_seed": each[i].seed, **({"member": each[i].name} if swept or member else {})}
     learner, _ = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
     state = checkpoint.restore_state(_template(learner.init, states[key]), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
