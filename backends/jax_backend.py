@@ -148,6 +148,12 @@ class JaxRuntime(Runtime):
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
         return {self.fragment.name: self._replica_states({k: v for k, v in self._state.items() if k not in skip})}
 
+    def shapes(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+        lead = 1 if self.replicas > 1 else 0  # each replica's share of the replica axis
+        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[lead:], x.dtype) if hasattr(x, "dtype") else x,
+                           {k: v for k, v in self._state.items() if k not in skip})
+        return {self.fragment.name: [one] * self.replicas}
+
     def restore(self, snapshot: dict[str, list[dict]]) -> None:
         self._state = {**self._state, **self._place(snapshot[self.fragment.name])}
 

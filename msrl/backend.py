@@ -37,6 +37,14 @@ class Runtime:
         """Every replica's component states, as host arrays, by fragment (components in ``skip`` left out)."""
         raise NotImplementedError
 
+    def shapes(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
+        """What :meth:`snapshot` returns, each array as its ``jax.ShapeDtypeStruct`` (a backend holding its states
+        as arrays gives them without copying anything to the host)."""
+        import jax
+
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "dtype") else x,
+                            self.snapshot(skip))
+
     def restore(self, snapshot: dict[str, list[dict[str, Any]]]) -> None:
         """Set the component states found in ``snapshot`` (as :meth:`snapshot` returns them); others stay."""
         raise NotImplementedError

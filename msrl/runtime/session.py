@@ -92,7 +92,6 @@ class Session:
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         """Run ``iterations`` training iterations; one metrics row per iteration."""
-        self._open()
         return [row for rows in self.stream(iterations, iterations) for row in rows]
 
     def stream(self, iterations: int, chunk: int, stop: Callable[[], bool] = lambda: False
@@ -118,7 +117,8 @@ class Session:
     def restore(self, snapshot: dict[str, list[dict[str, Any]]], iteration: int | None = None) -> None:
         """Set the states in ``snapshot``; ``iteration``: the iteration it was taken after. Each state must have
         the structure, shapes and dtypes of this session's own (a snapshot of this program)."""
-        _check_like(snapshot, self.snapshot())
+        self._open()
+        _check_like(snapshot, self.runtime.shapes())
         self.runtime.restore(snapshot)
         if iteration is not None:
             self.iteration = int(iteration)
@@ -137,7 +137,6 @@ class Session:
 def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
     """``snapshot`` holds, for fragments and replicas of this program, states shaped as this session's own."""
     import jax
-    import numpy as np
 
     from msrl.errors import ConfigError
 
@@ -154,11 +153,18 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
                     raise ConfigError("snapshot", f"{frag!r} replica {r} holds state {name!r}; this program's "
                                       f"holds {', '.join(map(repr, mine))}")
                 like = jax.tree.structure(state) == jax.tree.structure(mine[name]) and all(
-                    np.shape(a) == np.shape(b) and np.asarray(a).dtype == np.asarray(b).dtype
-                    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(mine[name])))
+                    _signature(a) == _signature(b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(mine[name])))
                 if not like:
                     raise ConfigError("snapshot", f"{frag!r} replica {r}'s {name!r} state differs in structure, "
                                       "shapes or dtypes from this program's: it is a snapshot of another program")
+
+
+def _signature(x: Any) -> tuple[tuple[int, ...], str]:
+    """A state leaf's shape and dtype (an array, its shape-dtype struct, or a Python value)."""
+    import numpy as np
+
+    x = x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+    return tuple(x.shape), str(x.dtype)
 
 
 def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), **kwargs: Any) -> Session:
