@@ -20,6 +20,7 @@ from msrl.config import ExperimentConfig, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError, user_code_error
 from msrl.registry import ALGORITHMS
+from msrl.replay import TrajectoryBuffer
 from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
 TARGET_STEPS_PER_DISPATCH = 16_384
@@ -487,6 +488,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     try:
         if resume:
             session.restore(checkpoint.restore(session.snapshot(skip), states, path), iteration=meta["iteration"])
+            buffer = program.components.get("buffer")
+            if "buffer" in skip and buffer is not None and not isinstance(buffer, TrajectoryBuffer):
+                print(f"msrl: note: run.checkpoint_buffer=false: {type(buffer).__name__} starts empty again (the "
+                      "checkpoint does not hold its content)", file=sys.stderr, flush=True)
             elapsed0, last_return = meta["wall_time"], meta["episode_return"]
             seed_returns = meta.get("episode_return_per_seed", seed_returns)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))

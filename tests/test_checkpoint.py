@@ -81,6 +81,18 @@ def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):
         train(CARTPOLE, QUIET, run_dir=tmp_path / "empty", resume=True)
 
 
+def test_a_resume_without_the_buffer_in_checkpoints_says_the_replay_buffer_starts_empty(tmp_path, capsys):
+    dqn = [*QUIET, "algorithm.buffer_size=2048", "algorithm.learning_starts=64", "run.checkpoint_buffer=false",
+           "run.checkpoint_every_steps=400"]
+    train(EXAMPLES / "dqn_cartpole.yaml", [*dqn, "run.total_env_steps=800"], run_dir=tmp_path)
+    states, _ = checkpoint.load(checkpoint.latest(tmp_path))
+    assert not any("buffer" in key for key in states)
+    capsys.readouterr()
+    summary = train(tmp_path / "config.yaml", ["run.total_env_steps=1200"], run_dir=tmp_path, resume=True)
+    assert summary["iterations"] == 150
+    assert "UniformBuffer starts empty again" in capsys.readouterr().err
+
+
 def test_checkpoints_are_never_unpickled(tmp_path):
     class Boom:
         def __reduce__(self):
