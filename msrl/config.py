@@ -215,8 +215,11 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
     for key, value in algo.items():
         field = model.model_fields.get(key)
         if isinstance(value, list) and field is not None and "list" not in str(field.annotation).lower():
-            if key in sweep:
-                raise ConfigError(f"algorithm.{key}", "is swept twice (a list here and in run.sweep); keep one")
+            same = key in sweep and isinstance(sweep[key], list) and \
+                list(map(_number_or_repr, sweep[key])) == list(map(_number_or_repr, value))
+            if key in sweep and not same:  # the same list twice (a sweep's config.yaml and its list again) is one
+                raise ConfigError(f"algorithm.{key}", f"is swept twice: {quote(value)} here and {quote(sweep[key])} "
+                                  f"in run.sweep; keep one")
             sweep[key] = value
     for key, values in sweep.items():
         field = model.model_fields.get(key)

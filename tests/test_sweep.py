@@ -40,6 +40,10 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     cfg = load_config(CARTPOLE, ["algorithm.gamma=[0.99, 0.9]", "algorithm.hidden=[32, 32]"])
     assert cfg.run.sweep == {"gamma": [0.99, 0.9]} and cfg.algorithm.gamma == 0.99 and cfg.algorithm.hidden == [32, 32]
     assert load_config(cfg.dump()).run.sweep == cfg.run.sweep  # a run directory's config.yaml reads back the same
+    # that config.yaml with the same list again (a resume's command line) is one sweep; another list is refused
+    assert load_config(cfg.dump(), ["algorithm.gamma=[0.99, 9e-1]"]).run.sweep == cfg.run.sweep
+    with pytest.raises(ConfigError, match=r"algorithm.gamma: is swept twice: \[0.99, 0.8\] here and \[0.99, 0.9\]"):
+        load_config(cfg.dump(), ["algorithm.gamma=[0.99, 0.8]"])
     refused = {"algorithm.epochs=[1,2]": "algorithm.epochs: one program sweeps float keys only",
                "algorithm.lr=[0.001,-1]": r"algorithm.lr: .*greater than 0",
                "algorithm.lr=[0.001,abc]": r"algorithm.lr: Input should be a valid number.*\(got 'abc'\)",
