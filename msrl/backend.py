@@ -140,9 +140,13 @@ def gather_receiver(sender: int, senders: int, receivers: int) -> int:
     return sender // (senders // receivers)
 
 
-def concat_along(values: list[Any], axes: list[int | None], what: str = "a gathered value") -> Any:
+def concat_along(values: list[Any], axes: list[int | None], what: str = "a gathered value",
+                 interleave: bool = False) -> Any:
     """Join same-structured pytrees leaf by leaf along each leaf's axis. A leaf with no axis (a scalar) must
-    be the same in every value (it is then kept once): one that differs is an error, never dropped."""
+    be the same in every value (it is then kept once): one that differs is an error, never dropped.
+    ``interleave``: row ``j`` of the joined axis is row ``j // len(values)`` of value ``j % len(values)``
+    (samples from several buffer shards: any run of rows, a multiple of the shards long, holds as many from
+    each), rather than the values one after another."""
     import jax
     import numpy as np
 
@@ -152,7 +156,9 @@ def concat_along(values: list[Any], axes: list[int | None], what: str = "a gathe
     out = []
     for i in range(len(flat[0])):
         if i < len(axes) and axes[i] is not None:
-            out.append(np.concatenate([np.asarray(f[i]) for f in flat], axis=axes[i]))
+            parts, ax = [np.asarray(f[i]) for f in flat], axes[i]
+            joined = np.stack(parts, axis=ax + 1) if interleave else np.concatenate(parts, axis=ax)
+            out.append(joined.reshape(*joined.shape[:ax], -1, *joined.shape[ax + 2:]) if interleave else joined)
             continue
         if any(not np.array_equal(np.asarray(f[i]), np.asarray(flat[0][i])) for f in flat[1:]):
             raise TrainingError(f"{what}: its leaf {i} has no axis to join along and differs between the replicas "
@@ -161,13 +167,19 @@ def concat_along(values: list[Any], axes: list[int | None], what: str = "a gathe
     return jax.tree.unflatten(jax.tree.structure(values[0]), out)
 
 
-def split_along(value: Any, parts: int, axes: list[int | None]) -> list[Any]:
-    """The inverse of :func:`concat_along`: ``parts`` pytrees, each leaf split along its environment axis."""
+def split_along(value: Any, parts: int, axes: list[int | None], interleave: bool = False) -> list[Any]:
+    """The inverse of :func:`concat_along`: ``parts`` pytrees, each leaf split along its axis."""
     import jax
     import numpy as np
 
+    def split(x: np.ndarray, ax: int) -> list[np.ndarray]:
+        if not interleave:
+            return np.split(x, parts, axis=ax)
+        rows = x.reshape(*x.shape[:ax], -1, parts, *x.shape[ax + 1:])
+        return [np.take(rows, r, axis=ax + 1) for r in range(parts)]
+
     leaves, tree = jax.tree.flatten(value)
-    split = [np.split(np.asarray(x), parts, axis=axes[i]) if i < len(axes) and axes[i] is not None
+    split = [split(np.asarray(x), axes[i]) if i < len(axes) and axes[i] is not None
              else [x] * parts for i, x in enumerate(leaves)]
     return [jax.tree.unflatten(tree, [s[r] for s in split]) for r in range(parts)]
 

@@ -1,7 +1,7 @@
 """``replay_server`` (Ape-X, MSRL's replay-server placement): ``actors`` replicas step their environments
 and act; their transitions go to ``shards`` replay-buffer replicas (actor ``i`` feeds shard
 ``i // (actors / shards)``); one learner samples a batch from every shard each update (``batch / shards``
-from each, concatenated), learns, and sends each shard the new priorities of its part. Actors pull the
+from each, interleaved row by row), learns, and sends each shard the new priorities of its part. Actors pull the
 learner's parameters every ``param_sync_every`` iterations.
 
 The loop is cut around the buffer: its calls (insert, sample, update) run on the shards, ``agent_learn``

@@ -734,6 +734,64 @@ class Growth(Simple):
         self.buffer = msrl.TrajectoryBuffer(cfg.steps)
 
 
+# ------------------------------------------------------------------------------------------- sliced samples
+class Tagged(NamedTuple):
+    obs: jax.Array
+    env: jax.Array  # the environment's global index
+
+
+class TaggedAct(NamedTuple):
+    action: jax.Array
+    env: jax.Array
+
+
+class TaggingActor(RandomActor):
+    def init(self, key, env_ids):
+        return {**super().init(key, env_ids), "env": jnp.asarray(env_ids, jnp.int32)}
+
+    def act(self, state, params, obs):
+        keys, out = super().act({"keys": state["keys"]}, params, obs)
+        return {**state, **keys}, TaggedAct(out.action, state["env"])
+
+
+class SlicingLearner(SumLearner):
+    """Learns on one sample in ``updates`` contiguous slices (as msrl.rl.several_updates does); logs the share
+    of each slice's rows that come from the first half of the environments."""
+
+    def __init__(self, updates: int, num_envs: int):
+        self.updates, self.num_envs = updates, num_envs
+
+    def learn(self, state, sample):
+        low = (sample.item.env < self.num_envs // 2).reshape(self.updates, -1).mean(axis=1)
+        return state, {f"slice{i}_low": low[i] for i in range(self.updates)}
+
+
+class SlicesConfig(msrl.AlgorithmConfig):
+    name: str = "slices"
+    batch_size: int = 16
+    updates: int = 2
+
+
+@msrl.register_algorithm("slices")
+class Slices(msrl.Algorithm):
+    """One sample of ``batch_size * updates`` transitions, learned on in slices."""
+
+    Config = SlicesConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.actor = TaggingActor(ctx.env_spec.action_space.n)
+        self.learner = SlicingLearner(cfg.updates, ctx.num_envs)
+        self.buffer = msrl.UniformBuffer(1024)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action)
+        msrl.buffer_insert(Tagged(obs, out.env))
+        return msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size * self.cfg.updates))
+
+
 # ------------------------------------------------------------------------------------------- host envs
 class Shifty(gymnasium.Env):
     """CartPole-shaped until its 40th step (20th for "explode"), then by ``mode``: a wrong observation shape,

@@ -18,6 +18,8 @@ import msrl
 from msrl.config import load_config
 from msrl.errors import CompileError, ConfigError
 
+import loops  # noqa: F401 - registers the "slices" algorithm
+
 DQN = Path(__file__).resolve().parent.parent / "examples" / "dqn_cartpole.yaml"
 SMALL = ["run.seed=0", "algorithm.buffer_size=4096", "algorithm.batch_size=32", "algorithm.hidden=[32]",
          "algorithm.rollout_len=2", "algorithm.updates=2", "algorithm.prioritized=true", "algorithm.eps_start=0.2",
@@ -77,6 +79,16 @@ def test_two_shards_are_sampled_and_get_their_priorities_back():
     for shard in snaps[12]["replay"]:  # both shards were sampled and had priorities set
         leaves = np.asarray(shard["buffer"].tree[0])
         assert len(np.unique(leaves[leaves > 0])) > 2
+
+
+def test_every_run_of_rows_of_a_sharded_sample_draws_from_every_shard():
+    """A loop that learns on one sample in contiguous slices (SAC's and TD3's ``updates``): the shards' parts
+    are interleaved, so each slice holds as many rows of each shard's environments (they were one shard's
+    each when joined one after another)."""
+    cfg = {"algorithm": {"name": "slices"}, "env": {"id": "gymnax:CartPole-v1", "num_envs": 8}}
+    with msrl.Session(cfg, list(server(2, 2)), seed=0) as session:
+        rows = session.run(3)
+    assert all(r["slice0_low"] == r["slice1_low"] == 0.5 for r in rows)
 
 
 def test_actors_pull_parameters_every_param_sync_every_iterations():

@@ -284,7 +284,7 @@ class ReplicaDriver:
                 self.mailbox.cond.notify_all()
             parts = dict.fromkeys(range(n), shared)
         elif comm.op == "scatter":
-            parts = dict(enumerate(split_along(value, n, self.program.comm_axes(comm))))
+            parts = dict(enumerate(split_along(value, n, self.program.comm_axes(comm), comm.axis == "batch")))
         elif comm.op == "gather":  # to the receiver whose group this replica is in
             parts = {gather_receiver(self.key[1], self.replicas[comm.src_fragment], n): value}
         else:  # send: replica i to replica i
@@ -307,8 +307,8 @@ class ReplicaDriver:
         values = self.mailbox.take([(cid, s, self.iteration - comm.lag, count) for s in senders])
         values = [self.transport.fetch(v) for v in values]
         self._doing(doing)
-        value = (concat_along(values, self.program.comm_axes(comm), f"`{comm.var}` from {comm.src_fragment!r}")
-                 if comm.op == "gather" else values[0])
+        value = (concat_along(values, self.program.comm_axes(comm), f"`{comm.var}` from {comm.src_fragment!r}",
+                              interleave=comm.axis == "batch") if comm.op == "gather" else values[0])
         self.last[cid] = value = self.place(value)
         return value
 
