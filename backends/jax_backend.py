@@ -154,7 +154,7 @@ class JaxRuntime(Runtime):
                            {k: v for k, v in self._state.items() if k not in skip})
         return {self.fragment.name: [one] * self.replicas}
 
-    def restore(self, snapshot: dict[str, list[dict]]) -> None:
+    def restore(self, snapshot: dict[str, list[dict]], iteration: int | None = None) -> None:
         self._state = {**self._state, **self._place(snapshot[self.fragment.name])}
 
     def params(self) -> Any:

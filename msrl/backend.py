@@ -45,8 +45,10 @@ class Runtime:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "dtype") else x,
                             self.snapshot(skip))
 
-    def restore(self, snapshot: dict[str, list[dict[str, Any]]]) -> None:
-        """Set the component states found in ``snapshot`` (as :meth:`snapshot` returns them); others stay."""
+    def restore(self, snapshot: dict[str, list[dict[str, Any]]], iteration: int | None = None) -> None:
+        """Set the component states found in ``snapshot`` (as :meth:`snapshot` returns them); others stay.
+        ``iteration``: the iteration the snapshot was taken after, where the run continues (a schedule of
+        communication, such as a parameter pull every few iterations, goes on from there)."""
         raise NotImplementedError
 
     def at_rest(self) -> bool:

@@ -19,6 +19,7 @@ from msrl import checkpoint
 from msrl.runner import train
 
 import loops  # noqa: F401 - registers the "growth" algorithm
+from helpers import max_diff
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CARTPOLE = str(EXAMPLES / "ppo_cartpole.yaml")
@@ -69,6 +70,39 @@ def test_threads_coarse_resume_continues(tmp_path):
     # the learner made exactly 80 updates of 4 epochs x 4 minibatches (optimizer step counts)
     counts = {int(x) for x in leaves if x is not None and x.dtype == np.int32 and x.shape == ()}
     assert 80 * 4 * 4 in counts
+
+
+RESUMED = {  # policies whose actors act with parameters of an earlier iteration than the learner's
+    "pull_every_3": (EXAMPLES / "dqn_replay_server.yaml",
+                     ["algorithm.hidden=[32]", "algorithm.learning_starts=64", "algorithm.buffer_size=4096",
+                      "algorithm.batch_size=64", "algorithm.prioritized=true", "policy.param_sync_every=3"]),
+    "sync_false": (EXAMPLES / "impala_cartpole.yaml", ["algorithm.hidden=[32]", "policy.name=single_learner_coarse",
+                                                      "policy.actors=2", "policy.sync=false"]),
+}
+
+
+@pytest.mark.parametrize("case,backend", [("pull_every_3", "threads"), ("sync_false", "threads"),
+                                          ("sync_false", "ray")])  # ray: a restore sends across processes
+def test_a_restored_run_pulls_parameters_as_the_uninterrupted_one(case, backend, request):
+    """Restored after iteration 4 (between two pulls of every 3rd iteration; with the actors one update
+    behind), the run goes on as if never stopped: the same rows (policy_lag too) and the same states."""
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    config, overrides = RESUMED[case]
+    overrides = [*overrides, f"policy.backend={backend}"]
+    with msrl.Session(config, overrides, seed=0) as straight:
+        rows = straight.run(4)
+        snap = straight.snapshot()
+        rows += straight.run(5)
+        end = straight.snapshot()
+    with msrl.Session(config, overrides, seed=0) as resumed:
+        resumed.restore(snap, iteration=4)
+        again = resumed.run(5)
+        assert max_diff(resumed.snapshot(), end) == 0.0
+    same = ("iteration", "policy_lag", "episodes", "episode_return", "loss")
+    assert [{k: r.get(k) for k in same} for r in again] == [{k: r.get(k) for k in same} for r in rows[4:]]
+    assert [r["policy_lag"] for r in rows] == ([0, 0, 1, 2, 0, 1, 2, 0, 1] if case == "pull_every_3" else
+                                               [0] + [1] * 8)
 
 
 def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):

@@ -294,8 +294,8 @@ class ReplicaDriver:
 
     def recv(self, cid: str) -> Any:
         comm = self.comms[cid]
-        if self.iteration % comm.every:
-            return self.last[cid]
+        if self.iteration % comm.every:  # the last value received (after a restore: the one the state holds)
+            return self.last[cid] if cid in self.last else self.state[comm.var.lstrip("@")]
         if self.iteration < comm.lag:  # nothing sent that early: the value this replica holds
             return self.state[comm.var.lstrip("@")]
         self.flush()
@@ -335,8 +335,24 @@ class ReplicaDriver:
     def get_state(self, skip: tuple[str, ...] = ()) -> dict:
         return self.host({k: v for k, v in self.state.items() if k not in skip})
 
-    def set_state(self, state: dict) -> None:
+    def set_state(self, state: dict, iteration: int | None = None) -> None:
+        """Set the states in ``state``; with ``iteration``, continue a restored run after that iteration: the
+        comms' schedules go on from it, and a lagged parameter broadcast this replica sends gets the value it
+        sent in the iteration before (the restored learner's parameters), which the receivers take next."""
         self.state = {**self.state, **self.place(state)}
+        if iteration is None:
+            return
+        self.mailbox.restart_at(iteration - 1)
+        self.last, self.counts = {}, {}
+        for c in self.comms.values():
+            if c.lag and c.src_fragment == self.key[0] and iteration >= c.lag:
+                if c.lag > 1 or c.var != "@params":
+                    raise TrainingError(f"`{c.var}` crosses with a lag of {c.lag} iterations: a restored run cannot "
+                                        "send again what it sent before the snapshot")
+                self.iteration = iteration - 1
+                self.send(c.id, self.program.components["learner"].policy_params(self.state["learner"]))
+                self.flush()
+        self.iteration, self.counts = iteration, {}
 
     def params(self) -> Any:
         return self.program.components["learner"].policy_params(self.host(self.state["learner"]))
@@ -412,10 +428,12 @@ class ReplicaRuntime(Runtime):
             out.setdefault(key[0], []).append(states[key])
         return {**out, **services.snapshot(self.program.services)}
 
-    def restore(self, snapshot: dict[str, list[dict]]) -> None:
+    def restore(self, snapshot: dict[str, list[dict]], iteration: int | None = None) -> None:
         for key in self.keys:
-            self._call([key], "set_state", snapshot[key[0]][key[1]])
+            self._call([key], "set_state", snapshot[key[0]][key[1]], iteration)
         services.restore(self.program.services, snapshot)
+        if iteration is not None:
+            self.iteration = iteration
 
     def params(self) -> Any:
         held = services.held_params(self.program)

@@ -119,7 +119,7 @@ class Session:
         the structure, shapes and dtypes of this session's own (a snapshot of this program)."""
         self._open()
         _check_like(snapshot, self.runtime.shapes())
-        self.runtime.restore(snapshot)
+        self.runtime.restore(snapshot, iteration)
         if iteration is not None:
             self.iteration = int(iteration)
 
