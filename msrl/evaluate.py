@@ -215,12 +215,13 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         raise ConfigError("--render", f"{env_id} cannot render here: {e}") from None
     initial_carry, act = policy
     carry, start, done = initial_carry(1), np.ones(1, bool), False
+    shift = int(env.action_space.start) if isinstance(env.action_space, gymnasium.spaces.Discrete) else 0
     while not done and len(frames) < MAX_FRAMES:
         seen = np.asarray(obs, np.float32).copy()
         seen.reshape(-1)[mask] = 0.0  # env.kwargs.mask_obs, as in training
         carry, action = act(params, carry, seen[None], start)
         action, start = np.asarray(action)[0], np.zeros(1, bool)
-        obs, _, terminated, truncated, _ = env.step(action)
+        obs, _, terminated, truncated, _ = env.step(action + shift)
         frames.append(env.render())
         done = terminated or truncated
     env.close()

@@ -822,6 +822,36 @@ class Shifty(gymnasium.Env):
 gymnasium.register(id="MsrlShifty-v0", entry_point=Shifty)
 
 
+class Quirky(gymnasium.Env):
+    """Gymnasium-API corners, by ``mode``: "limit" ends in a terminal state on its 5th step, which its
+    TimeLimit of 5 also truncates; "start" takes actions 1..3 (``Discrete(3, start=1)``) and refuses others;
+    "old_step" and "old_reset" return what the old Gym API did."""
+
+    observation_space = gymnasium.spaces.Box(-10.0, 10.0, (2,), np.float32)
+
+    def __init__(self, mode: str = "limit"):
+        self.mode = mode
+        self.action_space = gymnasium.spaces.Discrete(3, start=1 if mode == "start" else 0)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        obs = np.zeros(2, np.float32)
+        return obs if self.mode == "old_reset" else (obs, {})
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action} is not in {self.action_space}")
+        self.t += 1
+        obs = np.full(2, self.t, np.float32)
+        if self.mode == "old_step":
+            return obs, 1.0, False, {}
+        return obs, 1.0, self.t >= 5, False, {}
+
+
+gymnasium.register(id="MsrlQuirky-v0", entry_point=Quirky, max_episode_steps=5)
+
+
 # ------------------------------------------------------------------------------------------- EnvStep fields
 class Full(NamedTuple):
     obs: jax.Array

@@ -156,6 +156,29 @@ def test_env_step_tells_termination_from_truncation_with_the_final_observation()
         assert seen >= 2, env_id
 
 
+def test_gymnasium_corners_a_terminal_time_limit_step_a_shifted_discrete_space_and_the_old_api():
+    import loops  # noqa: F401 - registers gymnasium's MsrlQuirky-v0
+
+    env = make_env("gymnasium:MsrlQuirky-v0")  # terminal on the step its time limit truncates: terminal
+    state = env.init(jax.random.PRNGKey(0), np.arange(2))
+    for _ in range(5):
+        state, out = env.step(state, np.zeros(2, np.int32))
+    assert out.terminated.all() and not out.truncated.any()
+
+    env = make_env("gymnasium:MsrlQuirky-v0", mode="start")  # Discrete(3, start=1): msrl's 0..2 are its 1..3
+    assert env.spec.action_space.n == 3
+    state = env.init(jax.random.PRNGKey(0), np.arange(3))
+    state, out = env.step(state, np.array([0, 1, 2], np.int32))  # (the env raises on an action outside 1..3)
+    assert np.asarray(out.reward).tolist() == [1.0] * 3
+
+    with pytest.raises(TypeError, match=r"Quirky.step\(\) returned what Gymnasium's wrappers cannot unpack; .*returns \(obs, reward, "
+                                        r"terminated, truncated, info\) \(an env of the old Gym API returns 4\)"):
+        env = make_env("gymnasium:MsrlQuirky-v0", mode="old_step")
+        env.step(env.init(jax.random.PRNGKey(0), np.arange(1)), np.zeros(1, np.int32))
+    with pytest.raises(TypeError, match=r"Quirky.reset\(\) returned a ndarray; Gymnasium's API returns \(obs, info\)"):
+        make_env("gymnasium:MsrlQuirky-v0", mode="old_reset").init(jax.random.PRNGKey(0), np.arange(1))
+
+
 @pytest.mark.parametrize("env_id, kwargs, policies", [
     ("gymnax:Pendulum-v1", {}, ["policy.name=fused", "policy.name=single_learner_coarse policy.actors=2",
                                 "policy.name=single_learner_fine policy.actors=2"]),

@@ -19,12 +19,35 @@ from typing import Any
 
 def step_one(env: Any, action: Any) -> tuple[Any, Any, bool, bool, Any]:
     """One step of one env with msrl's auto-reset in the same step: ``(obs, reward, terminated, truncated,
-    first)``, where ``first`` is the next episode's first observation if this step ended one (else None) and an
-    episode cut by a time limit is not terminal (it is bootstrapped, even if it also ended)."""
-    obs, reward, terminated, truncated, _ = env.step(action)
-    truncated = bool(truncated)
-    terminated = bool(terminated) and not truncated
-    return obs, reward, terminated, truncated, env.reset()[0] if terminated or truncated else None
+    first)``, where ``first`` is the next episode's first observation if this step ended one (else None). A
+    terminal state is terminal even on the time limit's step (the env says both): it is not bootstrapped."""
+    try:
+        out = env.step(action)
+    except ValueError as e:  # a wrapper of Gymnasium's (TimeLimit) unpacking what the env returned
+        if "values to unpack" not in str(e) or "gymnasium" not in traceback.extract_tb(e.__traceback__)[-1].filename:
+            raise
+        out = None
+    if not isinstance(out, tuple) or len(out) != 5:
+        got = "what Gymnasium's wrappers cannot unpack" if out is None else _count(out)
+        raise TypeError(f"{type(env.unwrapped).__name__}.step() returned {got}; Gymnasium's API returns "
+                        "(obs, reward, terminated, truncated, info) (an env of the old Gym API returns 4)")
+    obs, reward, terminated, truncated, _ = out
+    terminated = bool(terminated)
+    truncated = bool(truncated) and not terminated
+    return obs, reward, terminated, truncated, reset_one(env) if terminated or truncated else None
+
+
+def reset_one(env: Any, seed: int | None = None) -> Any:
+    """The first observation of a new episode of ``env``."""
+    out = env.reset(seed=seed) if seed is not None else env.reset()
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(f"{type(env.unwrapped).__name__}.reset() returned {_count(out)}; Gymnasium's API returns "
+                        "(obs, info) (an env of the old Gym API returns the observation alone)")
+    return out[0]
+
+
+def _count(out: Any) -> str:
+    return f"{len(out)} values" if isinstance(out, tuple) else f"a {type(out).__name__}"
 
 
 def serve(conn: Any) -> None:
@@ -43,7 +66,7 @@ def serve(conn: Any) -> None:
                 value = []
                 for at, seed in enumerate(seeds):
                     envs.append(gymnasium.make(spec, disable_env_checker=True, **kwargs))
-                    value.append(envs[-1].reset(seed=seed)[0])
+                    value.append(reset_one(envs[-1], seed))
             elif command == "step":  # one action per env
                 value = []
                 for at, (env, action) in enumerate(zip(envs, arg)):
@@ -51,7 +74,7 @@ def serve(conn: Any) -> None:
             elif command == "reset":
                 value = []
                 for at, env in enumerate(envs):
-                    value.append(env.reset()[0])
+                    value.append(reset_one(env))
             elif command == "close":
                 for env in envs:
                     env.close()

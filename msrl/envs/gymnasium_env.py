@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
-from msrl.envs.gym_worker import step_one
+from msrl.envs.gym_worker import reset_one, step_one
 from msrl.errors import ConfigError, TrainingError
 
 
@@ -74,15 +74,19 @@ def seed_words(key: jax.Array, env_ids: Any) -> list[int]:
     return [int(np.random.SeedSequence([*words, int(i)]).generate_state(1)[0]) for i in np.asarray(env_ids)]
 
 
-def host_spaces(env_id: str, obs_space: Any, act_space: Any, obs_hint: str = "") -> Discrete | Box:
+def host_spaces(env_id: str, obs_space: Any, act_space: Any, obs_hint: str = "", shifts: bool = False
+                ) -> Discrete | Box:
     """msrl's action space for a Gymnasium-API env's spaces (a ConfigError on ``env.id`` for what msrl does not
-    take: observations other than a Box, actions other than Discrete or Box)."""
+    take: observations other than a Box, actions other than Discrete or Box). msrl's discrete actions count from
+    0: a ``Discrete(n, start=k)`` is taken only where the caller ``shifts`` them by ``k``."""
     import gymnasium
 
     if not isinstance(obs_space, gymnasium.spaces.Box):
         raise ConfigError("env.id", f"{env_id} has a {type(obs_space).__name__} observation space; "
                           f"msrl supports Box observations{obs_hint}")
     if isinstance(act_space, gymnasium.spaces.Discrete):
+        if int(act_space.start) and not shifts:
+            raise ConfigError("env.id", f"{env_id}'s actions are {act_space}: msrl takes discrete actions from 0")
         return Discrete(int(act_space.n))
     if isinstance(act_space, gymnasium.spaces.Box):
         return Box(act_space.low.astype(np.float32), act_space.high.astype(np.float32), tuple(act_space.shape))
@@ -203,7 +207,8 @@ class GymnasiumEnv(Environment):
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
         action_space = host_spaces(f"gymnasium:{name}", obs_space, act_space,
-                                   " (wrap it with gymnasium's FlattenObservation)")
+                                   " (wrap it with gymnasium's FlattenObservation)", shifts=True)
+        self.start = int(act_space.start) if isinstance(act_space, gymnasium.spaces.Discrete) else 0
         self.spec = EnvSpec(f"gymnasium:{name}", tuple(obs_space.shape), np.dtype(np.float32), action_space)
 
     def init(self, key: jax.Array, env_ids: Any) -> HostEnvState:
@@ -217,7 +222,7 @@ class GymnasiumEnv(Environment):
         else:
             for seed in seed_words(key, env_ids):
                 env = gymnasium.make(self.name, disable_env_checker=True, **self.kwargs)
-                first.append(env.reset(seed=seed)[0])
+                first.append(reset_one(env, seed))
                 envs.append(env)
         n = len(first)
         state = HostEnvState(envs, np.zeros((n, *self.spec.obs_shape), np.float32), EpisodeCounts.zeros(n),
@@ -233,7 +238,7 @@ class GymnasiumEnv(Environment):
         return state, state.counts.running_length == 0
 
     def reset(self, state: HostEnvState):
-        first = state.workers.call("reset") if state.workers else [env.reset()[0] for env in state.envs]
+        first = state.workers.call("reset") if state.workers else [reset_one(env) for env in state.envs]
         state.obs = np.stack(first).astype(np.float32)
         state.counts.restart()
         return state, state.obs
@@ -242,6 +247,8 @@ class GymnasiumEnv(Environment):
         action = np.asarray(action)
         if isinstance(self.spec.action_space, Box):
             action = np.clip(action, self.spec.action_space.low, self.spec.action_space.high)
+        elif self.start:  # a Discrete(n, start=k): msrl's action i is the env's k + i
+            action = action + self.start
         actions = action.tolist() if action.ndim == 1 else list(action)
         if state.workers is not None:
             state.busy, state.beat = -1, time.monotonic()
