@@ -28,6 +28,20 @@ class Context:
     updates_per_iteration: int = 1  # learner updates per iteration over all replicas (async: one per worker)
     learner_replicas: int = 1  # learners that each learn on an equal share of the envs (multi_learner, async)
 
+    def per_run(self, env_steps: int, times: int = 1) -> int:
+        """How often something done every ``env_steps`` env steps (an iteration, say), ``times`` each, happens in
+        the run (at least ``times``): the length of a schedule over the run. It must fit the int32 counter JAX
+        steps a schedule with (a ConfigError on ``run.total_env_steps`` otherwise)."""
+        from msrl.config import INT32_MAX
+        from msrl.errors import ConfigError
+
+        count = max(1, self.total_env_steps // env_steps) * times
+        if count > INT32_MAX:
+            raise ConfigError("run.total_env_steps", f"{self.total_env_steps:,} env steps make {count:,} steps of a "
+                              f"schedule (every {env_steps:,} env steps, {times} each), more than an int32 counter holds "
+                              f"({INT32_MAX:,}): fewer env steps per run")
+        return count
+
     @property
     def learner_envs(self) -> int:
         """The environments one learner replica sees the steps of (its share of ``num_envs``)."""

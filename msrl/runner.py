@@ -411,7 +411,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         before = (meta["config"].get("run") or {}).get("total_env_steps")
         if before is not None and before != cfg.run.total_env_steps:
             print(f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; a schedule "
-                  "built from it (anneal_lr, an epsilon or entropy decay) is stretched to the new total from the "
+                  "built from it (anneal_lr, prioritized replay's beta) is stretched to the new total from the "
                   "checkpoint on, so the run differs from one of either length", file=sys.stderr, flush=True)
     run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
     prepare_run_dir(run_dir, resume, overwrite)

@@ -97,6 +97,7 @@ def test_prioritized_loop_with_buffer_update_compiles_and_runs_fused():
     ("algorithm.tau=0", "algorithm.tau"),
     ("algorithm.exploration=boltzmann", "algorithm.exploration"),
     ("env.id=gymnax:Pendulum-v1", "algorithm.name"),
+    ("run.total_env_steps=1e11", "run.total_env_steps"),  # 2.5e10 updates: more than the schedules' int32 counts
 ])
 def test_bad_config_names_the_key(override, key):
     with pytest.raises(msrl.ConfigError) as err:

@@ -115,8 +115,7 @@ class A2C(msrl.Algorithm):
         net = actor_critic(ctx.env_spec, cfg, "A2C")
         self.actor = ActorCriticActor(net)  # samples from the policy; its value output goes unused
         self.learner = A2CLearner(net, cfg, ctx.env_spec.example_obs(),
-                                  max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len)
-                                      * ctx.updates_per_iteration))
+                                  ctx.per_run(ctx.num_envs * cfg.rollout_len, ctx.updates_per_iteration))
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 
     def train_step(self):

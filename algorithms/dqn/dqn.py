@@ -161,6 +161,7 @@ class DQNLearner(msrl.Learner):
         new = {"params": params, "target": optax.incremental_update(params, state["target"], step),
                "opt_state": opt_state, "updates": count}
         ready = sample.size >= max(cfg.learning_starts, 1)
+        metrics = {**metrics, "learning": ready.astype(jnp.float32)}  # 0 until learning_starts: no update yet
         return jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, state), (metrics, td)
 
 
@@ -182,12 +183,12 @@ class DQN(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.learning_starts", f"{cfg.learning_starts} is more than buffer_size "
                                    f"{cfg.buffer_size}: learning would never start")
         net = QNetwork(action_dim(spec), len(spec.obs_shape), tuple(cfg.hidden))
-        iterations = max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len))
+        updates = ctx.per_run(ctx.num_envs * cfg.rollout_len, cfg.updates)
         self.actor = EpsilonGreedy(net, cfg, ctx.num_envs)
-        self.learner = DQNLearner(net, cfg, spec.example_obs(), iterations * cfg.updates)
+        self.learner = DQNLearner(net, cfg, spec.example_obs(), updates)
         window = cfg.n_step + 1  # an entry is n + 1 consecutive steps of one environment
         self.buffer = (msrl.PrioritizedBuffer(cfg.buffer_size, cfg.per_alpha, cfg.per_beta, 1.0,
-                                              iterations * cfg.updates, sequence_length=window)
+                                              updates, sequence_length=window)
                        if cfg.prioritized else msrl.UniformBuffer(cfg.buffer_size, sequence_length=window))
 
     def train_step(self):

@@ -169,10 +169,9 @@ class RecurrentDQN(DQN):
         net = RecurrentQNetwork(action_dim(spec), len(spec.obs_shape), tuple(cfg.hidden), cfg.memory_size)
         self.actor = RecurrentEpsilonGreedy(net, cfg, ctx.num_envs)
         self.learner = RecurrentDQNLearner(net, cfg, spec.example_obs(), self.learner.num_updates)
-        iterations = max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len))
         window = cfg.sequence_length
         self.buffer = (msrl.PrioritizedBuffer(cfg.buffer_size, cfg.per_alpha, cfg.per_beta, 1.0,
-                                              iterations * cfg.updates, sequence_length=window)
+                                              self.learner.num_updates, sequence_length=window)
                        if cfg.prioritized else msrl.UniformBuffer(cfg.buffer_size, sequence_length=window))
 
     def train_step(self):

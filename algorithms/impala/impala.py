@@ -132,7 +132,7 @@ class IMPALA(msrl.Algorithm):
         net = actor_critic(ctx.env_spec, cfg, "IMPALA")
         self.actor = ActorCriticActor(net)  # samples, and returns the sampled action's log-probability
         self.learner = IMPALALearner(net, cfg, ctx.env_spec.example_obs(),
-                                     max(1, ctx.total_env_steps // (ctx.num_envs * cfg.rollout_len)))
+                                     ctx.per_run(ctx.num_envs * cfg.rollout_len))
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 
     def train_step(self):

@@ -220,7 +220,7 @@ class SACLearner(OffPolicyLearner):
                "key": key, "opt_state": opt}
         ready = sample.size >= max(cfg.learning_starts, 1)
         new = jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, {**state, "key": key})
-        return new, {**m_c, **m_a, "alpha": alpha}
+        return new, {**m_c, **m_a, "alpha": alpha, "learning": ready.astype(jnp.float32)}
 
 
 class ContinuousOffPolicy(msrl.Algorithm):

@@ -120,7 +120,7 @@ class TD3Learner(OffPolicyLearner):
                "opt_state": {"critic": opt_c, "actor": keep(opt_a, state["opt_state"]["actor"])}}
         ready = sample.size >= max(cfg.learning_starts, 1)
         new = jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, {**state, "key": key})
-        return new, {**m_c, **m_a}
+        return new, {**m_c, **m_a, "learning": ready.astype(jnp.float32)}
 
 
 class TD3(ContinuousOffPolicy):
