@@ -176,6 +176,10 @@ class FragmentWorker:
             if sent >= 0:
                 params = self.transport.fetch(ray.get(sender.call.remote("sent_value", cid, sent)))
                 self.driver.state["params"] = self.driver.last[cid] = params
+            if comm.lag and iteration >= comm.lag:  # what it takes at `iteration`, sent to its dead process
+                late = iteration - comm.lag
+                self.driver.mailbox.put((comm.src_fragment, 0), late,
+                                        [(cid, 0, ray.get(sender.call.remote("sent_value", cid, late)))])
         return self.run(iterations)
 
     def deliver(self, sender: tuple[str, int], iteration: int, messages: list) -> None:

@@ -154,6 +154,22 @@ def test_chaos_random_actor_kills_every_few_seconds():
             stop.set()
 
 
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_killed_actor_rejoins_a_run_whose_actors_act_one_update_behind():
+    """``sync: false``: the parameters an actor takes in iteration i were sent in i - 1, to the process that died;
+    the restarted one gets them (it waited for them until the stall limit before)."""
+    from msrl.config import load_config
+
+    cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                                       "policy.actors=2", "env.num_envs=4", "policy.sync=false"])
+    with msrl.Session(cfg, seed=0, stall_timeout_s=60) as session:
+        rows = session.run(3)
+        os.kill(session.runtime.where()[("actor", 1)][1], signal.SIGKILL)
+        rows += session.run(4)
+        assert session.runtime.restarts == {("actor", 1): 1}
+        assert [r["policy_lag"] for r in rows] == [0] + [1] * 6 and all(np.isfinite(r["loss"]) for r in rows)
+
+
 def _unwritable_dir(tmp_path: Path) -> Path | None:
     """An empty directory this process cannot write to (root ignores permissions: sysfs then), or None."""
     folder = tmp_path / "read-only"

@@ -260,8 +260,10 @@ class ReplicaDriver:
                              f"{e}\n{traceback.format_exc()}")
 
     def restart(self, iteration: int) -> None:
-        """Continue at ``iteration`` with fresh environments and keys (after the process was restarted)."""
-        self.mailbox.restart_at(iteration)
+        """Continue at ``iteration`` with fresh environments and keys (after the process was restarted). A value
+        that crosses with a lag (``sync: false``'s parameters) was sent for an earlier iteration: it is taken."""
+        lag = max((c.lag for c in self.comms.values() if c.dst_fragment == self.key[0]), default=0)
+        self.mailbox.restart_at(iteration - lag)
         self.iteration = iteration
         self.state = self.place(self.program.init_states(self.frag.state_keys, self.seed, self.env_ids,
                                                          fold=iteration))
