@@ -36,7 +36,7 @@ from ray import cloudpickle  # not the cloudpickle package: from 3.1.3 it rename
 from msrl import services
 from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
 from msrl.compiler.ir import walk
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import USER_MODULES
 from msrl.runtime.driver import POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
@@ -113,6 +113,13 @@ class FragmentWorker:
     """The body of the Ray actor of one fragment replica: its driver, reached by the runtime and peers."""
 
     def __init__(self, recipe: bytes, key: tuple[str, int], seed: int, env_ids: Any, driver: dict, spmd: bool):
+        self.failed: Exception | None = None  # raised by connect(): Ray reports a constructor's error without it
+        try:
+            self._start(recipe, key, seed, env_ids, driver, spmd)
+        except Exception as e:  # noqa: BLE001 - the runtime's first call raises it
+            self.failed = e
+
+    def _start(self, recipe: bytes, key: tuple[str, int], seed: int, env_ids: Any, driver: dict, spmd: bool) -> None:
         for path in reversed(driver["sys_path"]):  # the driver's modules (the algorithm's file) import here too
             if path not in sys.path:
                 sys.path.insert(0, path)
@@ -130,6 +137,8 @@ class FragmentWorker:
         processes first, so collectives span them."""
         from msrl.compiler import compile as compile_program
 
+        if self.failed is not None:
+            raise self.failed
         recipe, key, seed, env_ids, expected = self.args
         if group is not None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -157,6 +166,8 @@ class FragmentWorker:
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def connect(self, peers: dict[tuple[str, int], Any], hosts: dict[str, Any]) -> None:
+        if self.failed is not None:
+            raise self.failed
         self.transport.peers = peers
         for name, host in hosts.items():  # the policy's services, each a Ray actor
             self.driver.program.services[name].target = host
@@ -256,9 +267,15 @@ class RayRuntime(ReplicaRuntime):
                                    strict=True))
         except BaseException as e:
             self.close()
+            if isinstance(e, ray.exceptions.RayTaskError) and isinstance(e.cause, MsrlError):
+                raise e.cause from None  # what the replica found wrong (an env's observations, say), as on threads
             if isinstance(e, ray.exceptions.RayError):
-                raise TrainingError(f"a fragment replica could not start:\n{e}\n(on ray, the algorithm's module "
-                                    "must be importable on every node)") from None
+                cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) and e.cause is not None else e
+                raise TrainingError(f"a fragment replica could not start: {type(cause).__name__}: "
+                                    f"{(str(cause).strip().splitlines() or [''])[0]}\n(a Ray actor imports the "
+                                    "modules given to --import, and the driver's sys.path: the algorithm's module, "
+                                    "and one that registers what the config names, must be importable there)"
+                                    ) from None
             raise
 
     def where(self) -> dict[tuple[str, int], tuple[str, int]]:

@@ -156,3 +156,18 @@ def test_imported_user_modules_are_imported_in_every_ray_worker(tmp_path):
                  "run.total_env_steps=2048", "env.subprocesses=2",  # and the Ray actors' worker processes make it too
                  "run.progress=false", "run.tensorboard=false", "--run-dir", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["backend"] == "ray"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("mode, message", [
+    ("wide", r"^environment gymnasium:MsrlQuirky-v0 #0 at step 0 returned an observation of float32\[2\], but its "
+             r"observations are float32\[3\]$"),  # msrl's own error, as on threads
+    ("old_reset", r"^a fragment replica could not start: TypeError: Quirky.reset\(\) returned a ndarray; .*\n\(a Ray "
+                  r"actor imports the modules given to --import"),
+])
+def test_a_replica_that_cannot_start_on_ray_says_why_in_a_line(mode, message):
+    import loops  # noqa: F401 - registers gymnasium's MsrlQuirky-v0
+
+    with pytest.raises(msrl.MsrlError, match=message):
+        msrl.Session(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=1",
+                                "env.id=gymnasium:MsrlQuirky-v0", f"env.kwargs.mode={mode}"])

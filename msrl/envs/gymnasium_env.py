@@ -101,7 +101,7 @@ class Workers:
 
     SCRIPT = str(Path(__file__).with_name("gym_worker.py"))
 
-    def __init__(self, env_id: str, count: int, name: str, kwargs: dict, seeds: list[int], ids: np.ndarray):
+    def __init__(self, env_id: str, count: int, spec: Any, kwargs: dict, seeds: list[int], ids: np.ndarray):
         self.env_id, self.ids = env_id, ids
         self.parts = np.array_split(np.arange(len(seeds)), min(count, len(seeds)))
         self.procs: list[subprocess.Popen] = []
@@ -113,9 +113,6 @@ class Workers:
             theirs.close()
             self.conns.append(Connection(mine.detach()))
             self.conns[-1].send(sys.path)
-        import gymnasium
-
-        spec = name if ":" in name else gymnasium.spec(name)  # "module:id" imports its module in the worker
         try:
             self.first = self.call("make", [(spec, kwargs, [seeds[i] for i in p]) for p in self.parts])
         except (pickle.PicklingError, AttributeError, TypeError) as e:
@@ -206,6 +203,9 @@ class GymnasiumEnv(Environment):
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: {e}") from None
         obs_space, act_space = probe.observation_space, probe.action_space
         probe.close()
+        # what makes its envs wherever this object goes (a Ray actor, a worker process): the registered spec, so an
+        # env registered by the user's code needs no registration there ("module:id" imports its module there)
+        self.made_from = name if ":" in name else gymnasium.spec(name)
         action_space = host_spaces(f"gymnasium:{name}", obs_space, act_space,
                                    " (wrap it with gymnasium's FlattenObservation)", shifts=True)
         self.start = int(act_space.start) if isinstance(act_space, gymnasium.spaces.Discrete) else 0
@@ -216,12 +216,12 @@ class GymnasiumEnv(Environment):
 
         envs, first, workers = [], [], None
         if self.subprocesses:
-            workers = Workers(self.spec.id, self.subprocesses, self.name, self.kwargs, seed_words(key, env_ids),
+            workers = Workers(self.spec.id, self.subprocesses, self.made_from, self.kwargs, seed_words(key, env_ids),
                               np.asarray(env_ids))
             first = workers.first
         else:
             for seed in seed_words(key, env_ids):
-                env = gymnasium.make(self.name, disable_env_checker=True, **self.kwargs)
+                env = gymnasium.make(self.made_from, disable_env_checker=True, **self.kwargs)
                 first.append(reset_one(env, seed))
                 envs.append(env)
         n = len(first)
