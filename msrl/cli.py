@@ -119,7 +119,7 @@ def _graph_png(program: Any, path: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from msrl.runner import train
+    from msrl.runner import summary_json, train
 
     if args.resume and args.run_dir and Path(args.run_dir).resolve() != Path(args.resume).resolve():
         raise ConfigError("--resume", "a resumed run continues in its own directory; drop --run-dir")
@@ -132,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("config", "msrl train needs a config file (or --resume RUN_DIR, which reads the run's own)")
     summary = train(config, overrides, run_dir=args.resume or args.run_dir, resume=bool(args.resume),
                     overwrite=args.overwrite)
-    print(json.dumps(summary, indent=2))
+    print(summary_json(summary))
     return 0
 
 

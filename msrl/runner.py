@@ -333,6 +333,18 @@ class TrainResult(dict):
     rows: list[dict[str, float]]
 
 
+def summary_json(summary: dict) -> str:
+    """A summary as strict JSON: a number that is not finite (no episode ended: NaN) is written null."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return {k: clean(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    return json.dumps(clean(summary), indent=2, allow_nan=False)
+
+
 def _dotted(prefix: str, value: Any) -> list[str]:
     """``run={"seed": 1}`` as overrides: ``["run.seed=1"]`` (nested mappings become dotted paths)."""
     if isinstance(value, dict):
@@ -615,7 +627,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         summary.update(seeds=[m.seed for m in session.members], episode_return_per_seed=seed_returns)
         if cfg.run.sweep:
             summary.update(members=[m.name for m in session.members])
-    checkpoint.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
+    checkpoint.write_atomic(run_dir / "summary.json", summary_json(summary).encode())
     if signals.received:
         from msrl.errors import Interrupted
 

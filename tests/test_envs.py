@@ -123,6 +123,8 @@ def test_bad_env_ids_are_config_errors():
         make_env("gymnax:NoSuchThing")  # nothing close: no guess
     with pytest.raises(msrl.ConfigError, match="env.kwargs"):
         make_env("gymnax:CartPole-v1", no_such_kwarg=1)
+    with pytest.raises(msrl.ConfigError, match=r"gymnasium:MsrlNowhere-v0 .* doesn't exist.* --import FILE.py"):
+        make_env("gymnasium:MsrlNowhere-v0")  # not registered: perhaps by a module not imported
 
 
 def test_env_step_tells_termination_from_truncation_with_the_final_observation():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 import signal
@@ -153,6 +154,16 @@ def test_train_takes_sections_or_a_dict_and_returns_the_rows(tmp_path):
     assert msrl.train(config, policy={"name": "single_learner_coarse", "actors": 2},
                       run_dir=tmp_path / "b")["policy"] == "single_learner_coarse"
     assert "policy" not in config  # the caller's dict is not changed
+
+
+def test_a_run_where_no_episode_ended_writes_strict_json(tmp_path):
+    """Pendulum's episodes last 200 steps: after one iteration of 128 none has ended, and the return is null."""
+    config = {"algorithm": {"name": "ppo", "rollout_len": 128}, "env": {"id": "gymnax:Pendulum-v1", "num_envs": 2},
+              "run": {"total_env_steps": 256, "progress": False, "tensorboard": False}}
+    result = msrl.train(config, run_dir=tmp_path / "run")
+    assert math.isnan(result["episode_return"])
+    written = json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert written["episode_return"] is None and written["iterations"] == 1
 
 
 def test_a_run_that_fails_before_its_first_row_leaves_no_folder(tmp_path, capsys):

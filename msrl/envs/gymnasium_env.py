@@ -197,7 +197,10 @@ class GymnasiumEnv(Environment):
         try:
             probe = gymnasium.make(name, **kwargs)
         except (gymnasium.error.Error, ModuleNotFoundError, ImportError) as e:
-            raise ConfigError("env.id", f"gymnasium:{name} cannot be made: {e}") from None
+            mine = isinstance(e, gymnasium.error.NameNotFound) and ":" not in name
+            raise ConfigError("env.id", f"gymnasium:{name} cannot be made: {e}" + (
+                " (one of your own registers when its module is imported: `msrl ... --import FILE.py`, or import "
+                "it before msrl.train)" if mine else "")) from None
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
             raise ConfigError("env.kwargs" if kwargs else "env.id", f"gymnasium:{name} cannot be made"
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: {e}") from None
