@@ -6,6 +6,7 @@ policy brings its own keys. Unknown keys and bad values raise :class:`ConfigErro
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -262,8 +263,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = nxt
         if parts[0] == "policy" and parts[-1] == "name" and len(parts) == 2 and node.get("name") != value:
             # switching policy: keys that belong to the old policy would be unknown to the new one
-            for k in [k for k in node if k != "name"]:
-                del node[k]
+            dropped = {k: node.pop(k) for k in [k for k in node if k != "name"]}
+            if dropped:
+                print(f"msrl: note: {item} replaces policy {quote(node.get('name'))}: its keys "
+                      f"{', '.join(f'{k}={quote(v)}' for k, v in dropped.items())} are dropped (give the ones you "
+                      f"want again, e.g. policy.{next(iter(dropped))}=...)", file=sys.stderr, flush=True)
         node[parts[-1]] = value
     return data
 

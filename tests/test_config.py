@@ -23,6 +23,13 @@ def test_example_loads_with_overrides():
     assert dumped["algorithm"]["name"] == "ppo" and dumped["run"]["seed"] == 3
 
 
+def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):
+    cfg = load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.name=single_learner_fine"])
+    assert cfg.policy.name == "single_learner_fine"
+    assert "policy.name=single_learner_fine replaces policy 'single_learner_coarse': its keys " \
+           "backend='threads', actors=2" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "override, key, text",
     [

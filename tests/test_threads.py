@@ -197,3 +197,11 @@ def test_a_closed_session_and_another_programs_snapshot_are_clear_errors():
                                                    r"'actor' \(2\), 'learner' \(1\)"):
             other.restore({"main": [{}]})
         other.restore(other.snapshot())  # its own: accepted
+
+
+def test_a_host_env_placed_on_jax_is_refused_with_the_key_that_placed_it():
+    threads = EXAMPLES / "ppo_cartpole_threads.yaml"
+    with pytest.raises(msrl.CompileError, match="hint: policy.actor_backend=jax places it there: leave policy"):
+        msrl.build(load_config(threads, ["policy.actor_backend=jax"]))
+    with pytest.raises(msrl.CompileError, match="hint: use policy.name=single_learner_coarse .*policy.backend=threads"):
+        msrl.build(load_config(threads, ["policy.name=fused"]))

@@ -491,10 +491,14 @@ class Program:
         returns = any(s.kind == "return" for s in stmts)
         host = frozenset(c for c in keys if getattr(self.components.get(c), "jittable", True) is False)
         if host and spec.backend == "jax":
+            placed = [k for k in type(self.policy).model_fields if k.endswith("_backend")
+                      and getattr(self.policy, k) == "jax" and getattr(self.policy, "backend", "jax") != "jax"]
             raise CompileError(
                 f"environment {self.env.spec.id!r} runs on the host (numpy), but policy {self.policy.name!r} "
                 f"places it in fragment {spec.name!r} on the jax backend, which jits it",
-                hint="use policy.name=single_learner_coarse (or single_learner_fine) with policy.backend=threads"
+                hint=(f"policy.{placed[0]}=jax places it there: leave policy.{placed[0]} unset" if placed else
+                      "use policy.name=single_learner_coarse (or single_learner_fine) with policy.backend=threads "
+                      "(or ray)")
                 + ("; or env.xla=true, which steps EnvPool's pools from inside the jitted program"
                    if self.env.spec.id.startswith("envpool:") else ""))
         on_host = host or any(s.kind in ("send", "recv") for s in leaves(stmts))
