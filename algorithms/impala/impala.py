@@ -131,8 +131,9 @@ class IMPALA(msrl.Algorithm):
                                    "environments (minibatches are whole trajectories of some environments)")
         net = actor_critic(ctx.env_spec, cfg, "IMPALA")
         self.actor = ActorCriticActor(net)  # samples, and returns the sampled action's log-probability
+        steps = cfg.epochs * cfg.minibatches  # optimizer steps per update, which anneal_lr's schedule counts
         self.learner = IMPALALearner(net, cfg, ctx.env_spec.example_obs(),
-                                     ctx.per_run(ctx.num_envs * cfg.rollout_len))
+                                     ctx.per_run(ctx.num_envs * cfg.rollout_len, steps) // steps)
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 
     def train_step(self):

@@ -131,7 +131,7 @@ class PPO(msrl.Algorithm):
                                    f"{ctx.num_envs} envs x {cfg.rollout_len} steps = {batch}")
         net = self.network(ctx.env_spec)
         self.actor = NormalizedActor(ActorCriticActor(net)) if cfg.normalize_obs else ActorCriticActor(net)
-        self.learner = PPOLearner(net, cfg, ctx.env_spec.example_obs(), ctx.per_run(batch),
+        self.learner = PPOLearner(net, cfg, ctx.env_spec.example_obs(), max(1, ctx.total_env_steps // batch),
                                   ctx.learner_envs)
         self.buffer = msrl.TrajectoryBuffer(cfg.rollout_len)
 
