@@ -237,8 +237,8 @@ class UniformBuffer(ReplayBuffer):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"{type(self).__name__}.sample needs a positive int batch_size, got {batch_size!r}")
         if batch_size % self.shards:
-            raise ValueError(f"a sample of {batch_size} cannot be drawn evenly from {self.shards} replay shards; "
-                             f"make the batch size a multiple of {self.shards}")
+            raise ValueError(f"a sample of {batch_size} cannot be drawn evenly from {self.shards} replay shards "
+                             f"(policy.shards); make the batch size a multiple of {self.shards}")
         return batch_size // self.shards
 
 

@@ -50,9 +50,11 @@ def memory_estimate(program: Any) -> dict[str, int]:
     import jax
     import jax.numpy as jnp
 
-    from msrl.compiler import COMPONENTS
+    from msrl.compiler import COMPONENTS, whole
 
     components = {**program.components, "env": program.env.shape_stand_in(), "learner": program.algorithm.learner}
+    if components.get("buffer") is not None:  # every shard's entries (the shards together hold buffer_size)
+        components["buffer"] = whole(components["buffer"])
     names = [c for c in COMPONENTS if components.get(c) is not None]
     states = jax.eval_shape(lambda: program.init_states(names, 0, jnp.arange(program.num_envs), components=components))
     out = {c: _nbytes(states[c]) for c in names}

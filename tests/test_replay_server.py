@@ -17,6 +17,7 @@ from helpers import max_diff
 import msrl
 from msrl.config import load_config
 from msrl.errors import CompileError, ConfigError
+from msrl.resources import memory_estimate
 
 import loops  # noqa: F401 - registers the "slices" algorithm
 
@@ -115,9 +116,20 @@ def test_errors_name_the_key():
     ppo = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml"
     with pytest.raises(ConfigError, match="policy.shards"):
         msrl.build(load_config(DQN, [*server(4, 3), "algorithm.batch_size=48"]))
-    with pytest.raises(CompileError, match="multiple of 2"):  # at the loop's buffer_sample line
-        msrl.build(load_config(DQN, [*server(2, 2), "algorithm.batch_size=33"]))
+    with pytest.raises(CompileError, match=r"dqn.py:\d+: .*2 replay shards \(policy.shards\); .* multiple of 2"):
+        msrl.build(load_config(DQN, [*server(2, 2), "algorithm.batch_size=33"]))  # at the loop's buffer_sample line
     with pytest.raises(ConfigError, match="buffer_sample"):
         msrl.build(load_config(ppo, ["policy.name=replay_server", "policy.shards=1"]))
     with pytest.raises(ConfigError, match="never samples one; for on-policy loops .* use single_learner_coarse"):
         msrl.build(load_config(ppo, ["policy.name=replay_server"]))  # 2 shards: refused before any split
+
+
+def test_a_small_buffer_split_over_shards_compiles_and_is_counted_whole():
+    """120 transitions over 2 shards of 4 envs: 15 steps each, enough for DQN's window. The shape probes trace
+    every env at once (and twice as many): they used to split the capacity over shards too and refused it."""
+    small = [*server(2, 2), "algorithm.buffer_size=120", "algorithm.learning_starts=8", "algorithm.batch_size=8"]
+    with msrl.Session(load_config(DQN, small), seed=0) as session:
+        session.run(2)  # one env step of each env an iteration
+        assert [int(s["buffer"].count) for s in session.snapshot()["replay"]] == [2, 2]
+    split, one = (memory_estimate(msrl.build(load_config(DQN, c)))["buffer"] for c in (small, small[4:]))
+    assert split == one  # the shards together hold what one buffer of buffer_size does

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 import json
@@ -106,10 +107,23 @@ class Fragment:
         return self.lowered.fn
 
 
+def whole(buffer: Any, scale: float = 1.0) -> Any:
+    """A replay buffer (one that a policy may split over shards) as one, holding ``scale`` times its capacity: what
+    the shape probes (which trace every environment at once, or twice as many: ``scale`` 2, the same steps of
+    each) and the memory estimate see. Its samples are the learner's joined batch."""
+    if not hasattr(buffer, "shards") or (buffer.shards == 1 and scale == 1):
+        return buffer
+    one = copy.copy(buffer)
+    one.shards, one.capacity = 1, max(1, round(buffer.capacity * scale))
+    return one
+
+
 class _ProbeBuffer:
     """During shape inference: initializes the buffer from the first inserted item's shapes."""
 
-    def __init__(self, buffer: Any):
+    def __init__(self, buffer: Any, scale: float = 1.0):
+        self.split = buffer  # as the shards hold it: a sample's size must divide among them
+        buffer = whole(buffer, scale)
         self.buffer, self.key, self.item_spec = buffer, None, buffer.item_spec
 
     def init(self, item: Any) -> Any:
@@ -125,6 +139,8 @@ class _ProbeBuffer:
                 raise CompileError(
                     f"buffer.{method}() runs before any buffer_insert, so the shape of the buffer's items is "
                     "unknown", hint="give the buffer an explicit item_spec (a pytree of jax.ShapeDtypeStruct)")
+            if method == "sample" and self.split is not self.buffer:
+                self.split._batch(args[0] if args else kwargs.get("batch_size"))
             return getattr(self.buffer, method)(state, *args, **kwargs)
 
         return call
@@ -367,7 +383,7 @@ class Program:
         if given, as the probe goes)."""
         num_envs = num_envs or self.num_envs
         used, derive = self._state_keys(self.stmts)
-        probe_buffer = _ProbeBuffer(self.components["buffer"]) if "buffer" in used else None
+        probe_buffer = _ProbeBuffer(self.components["buffer"], num_envs / self.num_envs) if "buffer" in used else None
         lowered, _ = generate("probe", self.stmts, used, "probe", derive_params=derive, returns=True)
         shapes = {} if shapes is None else shapes
         inputs = self._inputs[num_envs] = {}  # what each statement reads, for the row check
