@@ -38,8 +38,8 @@ class Context:
         count = max(1, self.total_env_steps // env_steps) * times
         if count > INT32_MAX:
             raise ConfigError("run.total_env_steps", f"{self.total_env_steps:,} env steps make {count:,} steps of a "
-                              f"schedule (every {env_steps:,} env steps, {times} each), more than an int32 counter holds "
-                              f"({INT32_MAX:,}): fewer env steps per run")
+                              f"schedule (every {env_steps:,} env steps, {times} each), more than an int32 counter "
+                              f"holds ({INT32_MAX:,}): fewer env steps per run")
         return count
 
     @property
