@@ -83,6 +83,9 @@ def test_prioritized_loop_with_buffer_update_compiles_and_runs_fused():
         rows = session.run(100)  # 800 env steps, 200 updates
         (replicas,) = session.snapshot().values()  # one fragment, one replica: host arrays
     assert np.isfinite(rows[-1]["loss"]) and rows[-1]["env_steps"] == 800
+    # learning: 0 until the buffer holds learning_starts=64 sampleable entries (8 envs, whose n-step windows of 4
+    # steps are whole from their 4th step on: after the 11th iteration's inserts)
+    assert [r["learning"] for r in rows] == [0.0] * 10 + [1.0] * 90
     buffer = program.components["buffer"]
     state = replicas[0]["buffer"]
     prio = np.asarray(buffer.priorities(state, jnp.arange(800)))
