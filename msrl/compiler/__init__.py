@@ -139,7 +139,7 @@ class _ProbeBuffer:
                 raise CompileError(
                     f"buffer.{method}() runs before any buffer_insert, so the shape of the buffer's items is "
                     "unknown", hint="give the buffer an explicit item_spec (a pytree of jax.ShapeDtypeStruct)")
-            if method == "sample" and self.split is not self.buffer:
+            if method == "sample" and getattr(self.split, "shards", 1) > 1:  # split by a policy (UniformBuffer's kin)
                 self.split._batch(args[0] if args else kwargs.get("batch_size"))
             return getattr(self.buffer, method)(state, *args, **kwargs)
 
