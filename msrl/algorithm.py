@@ -42,6 +42,20 @@ class Context:
                               f"holds ({INT32_MAX:,}): fewer env steps per run")
         return count
 
+    def check_learning_starts(self, learning_starts: int, buffer_size: int) -> None:
+        """A ConfigError if an off-policy warm-up of ``learning_starts`` transitions would never end: more than the
+        buffer holds, or than one learner's buffer receives in the run."""
+        from msrl.errors import ConfigError
+
+        if learning_starts > buffer_size:
+            raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than buffer_size "
+                              f"{buffer_size:,}: learning would never start")
+        received = self.total_env_steps // self.learner_replicas
+        if learning_starts > received:
+            per = f" per learner ({self.learner_replicas} learners)" if self.learner_replicas > 1 else ""
+            raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the {received:,} "
+                              f"transitions the run collects{per} (run.total_env_steps): learning would never start")
+
     @property
     def learner_envs(self) -> int:
         """The environments one learner replica sees the steps of (its share of ``num_envs``)."""

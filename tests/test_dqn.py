@@ -97,6 +97,7 @@ def test_prioritized_loop_with_buffer_update_compiles_and_runs_fused():
 @pytest.mark.parametrize("override, key", [
     ("algorithm.buffer_size=16", "algorithm.buffer_size"),
     ("algorithm.learning_starts=300000", "algorithm.learning_starts"),
+    ("run.total_env_steps=500", "algorithm.learning_starts"),  # the example starts learning after 1000
     ("algorithm.tau=0", "algorithm.tau"),
     ("algorithm.exploration=boltzmann", "algorithm.exploration"),
     ("env.id=gymnax:Pendulum-v1", "algorithm.name"),

@@ -179,9 +179,7 @@ class DQN(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions are {rows} steps of "
                                    f"{ctx.num_envs} envs; it must hold rollout_len + n_step = "
                                    f"{cfg.rollout_len + cfg.n_step} steps")
-        if cfg.learning_starts > cfg.buffer_size:
-            raise msrl.ConfigError("algorithm.learning_starts", f"{cfg.learning_starts} is more than buffer_size "
-                                   f"{cfg.buffer_size}: learning would never start")
+        ctx.check_learning_starts(cfg.learning_starts, cfg.buffer_size)
         net = QNetwork(action_dim(spec), len(spec.obs_shape), tuple(cfg.hidden))
         updates = ctx.per_run(ctx.num_envs * cfg.rollout_len, cfg.updates)
         self.actor = EpsilonGreedy(net, cfg, ctx.num_envs)

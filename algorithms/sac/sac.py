@@ -232,9 +232,7 @@ class ContinuousOffPolicy(msrl.Algorithm):
         if isinstance(spec, msrl.MultiAgentSpec) or spec.discrete:
             raise msrl.ConfigError("algorithm.name", f"{name} needs one agent with continuous (Box) actions; {spec.id} "
                                    f"has {'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'discrete actions'}")
-        if cfg.learning_starts > cfg.buffer_size:
-            raise msrl.ConfigError("algorithm.learning_starts", f"{cfg.learning_starts} is more than buffer_size "
-                                   f"{cfg.buffer_size}: learning would never start")
+        ctx.check_learning_starts(cfg.learning_starts, cfg.buffer_size)
         if cfg.buffer_size < ctx.num_envs:
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions hold less than one step "
                                    f"of {ctx.num_envs} envs")
