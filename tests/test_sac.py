@@ -74,6 +74,16 @@ def test_continuous_learners_refuse_discrete_actions():
             build(load_config(config, ["env.id=gymnax:CartPole-v1"]))
 
 
+def test_squashing_learners_refuse_unbounded_actions():
+    import loops  # noqa: F401 - registers gymnasium's MsrlQuirky-v0
+    import pytest
+
+    for config in (SAC, TD3):
+        with pytest.raises(msrl.ConfigError, match=r"env.id: .*MsrlQuirky-v0's actions are unbounded") as err:
+            build(load_config(config, ["env.id=gymnasium:MsrlQuirky-v0", 'env.kwargs={"mode": "unbounded"}']))
+        assert err.value.key == "env.id"
+
+
 def test_sac_on_mujoco_halfcheetah_through_gymnasium_under_replay_server(tmp_path):
     """The `mujoco` extra: Gymnasium's HalfCheetah-v5 (MuJoCo) stepped on the host by 2 actor replicas that
     hold the replay shards, one learner (replay_server on threads). Its episodes end only by truncation."""

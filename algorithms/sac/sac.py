@@ -14,6 +14,7 @@ from typing import Annotated, Literal, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from pydantic import Field
 
@@ -232,6 +233,11 @@ class ContinuousOffPolicy(msrl.Algorithm):
         if isinstance(spec, msrl.MultiAgentSpec) or spec.discrete:
             raise msrl.ConfigError("algorithm.name", f"{name} needs one agent with continuous (Box) actions; {spec.id} "
                                    f"has {'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'discrete actions'}")
+        space = spec.action_space
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            raise msrl.ConfigError("env.id", f"{spec.id}'s actions are unbounded (low {space.low}, high {space.high}); "
+                                   f"{name} squashes its actions into finite bounds: give the env's action space "
+                                   "finite bounds (gymnasium's RescaleAction wrapper, say), or use ppo")
         ctx.check_learning_starts(cfg.learning_starts, cfg.buffer_size)
         if cfg.buffer_size < ctx.num_envs:
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions hold less than one step "
