@@ -130,6 +130,11 @@ def test_impala_cartpole_learns_well_beyond_random(tmp_path):
 def test_config_errors_name_the_key():
     with pytest.raises(msrl.ConfigError, match=r"algorithm.minibatches.*3 does not divide the 8 environments"):
         msrl.build(load_config(EXAMPLE, ["algorithm.minibatches=3"]))
+    multi = ["algorithm.minibatches=8", "policy.name=multi_learner", "policy.learners=2", "policy.backend=ray"]
+    for config, overrides in [(EXAMPLE, []), (EXAMPLE, ["algorithm.name=recurrent_impala"]),
+                              (EXAMPLE.parent / "recurrent_ppo_cartpole.yaml", ["env.num_envs=8"])]:
+        with pytest.raises(msrl.ConfigError, match=r"algorithm.minibatches.*8 does not divide the 4 environments"):
+            msrl.build(load_config(config, [*overrides, *multi]))  # 8 divides 8 envs; 2 learners see 4 each
     with pytest.raises(msrl.ConfigError, match=r"algorithm.name.*3 agents.*IMPALA.*mappo"):
         msrl.build(load_config(EXAMPLE, ["env.id=jaxmarl:MPE_simple_spread_v3"]))
     with pytest.raises(msrl.ConfigError, match=r"algorithm.rho_bar"):

@@ -71,9 +71,10 @@ class RecurrentPPO(PPO):
         for key in ("normalize_obs", "normalize_reward"):
             if getattr(cfg, key):
                 raise msrl.ConfigError(f"algorithm.{key}", "recurrent_ppo does not normalize (yet): use ppo for that")
-        if ctx.num_envs % cfg.minibatches:
-            raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the {ctx.num_envs} "
-                                   "environments (minibatches are whole sequences of some environments)")
+        if ctx.learner_envs % cfg.minibatches:
+            raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the "
+                                   f"{ctx.learner_envs} environments a learner sees (minibatches are whole sequences "
+                                   "of some environments)")
         super().__init__(cfg, ctx)
         net = self.network(ctx.env_spec)
         self.actor = RecurrentActorCriticActor(net)
