@@ -114,33 +114,26 @@ class TrainedPolicy:
     def __init__(self, run_dir: str | Path, run_seed: int | None = None):
         self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir), run_seed)
         self.env_spec, self.iteration = self.env.spec, meta["iteration"]
-        actor = self.algorithm.actor
-        self.recurrent = hasattr(actor, "greedy_step")
-        self._carry = None
-        if self.recurrent:
-            self._step = jax.jit(actor.greedy_step)
-        else:
-            self._greedy = jax.jit(actor.greedy)
+        self.recurrent = hasattr(self.algorithm.actor, "greedy_step")
+        self._initial_carry, self._step = greedy_policy(self.algorithm.actor)
+        self._carry, self._n = None, None  # the hidden state, and the number of environments it is for
 
     def reset(self) -> None:
         """Forget a recurrent policy's hidden state: the next ``act`` starts every episode afresh."""
-        self._carry = None
+        self._n = None
 
     def act(self, obs: Any, done: Any = None) -> np.ndarray:
         obs = jax.tree.map(np.asarray, obs)
         single = isinstance(obs, np.ndarray) and obs.shape == tuple(self.env_spec.obs_shape)
         if single:  # one observation: act on a batch of one
             obs = jax.tree.map(lambda x: x[None], obs)
-        if self.recurrent:
-            n = jax.tree.leaves(obs)[0].shape[0]
-            fresh = self._carry is None or self._carry.shape[0] != n
-            if fresh:
-                self._carry = self.algorithm.actor.initial_carry(n)
-            start = np.zeros(n, bool) if done is None else np.asarray(done, bool).reshape(n)
-            self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
-            actions = np.asarray(actions)
-        else:
-            actions = np.asarray(self._greedy(self.params, obs))
+        n = jax.tree.leaves(obs)[0].shape[0]
+        fresh = self._n != n
+        if fresh:
+            self._carry, self._n = self._initial_carry(n), n
+        start = np.zeros(n, bool) if done is None else np.asarray(done, bool).reshape(n)
+        self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
+        actions = np.asarray(actions)
         return actions[0] if single else actions
 
     def __repr__(self) -> str:

@@ -21,6 +21,7 @@ import msrl
 from msrl import api
 from msrl.api import agent_act as act_alias
 from msrl.components import split_keys
+from msrl.conformance_loops import ConformanceRecurrent, GRUActor, RecurrentConfig
 
 
 def marked_line(marker: str) -> int:
@@ -825,12 +826,14 @@ gymnasium.register(id="MsrlShifty-v0", entry_point=Shifty)
 class Quirky(gymnasium.Env):
     """Gymnasium-API corners, by ``mode``: "limit" ends in a terminal state on its 5th step, which its
     TimeLimit of 5 also truncates; "start" takes actions 1..3 (``Discrete(3, start=1)``) and refuses others;
-    "old_step" and "old_reset" return what the old Gym API did; "wide" says its observations have 3 numbers."""
+    "old_step" and "old_reset" return what the old Gym API did; "wide" says its observations have 3 numbers;
+    "unbounded" takes any real action (``Box(-inf, inf)``)."""
 
     def __init__(self, mode: str = "limit"):
         self.mode = mode
         self.observation_space = gymnasium.spaces.Box(-10.0, 10.0, (3 if mode == "wide" else 2,), np.float32)
-        self.action_space = gymnasium.spaces.Discrete(3, start=1 if mode == "start" else 0)
+        self.action_space = (gymnasium.spaces.Box(-np.inf, np.inf, (1,), np.float32) if mode == "unbounded" else
+                             gymnasium.spaces.Discrete(3, start=1 if mode == "start" else 0))
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -911,6 +914,34 @@ class StepFields(msrl.Algorithm):
             obs = step.obs
         return msrl.agent_learn(msrl.buffer_get())
 
+
+
+class PairCarryActor(GRUActor):
+    """The GRU actor whose greedy carry is a pair, as an LSTM's ``(c, h)``: the hidden state and the steps
+    since the episode started (so a test can see what was reset)."""
+
+    def initial_carry(self, n):
+        return super().initial_carry(n), jnp.zeros(n, jnp.int32)
+
+    def init(self, key, env_ids):
+        return {**super().init(key, env_ids), "h": super().initial_carry(len(env_ids))}
+
+    def greedy_step(self, params, carry, obs, done):
+        h, action = super().greedy_step(params, carry[0], obs, done)
+        return (h, jnp.where(done, 0, carry[1]) + 1), action
+
+
+class PairCarryConfig(RecurrentConfig):
+    name: str = "pair_carry"
+
+
+@msrl.register_algorithm("pair_carry")
+class PairCarry(ConformanceRecurrent):
+    Config = PairCarryConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.actor = PairCarryActor(self.actor.net)
 
 HANG_RELEASE = threading.Event()  # set to let hung environments return (a test's cleanup)
 

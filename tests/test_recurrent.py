@@ -161,6 +161,24 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
     assert not np.allclose(carried[1], fresh[1])
 
 
+def test_load_carries_a_hidden_state_that_is_a_pair(tmp_path):
+    """An actor's ``initial_carry`` may be any pytree (an LSTM's ``(c, h)``): ``msrl.load``'s policy carries it
+    from one ``act`` to the next and resets each environment's part where ``done`` says."""
+    import loops  # noqa: F401 - registers "pair_carry"
+
+    cfg = load_config({"algorithm": {"name": "pair_carry"}, "env": {"id": "gymnax:CartPole-v1", "num_envs": 2}},
+                      ["run.total_env_steps=32", "run.progress=false", "run.tensorboard=false"])
+    msrl.train(cfg, run_dir=tmp_path / "run")
+    policy = msrl.load(tmp_path / "run")
+    obs = np.zeros((2, 4), np.float32)
+    for _ in range(3):
+        policy.act(obs)
+    policy.act(obs, done=np.array([True, False]))
+    assert np.asarray(policy._carry[1]).tolist() == [1, 4]
+    policy.act(obs[:1])  # another number of environments: a fresh carry
+    assert np.asarray(policy._carry[1]).tolist() == [1]
+
+
 def test_recurrent_ppo_learns_masked_cartpole_beyond_what_memory_allows(tmp_path):
     """With the velocities hidden, the same network without memory never got past 67 in 1M steps (README);
     the GRU passes 100 (5-iteration mean) within 150k steps. Stops when it gets there."""
