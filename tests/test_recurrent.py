@@ -37,6 +37,8 @@ def test_mask_obs_zeroes_the_named_entries_and_names_its_key():
         assert np.all(np.asarray(step.obs)[:, 0] != 0)
     with pytest.raises(msrl.ConfigError, match="env.kwargs.mask_obs.*outside"):
         make_env("gymnax:CartPole-v1", mask_obs=[4])
+    with pytest.raises(msrl.ConfigError, match="env.kwargs.mask_obs.*single agent.*has 3 agents"):
+        make_env("jaxmarl:MPE_simple_spread_v3", mask_obs=[0])
 
 
 def test_env_starts_are_the_previous_steps_done():

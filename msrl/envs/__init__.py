@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from msrl.components import Environment
+from msrl.components import Environment, MultiAgentSpec
 from msrl.errors import ConfigError, did_you_mean
 
 _MAKERS: dict[str, Callable[..., Environment]] = {}
@@ -54,6 +54,9 @@ class MaskedObs(Environment):
 
         self.env, self.spec, self.jittable = env, env.spec, env.jittable
         self.host_simulator = getattr(env, "host_simulator", False)
+        if isinstance(env.spec, MultiAgentSpec):
+            raise ConfigError("env.kwargs.mask_obs", f"masks a single agent's observation; {env.spec.id} has "
+                              f"{env.spec.num_agents} agents")
         size = int(np.prod(env.spec.obs_shape))
         if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
                                                               for i in indices):
