@@ -119,10 +119,20 @@ def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200) -> dict[s
     return {"env_steps": grid, "mean": ret.mean(0), "std": ret.std(0), "wall_time": wall.mean(0)}
 
 
+def lines(run_dirs: list[Path], aggregate: bool = False) -> list[list[Path]]:
+    """The run folders each line of a plot draws, in order: a run of several seeds or swept values is one line
+    per config (its seeds' mean), any other run its own line; ``aggregate`` joins the folders of every run given
+    whose configs differ only under ``run``."""
+    groups: dict[tuple, list[Path]] = {}
+    for k, d in enumerate(run_dirs):
+        for member in _members(d) or [d]:
+            groups.setdefault((_group_key(member),) if aggregate else (k, _group_key(member)), []).append(member)
+    return list(groups.values())
+
+
 def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggregate: bool = False) -> Path:
     """Plot episode return against env steps and against wall time, one line per run; returns ``out``.
-    ``aggregate``: one line per group of runs with the same config but for ``run`` (seeds, say): their mean,
-    with a band of ± one standard deviation."""
+    A line of several runs (see :func:`lines`) is their mean, with a band of ± one standard deviation."""
     from matplotlib.figure import Figure  # a bare Figure renders with Agg: no pyplot, no display
 
     out = check_image_file(out)
@@ -130,38 +140,37 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
         raise ConfigError("--smooth", f"must be >= 1 (got {smooth})")
     if not run_dirs:
         raise ConfigError("", "no run directory given")
-    dirs = []
-    for d in map(Path, run_dirs):  # a run of several seeds or swept values: its members' curves, drawn as
-        each = _members(d)         # the mean ± std of each config's seeds
-        dirs += each or [d]
-        aggregate = aggregate or bool(each)
-    curves = [read_curve(d) for d in dirs]
-    for c in curves:
+    groups = lines(list(map(Path, run_dirs)), aggregate)
+    dirs = [d for group in groups for d in group]
+    curves = {d: read_curve(d) for d in dirs}
+    for c in curves.values():
         c["episode_return"] = moving_average(c["episode_return"], smooth)
-    names = [d.resolve().name for d in dirs]
-    if len(set(names)) < len(names):  # same leaf name in different parents: show the paths as given
-        names = [str(d) for d in dirs]
+    names = {d: d.resolve().name for d in dirs}
+    if len(set(names.values())) < len(names):  # same leaf name in different parents: show the paths as given
+        names = {d: str(d) for d in dirs}
 
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     ax_steps, ax_time = fig.subplots(1, 2, sharey=True)
-    if aggregate:
-        groups: dict[str, list[int]] = {}
-        for i, d in enumerate(dirs):
-            groups.setdefault(_group_key(d), []).append(i)
-        for members in groups.values():
-            m = mean_curve([curves[i] for i in members])
-            values = {re.sub(r",?seed_\d+$", "", names[i]) for i in members}  # a sweep's members: their value
-            shown = values.pop() if len(values) == 1 and "" not in values else \
-                ", ".join(names[i] for i in members[:3]) + (", …" if len(members) > 3 else "")
-            label = f"{_label(dirs[members[0]], shown)}: mean ± std of {len(members)} runs"
-            line, = ax_steps.plot(m["env_steps"], m["mean"], label=label)
-            for ax, x in ((ax_steps, m["env_steps"]), (ax_time, m["wall_time"])):
-                ax.fill_between(x, m["mean"] - m["std"], m["mean"] + m["std"], color=line.get_color(), alpha=0.2)
-            ax_time.plot(m["wall_time"], m["mean"], color=line.get_color())
-    else:
-        for d, name, c in zip(dirs, names, curves):
-            line, = ax_steps.plot(c["env_steps"], c["episode_return"], label=_label(d, name))
+    for group in groups:
+        if len(group) == 1:
+            c = curves[group[0]]
+            line, = ax_steps.plot(c["env_steps"], c["episode_return"], label=_label(group[0], names[group[0]]))
             ax_time.plot(c["wall_time"], c["episode_return"], color=line.get_color())
+            continue
+        m = mean_curve([curves[d] for d in group])
+        values = {re.sub(r",?seed_\d+$", "", names[d]) for d in group}  # a sweep's members: their value
+        parents = {d.parent for d in group}
+        if len(values) == 1 and "" not in values:
+            shown = values.pop()
+        elif values == {""} and len(parents) == 1:  # the seeds of one run: the run's folder
+            shown = parents.pop().resolve().name
+        else:
+            shown = ", ".join(names[d] for d in group[:3]) + (", …" if len(group) > 3 else "")
+        label = f"{_label(group[0], shown)}: mean ± std of {len(group)} runs"
+        line, = ax_steps.plot(m["env_steps"], m["mean"], label=label)
+        for ax, x in ((ax_steps, m["env_steps"]), (ax_time, m["wall_time"])):
+            ax.fill_between(x, m["mean"] - m["std"], m["mean"] + m["std"], color=line.get_color(), alpha=0.2)
+        ax_time.plot(m["wall_time"], m["mean"], color=line.get_color())
     ax_steps.set_xlabel("env steps")
     ax_time.set_xlabel("wall time (s)")
     ax_steps.set_ylabel("episode return" + (f" (mean of last {smooth})" if smooth > 1 else ""))

@@ -20,7 +20,7 @@ import msrl
 from msrl.bench import BENCHMARKS, Benchmark, benchmarks_dir, last_json, run_benchmarks, table
 from msrl.cli import main
 from msrl.errors import ConfigError
-from msrl.plot import _group_key, mean_curve, moving_average, plot_runs, read_curve
+from msrl.plot import _group_key, lines, mean_curve, moving_average, plot_runs, read_curve
 
 CARTPOLE = str(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml")
 
@@ -196,3 +196,16 @@ def test_plot_aggregates_seeds_into_mean_and_std(runs, tmp_path, capsys):
     band = 0.8 * np.ones(3) + 0.2 * blue
     assert np.all(np.abs(image - blue) < 0.02, axis=-1).sum() > 100
     assert np.all(np.abs(image - band) < 0.03, axis=-1).sum() > 100
+
+
+def test_a_run_of_several_seeds_is_one_line_and_another_run_its_own_unless_aggregated(runs, tmp_path, capsys):
+    """Without --aggregate each run given is its own line (a run of several seeds: their mean), even when another
+    run has the same config: a separate seed-0 run is not averaged into the two-seed run's line."""
+    seeds = tmp_path / "seeds"
+    msrl.train(CARTPOLE, ["run.total_env_steps=20000", "run.progress=false", "run.tensorboard=false",
+                          "run.num_seeds=2"], run_dir=seeds)
+    single = runs[0]
+    assert lines([seeds, single]) == [[seeds / "seed_0", seeds / "seed_1"], [single]]
+    assert lines([seeds, single], aggregate=True) == [[seeds / "seed_0", seeds / "seed_1", single]]
+    out = tmp_path / "two.png"
+    assert main(["plot", str(seeds), str(single), "-o", str(out)]) == 0
