@@ -687,11 +687,27 @@ class MixesBeforeReplay(Base):
         return msrl.agent_learn(sample.item)
 
 
+class MixesInReturn(Base):
+    """Learns, but returns numbers of its own: the return runs on the actor side, per replica."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        total = jnp.zeros(obs.shape[0])
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            total, obs = total + obs[:, 0], next_obs
+        msrl.agent_learn(msrl.buffer_get())
+        return {"first_env": total[0], "seen": jnp.float32(self.cfg.steps)}  # E:mix_return
+
+
 MIXING = {  # marker: (loop, what the refusal says)
     "mix_mean": (MixesMean, "reduces over the environment axis"),
     "mix_argument": (MixesInArgument, "reduces over the environment axis"),
     "mix_noise": (MixesNoise, "draws random numbers for the environments by their position"),
     "mix_slice": (MixesSlice, "takes some environments' rows"),
+    "mix_return": (MixesInReturn, "takes some environments' rows"),
     "mix_count": (MixesCount, "depends on how many environments a replica holds"),
     "mix_capped": (MixesCappedCount, "hold 2 of the 4 environments each, but it uses a number that depends on"),
     "mix_branch": (MixesCountBranch, "hold 2 of the 4 environments each, but it computes differently for different"),

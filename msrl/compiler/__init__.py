@@ -329,7 +329,8 @@ class Program:
                     f"policy {self.policy.name!r} runs {what} on each of its {frags[frag].replicas} "
                     f"{frag!r} replicas, which hold {n} of the {self.num_envs} environments each, but it {why}: the "
                     "replicas could compute something other than the loop", s.file, s.line,
-                    "compute it inside the learner (on the whole batch), or use policy.name=fused or "
+                    "compute it inside the learner (on the whole batch"
+                    f"{', as one of its metrics' if s.kind == 'return' else ''}), or use policy.name=fused or "
                     "single_learner_fine, which act on all environments in one place")
         by_id = {s.id: s for s in leaves(self.stmts)}
         for c in comms:

@@ -268,8 +268,8 @@ def _function(s: Stmt, names: list[str], namespace: dict[str, Any], method: bool
         body, result = f"_out = _c_actor.{s.api.method}({', '.join(args)})", ["_out"]
     elif s.kind == "api":
         body, result = "pass", [ast.unparse(a) for a in s.args] + [ast.unparse(v) for _, v in s.kwargs]
-    else:
-        body, result = "pass", [ast.unparse(s.node.value)] if getattr(s.node, "value", None) is not None else []
+    else:  # a return: its value
+        body, result = "pass", [] if s.node is None else [ast.unparse(s.node)]
     source = f"def _row_check({', '.join(names)}):\n" + "\n".join("    " + ln for ln in body.splitlines()) + \
         f"\n    return ({', '.join(result)}{',' if result else ''})\n"
     ns = dict(namespace)
