@@ -86,6 +86,15 @@ class Simple(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class ActsOnly(Base):
+    """Collects, never learns (a data-collection or evaluation loop)."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action)
+        return {"acted": jnp.float32(1.0)}
+
 class Nested(Base):
     """Nested loops, the loop index used, statements between API calls, tuple and starred unpacking,
     aliases of the API, a static local, a variable first assigned inside a loop, a static `if`."""

@@ -95,8 +95,9 @@ def test_a_restored_run_pulls_parameters_as_the_uninterrupted_one(case, backend,
         snap = straight.snapshot()
         rows += straight.run(5)
         end = straight.snapshot()
+    assert (snap.iteration, end.iteration) == (4, 9)
     with msrl.Session(config, overrides, seed=0) as resumed:
-        resumed.restore(snap, iteration=4)
+        resumed.restore(snap)  # the snapshot says it was taken after iteration 4
         again = resumed.run(5)
         assert max_diff(resumed.snapshot(), end) == 0.0
     same = ("iteration", "policy_lag", "episodes", "episode_return", "loss")

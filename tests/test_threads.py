@@ -199,6 +199,14 @@ def test_a_closed_session_and_another_programs_snapshot_are_clear_errors():
         other.restore(other.snapshot())  # its own: accepted
 
 
+def test_the_params_of_a_loop_that_never_learns_are_a_clear_error():
+    from msrl.policies.fused import Fused
+
+    with msrl.Session(program=msrl.compile(loops.ActsOnly(), Fused(), make_env("gymnax:CartPole-v1"), 4), seed=0) as s:
+        assert s.run(2)[-1]["acted"] == 1.0
+        with pytest.raises(msrl.CompileError, match=r"ActsOnly.train_step never calls msrl.agent_learn"):
+            s.params()
+
 def test_a_host_env_placed_on_jax_is_refused_with_the_key_that_placed_it():
     threads = EXAMPLES / "ppo_cartpole_threads.yaml"
     with pytest.raises(msrl.CompileError, match="hint: policy.actor_backend=jax places it there: leave policy"):

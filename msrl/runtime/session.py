@@ -106,18 +106,28 @@ class Session:
         """The policy's parameters (the learner's ``policy_params``), as host arrays."""
         import jax
 
+        from msrl.errors import CompileError
+
         self._open()
+        if not any("learner" in f.state_keys for f in self.program.fragments.values()):
+            cls = type(self.program.algorithm).__name__
+            raise CompileError(f"{cls}.train_step never calls msrl.agent_learn: the program has no learner, so no "
+                               "parameters (Session.snapshot() has its states)")
         return jax.device_get(self.runtime.params())
 
-    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
-        """Every replica's component states as host arrays, by fragment (components in ``skip`` left out)."""
+    def snapshot(self, skip: tuple[str, ...] = ()) -> "Snapshot":
+        """Every replica's component states as host arrays, by fragment (components in ``skip`` left out), and
+        the iteration they were taken after."""
         self._open()
-        return self.runtime.snapshot(skip)
+        return Snapshot(self.runtime.snapshot(skip), self.iteration)
 
     def restore(self, snapshot: dict[str, list[dict[str, Any]]], iteration: int | None = None) -> None:
-        """Set the states in ``snapshot``; ``iteration``: the iteration it was taken after. Each state must have
-        the structure, shapes and dtypes of this session's own (a snapshot of this program)."""
+        """Set the states in ``snapshot``; ``iteration``: the iteration it was taken after (default: the one a
+        :class:`Snapshot` holds). Each state must have the structure, shapes and dtypes of this session's own (a
+        snapshot of this program). The rows and the policy's schedules (parameter pulls, lag) go on from there."""
         self._open()
+        if iteration is None:
+            iteration = getattr(snapshot, "iteration", None)
         _check_like(snapshot, self.runtime.shapes())
         self.runtime.restore(snapshot, iteration)
         if iteration is not None:
@@ -132,6 +142,33 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Snapshot(dict):
+    """``Session.snapshot()``: fragment -> each replica's component states, and ``iteration``, the iteration
+    they were taken after (what ``Session.restore`` continues from)."""
+
+    _registered = False
+
+    def __init__(self, states: dict[str, list[dict[str, Any]]], iteration: int):
+        Snapshot.register()
+        super().__init__(states)
+        self.iteration = iteration
+
+    def __reduce__(self) -> tuple:
+        return Snapshot, (dict(self), self.iteration)
+
+
+    @staticmethod
+    def register() -> None:
+        """Once, when jax is in use: jax.tree functions map a Snapshot's states and keep its iteration."""
+        import jax
+
+        if not Snapshot._registered:
+            jax.tree_util.register_pytree_with_keys(
+                Snapshot, lambda s: ([(jax.tree_util.DictKey(k), s[k]) for k in sorted(s)], (sorted(s), s.iteration)),
+                lambda aux, values: Snapshot(dict(zip(aux[0], values)), aux[1]))
+            Snapshot._registered = True
 
 
 def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
