@@ -120,7 +120,9 @@ class Nested(Base):
             metrics = msrl.agent_learn(msrl.buffer_get(), bonus=total)
         else:
             metrics = {}
-        return {**metrics, "total": total, "last": last_reward.sum(), "i": jnp.float32(i)}
+        if self.cfg.flag:  # without API calls, assigning a name nothing assigned before
+            doubled = 2.0 * total
+        return {**metrics, "total": total, "last": last_reward.sum(), "i": jnp.float32(i), "doubled": doubled}
 
 
 class Helpers(Base):

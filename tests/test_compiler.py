@@ -97,6 +97,7 @@ def test_nested_loops_statements_unpacking_static_if(env):
     for key in ("w", "total", "last", "i"):
         assert rows[-1][key] == pytest.approx(float(results[-1][key]), rel=1e-6)
     assert rows[-1]["i"] == 2.0  # the loop variable keeps its last value after the loop
+    assert rows[-1]["doubled"] == pytest.approx(2 * rows[-1]["total"])
     src = prog.fragments["main"].source
     assert src.count("_msrl_scan(") == 2  # both loops became scans
     assert "last_reward = _msrl_zeros('last_reward')" in src  # first assigned inside the loop

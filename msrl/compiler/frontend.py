@@ -325,6 +325,12 @@ class Frontend:
         if nested_return is not None and not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             raise src.error(nested_return, "`return` must be the last statement of the training loop, not inside "
                             f"`{type(st).__name__.lower()}`", "assign the value and return it once at the end")
+        if isinstance(st, ast.If) and not api:  # decidable at compile time (on self.cfg): only its branch runs
+            try:
+                test = self._static_eval(src, st.test, rename, "", "")
+            except CompileError:  # on values of the loop: one compute statement, traced as it is
+                return [self._compute(src, st, rename, loop)]
+            return [s for b in (st.body if test else st.orelse) for s in self._stmt(src, b, False, rename, loop)]
         if not api:
             return [self._compute(src, st, rename, loop)]
         if isinstance(st, ast.For):
