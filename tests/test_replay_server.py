@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -50,6 +51,29 @@ def test_one_shard_is_the_fused_program():
     assert max_diff(fused[12], one[12]) <= 1e-6
     assert [r["loss"] for r in fused_rows] == pytest.approx([r["loss"] for r in one_rows], rel=1e-5)
 
+
+@msrl.register_policy("buffer_with_learner")
+class BufferWithLearner(msrl.DistributedPolicy):
+    """A policy of one's own: actors step and act; the learner also holds the replay buffer."""
+
+    name: Literal["buffer_with_learner"] = "buffer_with_learner"
+    backend: Literal["threads"] = "threads"
+    actors: int = 2
+
+    def fragments(self):
+        return self.check_roles([self.role("actor", self.actors, "backend"), self.role("learner", 1, "backend")])
+
+    def assign(self, loop):
+        learner = set(loop.downstream_of(loop.calls("agent_learn"))) | set(loop.component_calls("buffer"))
+        return loop.roles(lambda s: "learner" if s.id in learner else "actor")
+
+
+def test_a_learner_holding_the_buffer_carries_its_parameters_through_its_loop_of_updates():
+    """DQN's loop of updates sets the parameters the learner broadcasts after it: the loop, run on the host
+    side of a threads replica, starts its carry from the parameters it had (it failed to compile)."""
+    fused, _, _ = run((), 6)
+    own, _, _ = run(("policy.name=buffer_with_learner",), 6)
+    assert max_diff(fused[6], own[6]) == 0.0
 
 def test_no_transition_lost_duplicated_or_misrouted():
     """Learning held off: every run steps the same episodes, so the shards' buffers, joined along the env

@@ -123,7 +123,9 @@ class _Emitter:
             return
         live_out = self.live[run[-1].id]
         used = {u for s in walk(run) for u in s.uses}
-        ins = sorted(py(v) for v in liveness(run, live_out, {}) & used)  # pass-through values stay outside
+        # a loop's carry starts from its value outside the segment, if it has one (else from zeros)
+        carried = {py(v) for s in walk(run) if s.kind == "loop" for v in loop_defs(s) & self.live[s.id + "/body"]}
+        ins = sorted({py(v) for v in liveness(run, live_out, {}) & used} | (carried & defined))  # not pass-throughs
         defs = set().union(*(loop_defs(s) if s.kind == "loop" else set(s.defs) for s in run))
         outs = sorted(py(v) for v in defs & live_out)
         name = f"_seg_{run[0].id}"
