@@ -317,6 +317,19 @@ class InsertsTwoShapes(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class IndexIf(Base):
+    """Treats the first step of a rollout apart with a Python conditional on the loop's index (a traced value)."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for i in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            first = reward * 2.0 if i == 0 else reward  # E:index_if
+            msrl.buffer_insert(Item(obs, out.action, first, done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
 class HelperEarlyReturn(Base):
     def helper(self, obs):
         if self.cfg.flag:

@@ -314,10 +314,18 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
         raise CompileError(exc.reason, file, line, exc.hint) from None
     message = str(exc).strip().splitlines()
     first = message[0] if message else ""
+    import jax
+
+    hint = None
+    if isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
+        hint = ("a Python `if`, `and`/`or`, `x if c else y` or `int(x)` needs a value known at compile time; this one "
+                "is computed when the program runs (inside `for i in range(N)` over API calls, `i` is: the loop "
+                "runs as lax.scan): select with jnp.where, or write the special iteration out before the loop")
     if inner is not None and inner[:2] != (file, line):
         at = f"{file.rsplit('/', 1)[-1]}:{line}"
         raise CompileError(f"{type(exc).__name__} in {inner[2]}() while {doing} `{source}` ({at}): {first}",
-                           inner[0], inner[1], "run `msrl ... --debug` to see the full traceback") \
+                           inner[0], inner[1], hint or "run `msrl ... --debug` to see the full traceback") \
             from exc.with_traceback(exc.__traceback__)
     raise CompileError(f"{type(exc).__name__} while {doing} `{source}`: {first}", file, line,
-                       "run `msrl ... --debug` to see the full JAX error") from exc.with_traceback(exc.__traceback__)
+                       hint or "run `msrl ... --debug` to see the full JAX error") \
+        from exc.with_traceback(exc.__traceback__)
