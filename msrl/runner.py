@@ -422,9 +422,13 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                               f"at least {meta['env_steps']} (that many finishes at once)")
         before = (meta["config"].get("run") or {}).get("total_env_steps")
         if before is not None and before != cfg.run.total_env_steps:
-            print(f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; a schedule "
-                  "built from it (anneal_lr, prioritized replay's beta) is stretched to the new total from the "
-                  "checkpoint on, so the run differs from one of either length", file=sys.stderr, flush=True)
+            alg = cfg.algorithm
+            named = [k for k, on in (("anneal_lr's learning rate", getattr(alg, "anneal_lr", False)),
+                                     ("prioritized replay's beta", getattr(alg, "prioritized", False))) if on]
+            what = " and ".join(named) or "any schedule an algorithm of your own builds from it"
+            print(f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; {what} "
+                  "is stretched to the new total from the checkpoint on, so the run differs from one of either "
+                  "length", file=sys.stderr, flush=True)
     run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
     prepare_run_dir(run_dir, resume, overwrite)
     if made is not None and not run_dir.exists():
