@@ -106,6 +106,24 @@ def test_a_restored_run_pulls_parameters_as_the_uninterrupted_one(case, backend,
                                                [0] + [1] * 8)
 
 
+def test_a_restored_run_seeds_its_host_environments_afresh_for_the_iteration():
+    """No snapshot holds a Gymnasium env's episodes: a restored run starts new ones, seeded for the iteration it
+    goes on from (as a restarted Ray actor's are), not with the run's first seeds again (repeating its episodes)."""
+    overrides = ["algorithm.rollout_len=8", "algorithm.hidden=[8]", "env.num_envs=4"]
+    config = EXAMPLES / "ppo_cartpole_threads.yaml"
+    with msrl.Session(config, overrides, seed=0) as straight:
+        straight.run(2)
+        snap = straight.snapshot()
+    first = []
+    for _ in range(2):
+        with msrl.Session(config, overrides, seed=0) as resumed:
+            first.append(resumed.snapshot()["actor"][0]["env"].item().obs.copy())  # a host env's state, as it is
+            resumed.restore(snap)
+            first.append(resumed.snapshot()["actor"][0]["env"].item().obs.copy())
+            assert resumed.run(1)[0]["iteration"] == 3
+    assert not np.allclose(first[0], first[1])  # other seeds than the run's start
+    np.testing.assert_array_equal(first[1], first[3])  # the same ones each time
+
 def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):
     train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every_steps=2560"], run_dir=tmp_path)
     with pytest.raises(msrl.ConfigError, match=r"algorithm\.lr.*trained with algorithm\.lr=0\.001"):

@@ -341,9 +341,17 @@ class ReplicaDriver:
         """Set the states in ``state``; with ``iteration``, continue a restored run after that iteration: the
         comms' schedules go on from it, and a lagged parameter broadcast this replica sends gets the value it
         sent in the iteration before (the restored learner's parameters), which the receivers take next."""
+        env = self.program.components.get("env")
+        host_env = env is not None and env.host_state and "env" in self.state
+        if host_env:  # no snapshot holds a host env's episodes (its entry is what the env was): this one's stay
+            state = {k: v for k, v in state.items() if k != "env"}
         self.state = {**self.state, **self.place(state)}
         if iteration is None:
             return
+        if host_env:  # a restored run's episodes start afresh, seeded for the iteration as a restarted replica's
+            env.close(self.state["env"])
+            self.state["env"] = self.place(self.program.init_states(["env"], self.seed, self.env_ids,
+                                                                    fold=iteration))["env"]
         self.mailbox.restart_at(iteration - 1)
         self.last, self.counts = {}, {}
         for c in self.comms.values():
