@@ -218,6 +218,10 @@ def test_an_error_in_a_method_the_loop_calls_names_its_line_and_the_statement(en
            f"(loops.py:{loops.marked_line('calls_learner')}): the learner's own bug" in str(info.value)
 
 
+def test_compile_of_an_algorithm_class_says_to_build_it(env):
+    with pytest.raises(msrl.CompileError, match=r"takes an algorithm object, not the class Simple: build it first"):
+        msrl.compile(loops.Simple, Fused(), env, NUM_ENVS)
+
 def test_loop_without_env_step_is_rejected(env):
     with pytest.raises(msrl.CompileError, match="never calls msrl.env_step"):
         msrl.compile(loops.NoEnvStep(), Fused(), env, NUM_ENVS)

@@ -612,4 +612,7 @@ def compile(algorithm: Any, policy: Policy, env: Environment, num_envs: int,  # 
             analysis: dict[str, Any] | None = None) -> Program:
     """Compile ``algorithm.train_step`` under ``policy`` for ``num_envs`` environments of ``env``. ``analysis``:
     a ``Program.analysis()`` of the same loop, policy, env and count (its shape probes are then not run again)."""
+    if isinstance(algorithm, type):
+        raise CompileError(f"msrl.compile takes an algorithm object, not the class {algorithm.__name__}: build it "
+                           f"first ({algorithm.__name__}(cfg, msrl.Context(...)), or msrl.build(config))")
     return Program(algorithm, policy, env, num_envs, analysis)
