@@ -229,6 +229,21 @@ class SelfMutation(Base):
         return 0
 
 
+class HelperMutation(Base):
+    """A helper without API calls, called as it is, that changes ``self``: its value would depend on how often
+    the loop is traced."""
+
+    def bump(self):
+        self.calls = getattr(self, "calls", 0) + 1
+        return 1.0 / self.calls
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        next_obs, reward, done = msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, reward * self.bump(), done))  # E:helper_mutation
+        return msrl.agent_learn(msrl.buffer_get())
+
 class WrongArity(Base):
     def train_step(self):
         obs = msrl.env_observe()
@@ -451,6 +466,7 @@ REJECTED = {
     "break": BreakInLoop,
     "early_return": EarlyReturn,
     "self_mutation": SelfMutation,
+    "helper_mutation": HelperMutation,
     "arity": WrongArity,
     "state_arg": StateArgument,
     "api_value": ApiAsValue,

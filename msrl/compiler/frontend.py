@@ -368,6 +368,39 @@ class Frontend:
                 if isinstance(root, ast.Name) and root.id == "self":
                     raise src.error(n, "the training loop must not assign to (or delete) attributes of `self`",
                                     "state that changes belongs in a component (actor, learner, buffer)")
+            if isinstance(n, ast.Call) and self._helper_of(src, n) is None:  # a method called as it is
+                fn = getattr(type(self.alg), n.func.attr, None) if isinstance(n.func, ast.Attribute) and \
+                    isinstance(n.func.value, ast.Name) and n.func.value.id == "self" else None
+                at = self._mutation_in(fn) if inspect.isfunction(fn) else None
+                if at is not None:
+                    raise src.error(n, f"self.{n.func.attr}() assigns to attributes of `self` ({at}): the "
+                                    "training loop is traced several times (and by each replica), so such a change "
+                                    "would depend on how often", "state that changes belongs in a component "
+                                    "(actor, learner, buffer)")
+
+    def _mutation_in(self, fn: Callable, seen: frozenset = frozenset()) -> str | None:
+        """Where method ``fn`` (or a method it calls on ``self``) assigns to or deletes an attribute of its
+        ``self``, as file:line, or None."""
+        if fn in seen:
+            return None
+        seen = seen | {fn}
+        try:
+            helper = Source(fn, fn.__qualname__)
+        except CompileError:
+            return None
+        me = helper.fdef.args.args[0].arg if helper.fdef.args.args else None
+        for n in ast.walk(helper.fdef):
+            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                root = _target_root(n)
+                if isinstance(root, ast.Name) and root.id == me:
+                    return f"{helper.file}:{helper.line(n)}"
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                    and n.func.value.id == me:
+                inner = getattr(type(self.alg), n.func.attr, None)
+                at = self._mutation_in(inner, seen) if inspect.isfunction(inner) else None
+                if at is not None:
+                    return at
+        return None
 
     def _check_no_reserved(self, src: Source, st: ast.stmt) -> None:
         """The user's own code names none of msrl's generated variables: assigning one would clobber it (or
