@@ -128,8 +128,8 @@ class IMPALA(msrl.Algorithm):
         super().__init__(cfg, ctx)
         if ctx.learner_envs % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the "
-                                   f"{ctx.learner_envs} environments a learner sees (minibatches are whole trajectories "
-                                   "of some environments)")
+                                   f"{ctx.learner_envs} environments a learner sees (minibatches are whole "
+                                   "trajectories of some environments)")
         net = actor_critic(ctx.env_spec, cfg, "IMPALA")
         self.actor = ActorCriticActor(net)  # samples, and returns the sampled action's log-probability
         steps = cfg.epochs * cfg.minibatches  # optimizer steps per update, which anneal_lr's schedule counts
