@@ -240,7 +240,7 @@ class HelperMutation(Base):
     def train_step(self):
         obs = msrl.env_observe()
         out = msrl.agent_act(obs)
-        next_obs, reward, done = msrl.env_step(out.action)
+        _, reward, done = msrl.env_step(out.action)
         msrl.buffer_insert(Item(obs, out.action, reward * self.bump(), done))  # E:helper_mutation
         return msrl.agent_learn(msrl.buffer_get())
 

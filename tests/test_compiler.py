@@ -204,10 +204,11 @@ def test_a_wrong_state_or_item_is_named(env, loop, says):
 def test_a_python_if_on_the_index_of_a_scanned_loop_says_why_at_its_line(env):
     """The shape probe runs the loop's body once in Python (the index is a number there); the jitted program
     scans it (the index is traced): the error comes when it compiles, at the line, with what to do."""
+    program = msrl.compile(loops.IndexIf(), Fused(), env, NUM_ENVS)
     with pytest.raises(msrl.CompileError, match=r"TracerBoolConversionError .*\n  hint: a Python `if`.* `i` is: "
-                                                r"the loop runs as lax.scan\): select with jnp.where") as info:
-        with msrl.Session(program=msrl.compile(loops.IndexIf(), Fused(), env, NUM_ENVS), seed=0) as session:
-            session.run(1)
+                                                r"the loop runs as lax.scan\): select with jnp.where") as info, \
+            msrl.Session(program=program, seed=0) as session:
+        session.run(1)
     assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line("index_if"))
 
 def test_an_error_in_a_method_the_loop_calls_names_its_line_and_the_statement(env):

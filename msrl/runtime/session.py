@@ -115,7 +115,7 @@ class Session:
                                "parameters (Session.snapshot() has its states)")
         return jax.device_get(self.runtime.params())
 
-    def snapshot(self, skip: tuple[str, ...] = ()) -> "Snapshot":
+    def snapshot(self, skip: tuple[str, ...] = ()) -> Snapshot:
         """Every replica's component states as host arrays, by fragment (components in ``skip`` left out), and
         the iteration they were taken after."""
         self._open()
