@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from msrl.errors import ConfigError, did_you_mean, quote
 from msrl.registry import ALGORITHMS, POLICIES
@@ -90,6 +90,7 @@ class ExperimentConfig(BaseModel):
     env: EnvConfig = Field(default_factory=EnvConfig)
     policy: Any
     run: RunConfig = Field(default_factory=RunConfig)
+    _envs_asked: int | None = PrivateAttr(None)  # env.num_envs as given, where the policy set another count
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -202,7 +203,9 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         policy=_validate(policy_cls, policy, "policy"),
         run=run,
     )
-    cfg.env.num_envs = cfg.policy.total_envs(cfg.env.num_envs)  # where the policy sets it (envs_per_actor x actors)
+    asked, cfg.env.num_envs = cfg.env.num_envs, cfg.policy.total_envs(cfg.env.num_envs)  # envs_per_actor x actors
+    if asked != cfg.env.num_envs:
+        cfg._envs_asked = asked
     return cfg
 
 

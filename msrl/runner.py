@@ -480,6 +480,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     if iterations < 1:
         raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than one iteration "
                           f"({steps_per_iter} env steps)")
+    if cfg._envs_asked is not None:
+        print(f"msrl: note: policy {cfg.policy.name!r} runs env.num_envs={cfg.env.num_envs:,} environments (its "
+              f"replicas x envs per replica), not the {cfg._envs_asked:,} the config gives", file=sys.stderr,
+              flush=True)
     if iterations * steps_per_iter != cfg.run.total_env_steps:
         print(f"msrl: note: run.total_env_steps={cfg.run.total_env_steps:,} rounded down to {iterations:,} whole "
               f"iterations of {steps_per_iter:,} env steps: {iterations * steps_per_iter:,}", file=sys.stderr, flush=True)

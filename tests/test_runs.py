@@ -63,6 +63,14 @@ def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     assert json.loads((run / "summary.json").read_text())["iterations"] == 12
 
 
+def test_a_policy_that_sets_another_count_of_environments_says_so(tmp_path, capsys):
+    split = ["policy.name=single_learner_coarse", "policy.actors=2", "policy.envs_per_actor=3"]
+    assert main(["train", CARTPOLE, *SHORT, *split, "--run-dir", str(tmp_path / "run")]) == 0
+    assert "runs env.num_envs=6 environments (its replicas x envs per replica), not the 4 the config gives" \
+        in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "run"), "run.total_env_steps=6144"]) == 0
+    assert "envs per replica" not in capsys.readouterr().err  # its config.yaml holds the count it ran
+
 def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
     seen = []
     summary = msrl.train(CARTPOLE, [*SHORT, "run.iterations_per_dispatch=2"], run_dir=tmp_path,
