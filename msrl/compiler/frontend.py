@@ -89,6 +89,22 @@ def _target_root(target: ast.expr) -> ast.expr:
     return target
 
 
+def _mutates(node: ast.AST, name: str) -> bool:
+    """``node`` assigns to (or deletes) an attribute or item of the object named ``name``."""
+    if not (isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del))):
+        return False
+    root = _target_root(node)
+    return isinstance(root, ast.Name) and root.id == name
+
+
+def _method_called(node: ast.AST, name: str) -> str | None:
+    """The method ``node`` calls on the object named ``name`` (``name.method(...)``), or None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+            and node.func.value.id == name:
+        return node.func.attr
+    return None
+
+
 def _stored_roots(target: ast.expr) -> set[str]:
     root = _target_root(target)
     return {root.id} if isinstance(root, ast.Name) else set()
@@ -220,25 +236,21 @@ class Frontend:
 
     def _helper_of(self, src: Source, call: ast.AST) -> Callable | None:
         """A method of the algorithm called as ``self.name(...)`` whose body uses the API (to inline)."""
-        if not (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and isinstance(call.func.value, ast.Name)
-            and call.func.value.id == "self"
-        ):
+        name = _method_called(call, "self")
+        if name is None:
             return None
-        raw = inspect.getattr_static(type(self.alg), call.func.attr, None)
+        raw = inspect.getattr_static(type(self.alg), name, None)
         if isinstance(raw, (staticmethod, classmethod)):
             fn = raw.__func__
             if self._uses_api(fn):
-                raise src.error(call, f"self.{call.func.attr}() is a {type(raw).__name__} that uses the API",
+                raise src.error(call, f"self.{name}() is a {type(raw).__name__} that uses the API",
                                 "make it a plain method (helpers that use the API are inlined)")
             return None
-        fn = getattr(type(self.alg), call.func.attr, None)
+        fn = getattr(type(self.alg), name, None)
         if not inspect.isfunction(fn):
             return None
         if getattr(fn, "__qualname__", None) in self.inlining:
-            raise src.error(call, f"helper self.{call.func.attr}() calls itself; recursion cannot be compiled")
+            raise src.error(call, f"helper self.{name}() calls itself; recursion cannot be compiled")
         return fn if self._uses_api(fn) else None
 
     def _uses_api(self, fn: Callable) -> bool:
@@ -363,43 +375,35 @@ class Frontend:
 
     def _check_no_self_mutation(self, src: Source, st: ast.stmt) -> None:
         for n in ast.walk(st):
-            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, (ast.Store, ast.Del)):
-                root = _target_root(n)
-                if isinstance(root, ast.Name) and root.id == "self":
-                    raise src.error(n, "the training loop must not assign to (or delete) attributes of `self`",
-                                    "state that changes belongs in a component (actor, learner, buffer)")
-            if isinstance(n, ast.Call) and self._helper_of(src, n) is None:  # a method called as it is
-                fn = getattr(type(self.alg), n.func.attr, None) if isinstance(n.func, ast.Attribute) and \
-                    isinstance(n.func.value, ast.Name) and n.func.value.id == "self" else None
-                at = self._mutation_in(fn) if inspect.isfunction(fn) else None
+            if _mutates(n, "self"):
+                raise src.error(n, "the training loop must not assign to (or delete) attributes of `self`",
+                                "state that changes belongs in a component (actor, learner, buffer)")
+            method = _method_called(n, "self")
+            if method is not None and self._helper_of(src, n) is None:  # a method called as it is
+                at = self._mutation_in(getattr(type(self.alg), method, None))
                 if at is not None:
-                    raise src.error(n, f"self.{n.func.attr}() assigns to attributes of `self` ({at}): the "
-                                    "training loop is traced several times (and by each replica), so such a change "
-                                    "would depend on how often", "state that changes belongs in a component "
-                                    "(actor, learner, buffer)")
+                    raise src.error(n, f"self.{method}() assigns to attributes of `self` ({at}): the training loop "
+                                    "is traced several times (and by each replica), so such a change would depend "
+                                    "on how often", "state that changes belongs in a component (actor, learner, "
+                                    "buffer)")
 
     def _mutation_in(self, fn: Callable, seen: frozenset = frozenset()) -> str | None:
-        """Where method ``fn`` (or a method it calls on ``self``) assigns to or deletes an attribute of its
-        ``self``, as file:line, or None."""
-        if fn in seen:
+        """Where method ``fn`` (or a method it calls on its ``self``) assigns to or deletes an attribute of its
+        ``self``, as file:line, or None (also for anything but a plain function)."""
+        if not inspect.isfunction(fn) or fn in seen:
             return None
-        seen = seen | {fn}
         try:
             helper = Source(fn, fn.__qualname__)
         except CompileError:
             return None
         me = helper.fdef.args.args[0].arg if helper.fdef.args.args else None
         for n in ast.walk(helper.fdef):
-            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, (ast.Store, ast.Del)):
-                root = _target_root(n)
-                if isinstance(root, ast.Name) and root.id == me:
-                    return f"{helper.file}:{helper.line(n)}"
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
-                    and n.func.value.id == me:
-                inner = getattr(type(self.alg), n.func.attr, None)
-                at = self._mutation_in(inner, seen) if inspect.isfunction(inner) else None
-                if at is not None:
-                    return at
+            if _mutates(n, me):
+                return f"{helper.file}:{helper.line(n)}"
+            method = _method_called(n, me)
+            at = method and self._mutation_in(getattr(type(self.alg), method, None), seen | {fn})
+            if at:
+                return at
         return None
 
     def _check_no_reserved(self, src: Source, st: ast.stmt) -> None:

@@ -158,7 +158,6 @@ class Snapshot(dict):
     def __reduce__(self) -> tuple:
         return Snapshot, (dict(self), self.iteration)
 
-
     @staticmethod
     def register() -> None:
         """Once, when jax is in use: jax.tree functions map a Snapshot's states and keep its iteration."""
