@@ -59,8 +59,9 @@ class RunConfig(BaseModel):
                            "program (fused only); metrics per seed under RUN_DIR/seed_N/")
     seed_batching: Literal["auto", "vmap", "sequential"] = Field(
         "auto", description="how the num_seeds seeds share the program: vmap (batched; on CPU a seed's numbers then "
-        "match its run alone only to float rounding), sequential (one after another in the same program: every "
-        "seed bitwise its run alone); auto: sequential on CPU, where it costs a few percent more, vmap on accelerators")
+        "match its run alone only to float rounding), sequential (the one-seed program, one seed after another "
+        "on each device: every seed bitwise its run alone); auto: sequential on CPU, where it costs about as "
+        "much, vmap on accelerators")
     sweep: dict[str, list[float]] = Field(
         default_factory=dict, description="algorithm float keys and their values, trained at once in one program "
         "(fused only): every combination x num_seeds, each logged under RUN_DIR/KEY=VALUE/; also written as a list "
