@@ -125,6 +125,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--resume", "a resumed run continues in its own directory; drop --run-dir")
     if args.resume and args.overwrite:
         raise ConfigError("--overwrite", "a resumed run continues its directory; --overwrite would clear it")
+    if args.overwrite and not args.run_dir:
+        raise ConfigError("--overwrite", "replaces the run in --run-dir DIR; without --run-dir each run gets a fresh "
+                          "directory")
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config and not Path(config).exists():  # `train --resume DIR KEY=VALUE`
         config, overrides = None, [config, *overrides]
@@ -220,7 +223,7 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", default=None, help="where metrics, config and summary go (default: a new "
                    "runs/ALGORITHM-POLICY-TIME); a directory that holds a run is refused")
     t.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue RUN_DIR from its latest checkpoint")
-    t.add_argument("--overwrite", action="store_true", help="replace the run in --run-dir (cleared first)")
+    t.add_argument("--overwrite", action="store_true", help="replace the run in --run-dir (cleared once the new run has compiled and started)")
     t.set_defaults(fn=cmd_train)
 
     g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")

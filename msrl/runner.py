@@ -246,13 +246,15 @@ RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", 
 # (and the folders of a run of several seeds or swept values: seed_N/, KEY=VALUE/)
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     """A run directory holds one run: an existing non-empty one is refused unless the run continues
-    (``resume``) or is replaced (``overwrite``, which clears it first, and only if it holds a run)."""
+    (``resume``) or is replaced (``overwrite``, and only if it holds a run). True: the old run is to be
+    cleared (:func:`clear_run_dir`), which waits until the new one has compiled and started, so that a
+    config the compiler refuses leaves the old run as it was."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError("--run-dir", f"{run_dir} is a file, not a directory")
     if resume or not run_dir.exists() or not any(run_dir.iterdir()):
-        return
+        return False
     is_run = any((run_dir / name).exists() for name in RUN_FILES)
     if not overwrite and is_run and not any(run_dir.rglob("ckpt_*.msgpack")):
         raise ConfigError("--run-dir", f"{run_dir} already holds a run that stopped before its first checkpoint; "
@@ -263,6 +265,11 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
                                                      ", or choose another --run-dir"))
     if not is_run:
         raise ConfigError("--overwrite", f"{run_dir} holds files but no run ({', '.join(RUN_FILES)}): not clearing it")
+    return True
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove a run's files from ``run_dir`` (what ``--overwrite`` replaces; the user's own files stay)."""
     import shutil
 
     for path in [*(run_dir / name for name in RUN_FILES), *run_dir.glob("seed_*"), *run_dir.glob("*=*")]:
@@ -430,7 +437,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                   "is stretched to the new total from the checkpoint on, so the run differs from one of either "
                   "length", file=sys.stderr, flush=True)
     run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
-    prepare_run_dir(run_dir, resume, overwrite)
+    replace = prepare_run_dir(run_dir, resume, overwrite)
     if made is not None and not run_dir.exists():
         made.append(run_dir)
     try:
@@ -450,7 +457,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     signals = _Signals().__enter__()  # from here on SIGTERM, like SIGINT, ends the run cleanly
     try:
         return _run(cfg, run_dir, resume, states if resume else None, meta if resume else None,
-                    path if resume else None, on_iteration, stage, signals)
+                    path if resume else None, on_iteration, stage, signals, replace)
     finally:
         signals.__exit__()
 
@@ -470,7 +477,8 @@ def _same_algorithm_and_policy(saved: Path, data: dict[str, Any]) -> None:
 
 
 def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: Any, path: Any,
-         on_iteration: Callable[[dict], Any] | None, stage: Callable[[str], None], signals: _Signals) -> TrainResult:
+         on_iteration: Callable[[dict], Any] | None, stage: Callable[[str], None], signals: _Signals,
+         replace: bool = False) -> TrainResult:
     from msrl.runtime.session import Session
 
     stage(f"compiling {cfg.algorithm.name}'s loop under {cfg.policy.name} ({cfg.env.id})")
@@ -514,6 +522,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                       "checkpoint does not hold its content)", file=sys.stderr, flush=True)
             elapsed0, last_return = meta["wall_time"], meta["episode_return"]
             seed_returns = meta.get("episode_return_per_seed", seed_returns)
+        if replace:  # (--overwrite) the new run has compiled and started: the old one goes now
+            clear_run_dir(run_dir)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
         logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=session.iteration if resume else None)
     except BaseException:

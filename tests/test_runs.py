@@ -31,6 +31,10 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run)]) == 2
     assert f"{run} already holds a run; continue it with --resume {run}, or replace it with --overwrite" \
         in capsys.readouterr().err
+    # a replacement the compiler refuses leaves the old run as it was
+    assert main(["train", CARTPOLE, *SHORT, "algorithm.minibatches=3", "--overwrite", "--run-dir", str(run)]) == 2
+    assert "algorithm.minibatches" in capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text()) == first and evaluate(run, episodes=1)["iteration"] == 8
     # the replacement is the only run there: its checkpoints, its rows, and eval reads it
     assert main(["train", CARTPOLE, *SHORT, "run.total_env_steps=2048", "run.checkpoint_every_steps=512", "--overwrite",
                  "--run-dir", str(run)]) == 0
@@ -43,6 +47,8 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     assert main(["train", CARTPOLE, *SHORT, "--overwrite", "--run-dir", str(tmp_path / "other")]) == 2
     assert "holds files but no run" in capsys.readouterr().err
     assert (tmp_path / "other" / "notes.txt").exists()
+    assert main(["train", CARTPOLE, *SHORT, "--overwrite"]) == 2  # nothing to replace
+    assert "--overwrite: replaces the run in --run-dir DIR" in capsys.readouterr().err
     shutil.rmtree(run / "checkpoints")  # as a run stopped (by an on_iteration that raised) before its first
     assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run)]) == 2
     assert f"{run} already holds a run that stopped before its first checkpoint; start it again with --overwrite" \
