@@ -144,6 +144,14 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from msrl.plot import check_image_file
     from msrl.runner import build
 
+    suffixes = {".png": "png", ".svg": "png", ".pdf": "png", ".json": "json", ".dot": "dot", ".gv": "dot"}
+    implied = suffixes.get(Path(args.output).suffix.lower()) if args.output else None
+    if args.format is None:
+        args.format = implied or "text"
+    elif implied not in (None, args.format):
+        kind = "an image" if implied == "png" else f"a {implied} file"
+        raise ConfigError("--format", f"-o {args.output} names {kind}, not {args.format}: drop --format (the suffix "
+                          f"picks it), or give -o another name")
     if args.format == "png":
         if not args.output:
             raise MsrlError("--format png needs -o FILE.png")
@@ -162,12 +170,12 @@ def cmd_graph(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}")
         return 0
     text = {"text": _graph_text, "json": lambda p: p.to_json(), "dot": _graph_dot}[args.format](program)
-    if args.code:
-        text += "\n\n" + program.code() if args.format != "json" else ""
-        if args.format == "json":
-            data = json.loads(text)
-            data["code"] = {f.name: f.source for f in program.fragments.values()}
-            text = json.dumps(data, indent=2, default=str)
+    if args.code and args.format == "json":
+        text = json.dumps({**json.loads(text), "code": {f.name: f.source for f in program.fragments.values()}},
+                          indent=2, default=str)
+    elif args.code:  # (in DOT as comments, so the file stays a graph)
+        code = program.code()
+        text += "\n\n" + ("\n".join(f"// {line}" for line in code.splitlines()) if args.format == "dot" else code)
     if args.output:
         Path(args.output).write_text(text + "\n")
         print(f"wrote {args.output}")
@@ -230,7 +238,8 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("config")
     g.add_argument("overrides", nargs="*")
     g.add_argument("--policy", default=None, help="shorthand for policy.name=P (replaces the config file's policy)")
-    g.add_argument("--format", choices=["text", "json", "dot", "png"], default="text")
+    g.add_argument("--format", choices=["text", "json", "dot", "png"], default=None,
+                   help="default: what -o's suffix names (.png/.svg/.pdf, .json, .dot/.gv), else text")
     g.add_argument("--code", action="store_true", help="also print each fragment's generated source")
     g.add_argument("-o", "--output", default=None)
     g.set_defaults(fn=cmd_graph)

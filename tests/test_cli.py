@@ -50,9 +50,15 @@ def test_graph_dot_and_png(tmp_path, capsys):
     dot = capsys.readouterr().out
     assert dot.startswith("digraph fdg {") and "cluster_" in dot and "agent_learn" in dot
     png = tmp_path / "fdg.png"
-    assert main(["graph", CARTPOLE, "--format", "png", "-o", str(png)]) == 0
+    assert main(["graph", CARTPOLE, "-o", str(png)]) == 0  # the suffix picks the format
     image = matplotlib.image.imread(png)
     assert image.shape[0] > 100 and image.shape[1] > 100
+    assert main(["graph", CARTPOLE, "--format", "text", "-o", str(png)]) == 2
+    assert f"--format: -o {png} names an image, not text" in capsys.readouterr().err
+    assert main(["graph", CARTPOLE, "--code", "-o", str(tmp_path / "fdg.dot")]) == 0  # the code as DOT comments
+    dot = (tmp_path / "fdg.dot").read_text()
+    after = dot[dot.index("\n}\n") + 3:]  # what follows the graph's closing brace
+    assert "// def fragment_main" in after and all(line.startswith("//") for line in after.splitlines() if line)
 
 
 def test_train_writes_run_directory(tmp_path):
