@@ -198,6 +198,9 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         for v in values:
             _validate(algo_cls.Config, {**algo, key: v}, "algorithm")
     run = _validate(RunConfig, run, "run")
+    if run.seed + run.num_seeds - 1 > SEED_MAX:
+        raise ConfigError("run.num_seeds", f"seeds {run.seed:,} .. {run.seed + run.num_seeds - 1:,} pass the largest "
+                          f"seed, {SEED_MAX:,} (a jax PRNG key holds 32 bits): lower run.seed")
     cfg = ExperimentConfig(
         algorithm=_validate(algo_cls.Config, algo, "algorithm"),
         env=_validate(EnvConfig, data.get("env") or {}, "env"),
@@ -223,9 +226,14 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
             same = key in sweep and isinstance(sweep[key], list) and \
                 list(map(_number_or_repr, sweep[key])) == list(map(_number_or_repr, value))
             if key in sweep and not same:  # the same list twice (a sweep's config.yaml and its list again) is one
-                raise ConfigError(f"algorithm.{key}", f"is swept twice: {quote(value)} here and {quote(sweep[key])} "
-                                  f"in run.sweep; keep one")
+                values = lambda v: quote(list(map(_number_or_repr, v)) if isinstance(v, list) else v)  # noqa: E731
+                raise ConfigError(f"algorithm.{key}", f"is swept twice: {values(value)} here and {values(sweep[key])} "
+                                  "in run.sweep (a sweep's config.yaml holds its sweep there); keep one")
             sweep[key] = value
+        elif key in sweep and isinstance(sweep[key], list) and sweep[key] and \
+                _number_or_repr(value) != _number_or_repr(sweep[key][0]):  # (a sweep's config.yaml: its first value)
+            raise ConfigError(f"algorithm.{key}", f"{quote(value)} is given, but run.sweep sweeps {key} over "
+                              f"{quote(sweep[key])}: drop one of them")
     for key, values in sweep.items():
         field = model.model_fields.get(key)
         if field is None:
