@@ -47,8 +47,12 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
         names = [m.name for m in each]
         if member not in names:
             raise ConfigError("RUN_DIR", f"{run_dir / member} is not a member of the run in {run_dir} "
-                              f"(its members: {', '.join(names)})")
+                              + (f"(its members: {', '.join(names)})" if len(each) > 1 else
+                                 "(a run of one seed): evaluate the run itself"))
         i = names.index(member)
+        if run_seed is not None and run_seed != each[i].seed:
+            raise ConfigError("--run-seed", f"{run_dir / member} is the folder of seed {each[i].seed}, not "
+                              f"{run_seed}: drop --run-seed, or give the run, {run_dir}, with it")
     elif run_seed is not None:
         seeds = sorted({m.seed for m in each})
         found = [j for j, m in enumerate(each) if m.seed == run_seed]

@@ -246,6 +246,15 @@ RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", 
 # (and the folders of a run of several seeds or swept values: seed_N/, KEY=VALUE/)
 
 
+def member_folder_of(run_dir: Path) -> Path | None:
+    """The run directory whose member's folder (``seed_N/``, ``KEY=VALUE/``) ``run_dir`` is, or None."""
+    parent = run_dir.parent if run_dir.parent != Path(".") else run_dir.resolve().parent
+    if (run_dir.name.startswith("seed_") or "=" in run_dir.name) and (parent / "config.yaml").is_file() and \
+            (run_dir / "config.yaml").is_file():
+        return parent
+    return None
+
+
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     """A run directory holds one run: an existing non-empty one is refused unless the run continues
     (``resume``) or is replaced (``overwrite``, and only if it holds a run). True: the old run is to be
@@ -253,6 +262,11 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     config the compiler refuses leaves the old run as it was."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError("--run-dir", f"{run_dir} is a file, not a directory")
+    run = member_folder_of(run_dir)
+    if run is not None:
+        raise ConfigError("--resume" if resume else "--run-dir", f"{run_dir} is one member's folder of the run in "
+                          f"{run}, which holds every member's checkpoints: "
+                          + (f"resume {run}" if resume else "choose another --run-dir"))
     if resume or not run_dir.exists() or not any(run_dir.iterdir()):
         return False
     is_run = any((run_dir / name).exists() for name in RUN_FILES)
@@ -417,6 +431,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
     if resume:  # refuse before building anything
+        prepare_run_dir(Path(run_dir), resume, overwrite)
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:
             raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from"

@@ -87,6 +87,12 @@ def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(
     assert policy.act(np.zeros(4, np.float32)).shape == ()
     with pytest.raises(ConfigError, match=r"--run-seed: .* trained seeds 5..7, not 4"):
         msrl.load(run, run_seed=4)
+    with pytest.raises(ConfigError, match=r"--run-seed: .*seed_6 is the folder of seed 6, not 5"):
+        msrl.load(run / "seed_6", run_seed=5)
+    # a seed's folder is the run's: resuming or training into it alone is refused, naming the run
+    for args in (["--resume", str(run / "seed_6")], [CARTPOLE, "--overwrite", "--run-dir", str(run / "seed_6")]):
+        assert main(["train", *args]) == 2
+        assert f"seed_6 is one member's folder of the run in {run}" in capsys.readouterr().err
     assert main(["plot", str(run), "-o", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 0
 
