@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             import_user_module(module)
         return args.fn(args)
     except Interrupted as e:
-        print(f"msrl: {e}", file=sys.stderr)
+        imports = "".join(f"--import {shlex.quote(m)} " for m in getattr(args, "imports", None) or [])
+        print(f"msrl: {e}".replace("msrl train --resume ", f"msrl train {imports}--resume "), file=sys.stderr)
         return 130
     except MsrlError as e:
         if getattr(args, "debug", False):

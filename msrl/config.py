@@ -357,8 +357,16 @@ def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> Ex
     return validate_config(read_config(path, overrides))
 
 
+def override_list(overrides: Any) -> list[str]:
+    """``overrides`` as a list (one string is refused: it was read letter by letter)."""
+    if isinstance(overrides, str):
+        raise ConfigError("overrides", f"a list of KEY.PATH=VALUE strings, got one string: write [{overrides!r}]")
+    return list(overrides)
+
+
 def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> dict[str, Any]:
     """What :func:`load_config` validates: the file's (or dict's) sections with the overrides applied."""
+    overrides = override_list(overrides)
     data: dict[str, Any] = {}
     if isinstance(path, dict):
         import copy

@@ -16,7 +16,7 @@ import yaml
 
 from msrl import checkpoint, resources
 from msrl.algorithm import Context
-from msrl.config import ExperimentConfig, read_config, validate_config
+from msrl.config import ExperimentConfig, override_list, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError, user_code_error
 from msrl.registry import ALGORITHMS
@@ -273,12 +273,13 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     if not overwrite and is_run and not any(run_dir.rglob("ckpt_*.msgpack")):
         raise ConfigError("--run-dir", f"{run_dir} already holds a run that stopped before its first checkpoint; "
                           "start it again with --overwrite, or choose another --run-dir")
+    if not is_run:  # (neither resumed nor replaced: someone's own files)
+        raise ConfigError("--overwrite" if overwrite else "--run-dir", f"{run_dir} holds files but no run (none of "
+                          f"{', '.join(RUN_FILES)}): not {'clearing' if overwrite else 'writing into'} it; choose "
+                          "another --run-dir")
     if not overwrite:
-        raise ConfigError("--run-dir", f"{run_dir} already holds {'a run' if is_run else 'files'}; continue it with "
-                          f"--resume {run_dir}" + (", or replace it with --overwrite" if is_run else
-                                                     ", or choose another --run-dir"))
-    if not is_run:
-        raise ConfigError("--overwrite", f"{run_dir} holds files but no run ({', '.join(RUN_FILES)}): not clearing it")
+        raise ConfigError("--run-dir", f"{run_dir} already holds a run; continue it with --resume {run_dir}, or "
+                          "replace it with --overwrite")
     return True
 
 
@@ -415,7 +416,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         cfg = saved
         if not cfg.is_file():
             raise ConfigError("--resume", f"{run_dir} is not a run directory (no config.yaml)")
-    overrides = [*overrides, *(o for name, value in sections.items() for o in _dotted(name, value))]
+    overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in _dotted(name, value))]
     if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
     data = cfg.dump() if isinstance(cfg, ExperimentConfig) else read_config(cfg, overrides)

@@ -11,6 +11,7 @@ import pytest
 
 import msrl
 from msrl.config import load_config, read_config
+from msrl.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -21,6 +22,8 @@ def test_example_loads_with_overrides():
     assert cfg.policy.name == "fused" and cfg.policy.backend == "jax"
     dumped = cfg.dump()
     assert dumped["algorithm"]["name"] == "ppo" and dumped["run"]["seed"] == 3
+    with pytest.raises(ConfigError, match=r"overrides: a list of KEY.PATH=VALUE strings, got one string: write \["):
+        load_config(EXAMPLES / "ppo_cartpole.yaml", "run.seed=3")  # (it was read letter by letter)
 
 
 def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):

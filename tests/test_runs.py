@@ -46,6 +46,8 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert main(["train", CARTPOLE, *SHORT, "--overwrite", "--run-dir", str(tmp_path / "other")]) == 2
     assert "holds files but no run" in capsys.readouterr().err
+    assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(tmp_path / "other")]) == 2  # not: "--resume" it
+    assert "--run-dir: " + str(tmp_path / "other") + " holds files but no run" in capsys.readouterr().err
     assert (tmp_path / "other" / "notes.txt").exists()
     assert main(["train", CARTPOLE, *SHORT, "--overwrite"]) == 2  # nothing to replace
     assert "--overwrite: replaces the run in --run-dir DIR" in capsys.readouterr().err
@@ -102,8 +104,10 @@ def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tm
     overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every_steps=204800",
                  *policy]
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *overrides, "--run-dir", str(run)],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    own = str(EXAMPLES / "custom_algorithm.py")  # a module of the user's: the command that resumes imports it too
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *overrides, "--run-dir", str(run),
+                             "--import", own], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.time() + 240
     while not ((run / "metrics.csv").exists() and len((run / "metrics.csv").read_text().splitlines()) > 3):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "slow"
@@ -111,7 +115,7 @@ def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tm
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert f"Continue with: msrl train --resume {run}" in err
+    assert f"Continue with: msrl train --import {own} --resume {run}" in err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] == sig.name and summary["iterations"] < 400
     assert main(["train", "--resume", str(run)]) == 0
