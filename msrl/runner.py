@@ -132,7 +132,8 @@ class _Table:
 
     def close(self, cfg: ExperimentConfig, final_return: float) -> None:
         if self.tb is not None:
-            if math.isfinite(final_return):
+            # (a sweep's root averages members of different values: not one trial, so no hparams session)
+            if math.isfinite(final_return) and not cfg.run.sweep:
                 self.tb.add_hparams(_flat(cfg.dump()), {"hparam/episode_return": final_return}, name="hparams")
             self.tb.close()
         self.csv_file.close()
@@ -228,6 +229,8 @@ def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
             out.update(_flat(v, f"{prefix}{k}."))
         elif isinstance(v, (bool, int, float, str)):
             out[f"{prefix}{k}"] = v
+        elif isinstance(v, list):  # (algorithm.hidden) as its text
+            out[f"{prefix}{k}"] = str(v)
     return out
 
 

@@ -77,7 +77,7 @@ def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
     (text,) = [v for v in values if v.tag.startswith("config")]
     assert b"name: ppo" in text.tensor.string_val[0] and b"total_env_steps: 4096" in text.tensor.string_val[0]
     hparams = list((tmp_path / "tb" / "hparams").glob("events.out.tfevents.*"))
-    assert hparams and b"algorithm.lr" in hparams[0].read_bytes()
+    assert hparams and b"algorithm.lr" in hparams[0].read_bytes() and b"[64, 64]" in hparams[0].read_bytes()
 
 
 def test_tensorboard_loads_without_pytorch_and_leaves_it_importable():

@@ -113,6 +113,9 @@ def test_a_sweep_logs_each_member_with_its_config_learns_resumes_and_evaluates_e
         assert member["algorithm"]["lr"] == lr and member["run"]["sweep"] == {}
         assert_reaches(run / name, 150.0, within=60000)  # each learns (a random policy scores ~22)
     assert json.loads((run / "summary.json").read_text())["members"] == result["members"]
+    # TensorBoard's HParams: a session per member, none for the root (its mean mixes the values: no one trial)
+    assert all(list((run / n / "tb" / "hparams").glob("events.*")) for n in result["members"])
+    assert not (run / "tb" / "hparams").exists()
 
     # resumed: every member's table is cut back to the checkpoint and continues
     assert main(["train", "--resume", str(run), "run.total_env_steps=70000"]) == 0
