@@ -127,8 +127,14 @@ class TrainedPolicy:
         self._n = None
 
     def act(self, obs: Any, done: Any = None) -> np.ndarray:
+        if isinstance(obs, (list, tuple)) and not hasattr(obs, "_fields"):  # a plain list of numbers
+            obs = np.asarray(obs, self.env_spec.obs_dtype)
         obs = jax.tree.map(np.asarray, obs)
-        single = isinstance(obs, np.ndarray) and obs.shape == tuple(self.env_spec.obs_shape)
+        shape = tuple(self.env_spec.obs_shape)
+        if isinstance(obs, np.ndarray) and obs.shape != shape and obs.shape[1:] != shape:
+            raise ValueError(f"act: an observation of {self.env_spec.id} is shaped {shape} (a batch: (n, "
+                             f"{', '.join(map(str, shape))})), got {obs.shape}")
+        single = isinstance(obs, np.ndarray) and obs.shape == shape
         if single:  # one observation: act on a batch of one
             obs = jax.tree.map(lambda x: x[None], obs)
         n = jax.tree.leaves(obs)[0].shape[0]
