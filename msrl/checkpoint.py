@@ -29,7 +29,7 @@ from msrl.errors import ConfigError, TrainingError
 FORMAT = 2  # 2: {"format", "sha256", "config_hash", "payload": msgpack({"meta", "states"})}; 1: no checksum
 # run keys that may change between a run and its resumption
 RESUMABLE_RUN_KEYS = {"total_env_steps", "iterations_per_dispatch", "progress", "tensorboard", "compile_cache",
-                      "log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "wandb"}
+                      "log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "wandb", "stall_timeout_s"}
 CHECKED = ("learner", "params")  # components whose float leaves must be finite in a usable checkpoint
 
 
