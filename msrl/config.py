@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -158,17 +158,31 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
                  if err["type"] == "int_parsing" and isinstance(err.get("input"), str) and len(err["loc"]) == 1]
         if whole and all(n is not None for _, n in whole):  # `1e5` where a whole number goes
             return _validate(model, {**data, **{loc[0]: n for loc, n in whole}}, prefix)
-        err = e.errors()[0]
+        err = min(e.errors(), key=lambda err: err["type"] != "extra_forbidden")  # a typo before what it misses
         key = ".".join([prefix, *(_name(p) if isinstance(p, str) else str(p) for p in err["loc"])])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = unknown_key(str(err["loc"][-1]), model.model_fields)
+            msg = unknown_key(str(err["loc"][-1]), _model_at(model, err["loc"][:-1]).model_fields)
         elif "input" in err and err["type"] != "missing":
             msg += f" (got {quote(err['input'])})"
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         if field is not None and field.description and err["type"] != "extra_forbidden":
             msg += f" — {field.description}"
         raise ConfigError(key, msg) from None
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The model a nested key's ``loc`` (from ``model``) is in: through fields of models, and dicts of them."""
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:  # (a dict's key: the model stays its values')
+            continue
+        candidates = [field.annotation, *get_args(field.annotation)]
+        nested = [a for c in candidates for a in (c, *get_args(c)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return model
+        model = nested[0]
+    return model
 
 
 def validate_config(data: dict[str, Any]) -> ExperimentConfig:

@@ -54,6 +54,9 @@ def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):
         ("run.total_env_steps=ten", "run.total_env_steps", "valid integer"),
         ("extra.x=1", "extra", "allowed keys: algorithm, env, policy, run"),
         ("run.seed", "run.seed", "KEY.PATH=VALUE"),
+        # a nested section's own keys, not its parent's; a typo named before the key it leaves missing
+        ("run.wandb={projct: x}", "run.wandb.projct", "did you mean 'project'\\? allowed keys: project, entity"),
+        ("run.wandb={project: x, tag: y}", "run.wandb.tag", "did you mean 'tags'"),
     ],
 )
 def test_bad_values_name_the_key(override, key, text):
