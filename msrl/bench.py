@@ -114,6 +114,10 @@ def run_benchmarks(benchmarks: tuple[Benchmark, ...] = BENCHMARKS, directory: st
     unknown = [n for n in only or () if n not in names]
     if unknown:
         raise MsrlError(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(names)}")
+    missing = [b.script for b in benchmarks if (not only or b.name in only) and not (directory / b.script).is_file()]
+    if missing:
+        raise MsrlError(f"{directory} lacks the benchmark script{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(missing)} (--dir: the repository's benchmarks/ folder)")
     records = []
     for b in benchmarks:
         if only and b.name not in only:

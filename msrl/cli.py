@@ -133,7 +133,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config is not None and "=" in config and not Path(config).exists():  # `train --resume DIR KEY=VALUE`
         config, overrides = None, [config, *overrides]
     if config is None and not args.resume:
-        raise ConfigError("config", "msrl train needs a config file (or --resume RUN_DIR, which reads the run's own)")
+        raise ConfigError("config", "msrl train needs a config file (or --resume RUN_DIR, which reads the run's own)"
+                          + (": it goes before the KEY=VALUE overrides" if any("=" not in o for o in overrides) else ""))
     summary = train(config, overrides, run_dir=args.resume or args.run_dir, resume=bool(args.resume),
                     overwrite=args.overwrite)
     print(summary_json(summary))

@@ -165,6 +165,8 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
             msg = unknown_key(str(err["loc"][-1]), _model_at(model, err["loc"][:-1]).model_fields)
         elif "input" in err and err["type"] != "missing":
             msg += f" (got {quote(err['input'])})"
+            if isinstance(err["input"], list) and prefix != "algorithm":
+                msg += "; a list sweeps only an algorithm's float keys (one program per value otherwise)"
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         if field is not None and field.description and err["type"] != "extra_forbidden":
             msg += f" — {field.description}"
@@ -389,7 +391,7 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> di
     elif path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError("", f"config file {str(p)!r} does not exist")
+            raise ConfigError("", f"config file {str(p)!r} " + ("is a directory" if p.is_dir() else "does not exist"))
         try:
             data = yaml.load(p.read_text(), Loader=_StrictLoader)
         except ConfigError as e:

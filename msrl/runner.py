@@ -64,8 +64,8 @@ def make_algorithm(cfg: ExperimentConfig, ctx: Context) -> Any:
 FIRST_COLUMNS = ("iteration", "env_steps", "episode_return", "episode_length", "sps", "wall_time")
 SNAPSHOTS = ("episode_return", "episode_length", "episodes", "episode_return_std")  # a row's end state, not a mean
 MAX_ROWS = 1000  # rows a run writes at most unless run.log_every_steps says otherwise
-TB_GROUP = {"episode_return": "charts", "episode_length": "charts", "episodes": "charts", "sps": "perf",
-            "wall_time": "perf"}
+TB_GROUP = {"episode_return": "charts", "episode_length": "charts", "episodes": "charts",
+            "episode_return_std": "charts", "sps": "perf", "wall_time": "perf"}
 
 
 def merge_rows(rows: list[dict[str, float]]) -> dict[str, float]:

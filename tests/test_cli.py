@@ -87,6 +87,15 @@ def test_unknown_cli_argument_is_rejected(capsys):
         main(["graph", CARTPOLE, "--bogus"])
 
 
+def test_a_misplaced_config_a_folder_and_a_list_where_one_value_goes_are_named(tmp_path, capsys):
+    for args, error in [(["run.seed=1", CARTPOLE], "needs a config file .*: it goes before the KEY=VALUE overrides"),
+                        ([str(tmp_path)], f"config file '{tmp_path}' is a directory"),
+                        ([CARTPOLE, "env.num_envs=[4,8]"], r"env.num_envs: .*\(got \[4, 8\]\); a list sweeps only "
+                                                           "an algorithm's float keys")]:
+        assert main(["train", *args]) == 2
+        assert re.search(error, capsys.readouterr().err)
+
+
 def test_resume_names_the_runs_config_and_a_changed_algorithm_or_policy_first(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", CARTPOLE, "run.total_env_steps=1024", "run.progress=false", "--run-dir", str(run)]) == 0

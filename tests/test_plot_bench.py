@@ -151,6 +151,8 @@ def test_bench_cli_json_and_errors(tmp_path, capsys):
     assert "no benchmarks directory" in capsys.readouterr().err
     assert main(["bench", "--dir", str(tmp_path), "--only", "nope"]) == 2
     assert "unknown benchmark nope" in capsys.readouterr().err
+    assert main(["bench", "--dir", str(tmp_path), "--only", "sac_vs_sb3"]) == 2  # a folder without its script
+    assert f"{tmp_path} lacks the benchmark script sac_vs_sb3.py" in capsys.readouterr().err
 
 
 def test_last_json_takes_the_final_object():
