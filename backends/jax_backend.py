@@ -110,17 +110,22 @@ class JaxRuntime(Runtime):
                          for m, device in enumerate(self.devices)]
             # one thread per device, running its members one at a time (queued asynchronously instead, the
             # devices' programs ran all at once, contending for the cores: ~20% slower on 2 CPU devices)
+            # traced here, in this thread (the config holds a trace's swept values while it runs), compiled there
+            lowered = [self._lower(chunk, self._states[d], self._hps[d], swept) for d in range(len(devices))]
             self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"msrl-{d}") for d in devices]
             self._inflight: list[Any] = []
-            self._compiled = [f.result() for f in [
-                t.submit(self._compile, chunk, self._states[d], self._hps[d], swept) for d, t in enumerate(self._threads)]]
+            try:
+                self._compiled = [f.result() for f in [t.submit(low.compile) for low, t in zip(lowered, self._threads)]]
+            except BaseException:
+                self.close()
+                raise
         else:
             self._state = self._place([init[0] if self.members == 1 else stack(init) for init in inits])
             self._hp = self._place([self._hp]) if self.members > 1 else self._hp
-            self._compiled = self._compile(chunk, self._state, self._hp, swept)
+            self._compiled = self._lower(chunk, self._state, self._hp, swept).compile()
         self.compile_seconds = time.perf_counter() - t0
 
-    def _compile(self, chunk: Any, state: Any, hp: Any, swept: list[str]) -> Any:
+    def _lower(self, chunk: Any, state: Any, hp: Any, swept: list[str]) -> Any:
         try:
             # the state is donated (updated in place) only when large (a replay buffer): donating a small one
             # made XLA's CPU loop ~25% slower (PPO on CartPole), and a copy of a few MB per dispatch costs nothing
@@ -131,7 +136,7 @@ class JaxRuntime(Runtime):
             if refused is not None:
                 raise refused from None
             reraise_at_user_line(e, [self.fragment.lowered], "tracing")
-        return lowered.compile()
+        return lowered
 
     def _run_members(self, d: int, n: int) -> dict[int, Any]:
         """``sequential``: ``n`` iterations of each member on device ``d``, one after another (its thread)."""
@@ -141,22 +146,19 @@ class JaxRuntime(Runtime):
             outs[m] = jax.device_get(out)
         return outs
 
-    @property
-    def _state(self) -> Any:
-        """The program's state (a ``sequential`` run's member states stacked on the host)."""
+    def _view(self, skip: tuple[str, ...] = (), only: str | None = None) -> dict[str, Any]:
+        """The program's state without ``skip``'s components (or ``only`` one): a ``sequential`` run's member
+        states stacked on the host, once the iterations in flight are done."""
+        keep = lambda state: {k: v for k, v in state.items() if k not in skip and only in (None, k)}  # noqa: E731
         if not self.sequential:
-            return self.__dict__["_state"]
+            return keep(self._state)
         self._settle()
-        return stack(self._states)
+        return stack([keep(state) for state in self._states])
 
     def _settle(self) -> None:
         """Wait for the members' iterations in flight (``sequential``)."""
         for f in self._inflight:
             f.result()
-
-    @_state.setter
-    def _state(self, state: Any) -> None:
-        self.__dict__["_state"] = state
 
     def _place(self, states: list[Any], device: Any = None) -> Any:
         """Device state from per-replica states (stacked on a leading axis split over the mesh when several; a
@@ -200,12 +202,13 @@ class JaxRuntime(Runtime):
             pending = dispatched
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
-        return {self.fragment.name: self._replica_states({k: v for k, v in self._state.items() if k not in skip})}
+        return {self.fragment.name: self._replica_states(self._view(skip))}
 
     def shapes(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
         lead = 1 if self.replicas > 1 else 0  # each replica's share of the replica axis
-        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[lead:], x.dtype) if hasattr(x, "dtype") else x,
-                           {k: v for k, v in self._state.items() if k not in skip})
+        state, members = (self._states[0], (self.members,)) if self.sequential else (self._state, ())
+        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct((*members, *x.shape[lead:]), x.dtype)
+                           if hasattr(x, "dtype") else x, {k: v for k, v in state.items() if k not in skip})
         return {self.fragment.name: [one] * self.replicas}
 
     def restore(self, snapshot: dict[str, list[dict]], iteration: int | None = None) -> None:
@@ -219,14 +222,14 @@ class JaxRuntime(Runtime):
 
     def params(self) -> Any:
         learner = self.program.components["learner"]
-        return learner.policy_params(self._replica_states(self._state["learner"])[0])
+        return learner.policy_params(self._replica_states(self._view(only="learner")["learner"])[0])
 
     def close(self) -> None:
         """Release what the env state holds outside JAX (``env.xla``'s EnvPool pools)."""
-        if self.program.env.host_simulator and "env" in self._state:
+        if self.program.env.host_simulator and "env" in self._state:  # (never several members: refused)
             self.program.env.close(self._state["env"])
-        for thread in getattr(self, "_threads", []):
-            thread.shutdown(cancel_futures=True)
+        for thread in getattr(self, "_threads", []):  # (an iteration under way ends in the background)
+            thread.shutdown(wait=False, cancel_futures=True)
 
 
 DONATE_BYTES = 64 * 2**20

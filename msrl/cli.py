@@ -147,7 +147,12 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from msrl.runner import build
 
     suffixes = {".png": "png", ".svg": "png", ".pdf": "png", ".json": "json", ".dot": "dot", ".gv": "dot"}
-    implied = suffixes.get(Path(args.output).suffix.lower()) if args.output else None
+    suffix = Path(args.output).suffix.lower() if args.output else ""
+    implied = suffixes.get(suffix)
+    if implied is None and suffix not in ("", ".txt"):  # another image format matplotlib writes (.jpg, .eps, ...)
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        implied = "png" if suffix[1:] in FigureCanvasBase.get_supported_filetypes() else None
     if args.format is None:
         args.format = implied or "text"
     elif implied not in (None, args.format):
@@ -241,7 +246,7 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("overrides", nargs="*")
     g.add_argument("--policy", default=None, help="shorthand for policy.name=P (replaces the config file's policy)")
     g.add_argument("--format", choices=["text", "json", "dot", "png"], default=None,
-                   help="default: what -o's suffix names (.png/.svg/.pdf, .json, .dot/.gv), else text")
+                   help="default: what -o's suffix names (an image's: .png, .svg, .pdf, ...; .json; .dot/.gv), else text")
     g.add_argument("--code", action="store_true", help="also print each fragment's generated source")
     g.add_argument("-o", "--output", default=None)
     g.set_defaults(fn=cmd_graph)

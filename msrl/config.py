@@ -246,10 +246,6 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
                 raise ConfigError(f"algorithm.{key}", f"is swept twice: {values(value)} here and {values(sweep[key])} "
                                   "in run.sweep (a sweep's config.yaml holds its sweep there); keep one")
             sweep[key] = value
-        elif key in sweep and isinstance(sweep[key], list) and sweep[key] and \
-                _number_or_repr(value) != _number_or_repr(sweep[key][0]):  # (a sweep's config.yaml: its first value)
-            raise ConfigError(f"algorithm.{key}", f"{quote(value)} is given, but run.sweep sweeps {key} over "
-                              f"{quote(sweep[key])}: drop one of them")
     for key, values in sweep.items():
         field = model.model_fields.get(key)
         if field is None:
@@ -401,4 +397,12 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> di
         data = {} if data is None else data  # an empty file
         if not isinstance(data, dict):
             raise ConfigError("", f"{p}: {_NOT_A_MAPPING}, got {type(data).__name__} {quote(data)}")
-    return apply_overrides(data, list(overrides))
+    data = apply_overrides(data, overrides)
+    sweep = data.get("run", {}).get("sweep") if isinstance(data.get("run"), dict) else None
+    for key in {o.partition("=")[0] for o in overrides if o.startswith("algorithm.")} & \
+            {f"algorithm.{k}" for k in sweep or ()}:  # one value given for a swept key (a file's own yields)
+        value, values = data["algorithm"][key.split(".", 1)[1]], sweep[key.split(".", 1)[1]]
+        if not isinstance(value, list) and isinstance(values, list) and values and \
+                _number_or_repr(value) != _number_or_repr(values[0]):  # (a sweep's config.yaml: its first value)
+            raise ConfigError(key, f"{quote(value)} is given, but run.sweep sweeps it over {quote(values)}: drop one")
+    return data

@@ -252,10 +252,13 @@ RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", 
 def member_folder_of(run_dir: Path) -> Path | None:
     """The run directory whose member's folder (``seed_N/``, ``KEY=VALUE/``) ``run_dir`` is, or None."""
     parent = run_dir.parent if run_dir.parent != Path(".") else run_dir.resolve().parent
-    if (run_dir.name.startswith("seed_") or "=" in run_dir.name) and (parent / "config.yaml").is_file() and \
-            (run_dir / "config.yaml").is_file():
-        return parent
-    return None
+    if not (run_dir.name.startswith("seed_") or "=" in run_dir.name) or not (parent / "checkpoints").is_dir():
+        return None
+    try:  # the parent a run of several members (its own folders seed_N/, KEY=VALUE/)
+        run = (yaml.safe_load((parent / "config.yaml").read_text()) or {}).get("run") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return parent if isinstance(run, dict) and ((run.get("num_seeds") or 1) > 1 or run.get("sweep")) else None
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
@@ -435,6 +438,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
     if resume:  # refuse before building anything
+        if run_dir is None:
+            raise ConfigError("--resume", "resuming needs the run's directory (run_dir)")
         prepare_run_dir(Path(run_dir), resume, overwrite)
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:

@@ -53,6 +53,8 @@ def test_graph_dot_and_png(tmp_path, capsys):
     assert main(["graph", CARTPOLE, "-o", str(png)]) == 0  # the suffix picks the format
     image = matplotlib.image.imread(png)
     assert image.shape[0] > 100 and image.shape[1] > 100
+    assert main(["graph", CARTPOLE, "-o", str(tmp_path / "fdg.jpg")]) == 0  # any image format matplotlib writes
+    assert matplotlib.image.imread(tmp_path / "fdg.jpg").shape[0] > 100
     assert main(["graph", CARTPOLE, "--format", "text", "-o", str(png)]) == 2
     assert f"--format: -o {png} names an image, not text" in capsys.readouterr().err
     assert main(["graph", CARTPOLE, "--code", "-o", str(tmp_path / "fdg.dot")]) == 0  # the code as DOT comments

@@ -72,6 +72,16 @@ def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     assert json.loads((run / "summary.json").read_text())["iterations"] == 12
 
 
+def test_a_run_dir_named_like_a_seeds_folder_is_a_run_of_its_own(tmp_path):
+    """Only a folder inside a run of several members is refused as one (seed_N/, KEY=VALUE/); a run directory of
+    one seed named so, beside a config.yaml, resumes."""
+    shutil.copy(CARTPOLE, tmp_path / "config.yaml")
+    for name in ("seed_1", "lr=3e-4"):
+        assert main(["train", str(tmp_path / "config.yaml"), *SHORT, "run.total_env_steps=2048",
+                     "--run-dir", str(tmp_path / name)]) == 0
+        assert main(["train", "--resume", str(tmp_path / name), "run.total_env_steps=3072"]) == 0
+
+
 def test_a_policy_that_sets_another_count_of_environments_says_so(tmp_path, capsys):
     split = ["policy.name=single_learner_coarse", "policy.actors=2", "policy.envs_per_actor=3"]
     assert main(["train", CARTPOLE, *SHORT, *split, "--run-dir", str(tmp_path / "run")]) == 0
