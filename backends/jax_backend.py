@@ -149,7 +149,7 @@ class JaxRuntime(Runtime):
     def _view(self, skip: tuple[str, ...] = (), only: str | None = None) -> dict[str, Any]:
         """The program's state without ``skip``'s components (or ``only`` one): a ``sequential`` run's member
         states stacked on the host, once the iterations in flight are done."""
-        keep = lambda state: {k: v for k, v in state.items() if k not in skip and only in (None, k)}  # noqa: E731
+        keep = lambda state: {k: v for k, v in state.items() if k not in skip and only in (None, k)}
         if not self.sequential:
             return keep(self._state)
         self._settle()

@@ -134,7 +134,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         config, overrides = None, [config, *overrides]
     if config is None and not args.resume:
         raise ConfigError("config", "msrl train needs a config file (or --resume RUN_DIR, which reads the run's own)"
-                          + (": it goes before the KEY=VALUE overrides" if any("=" not in o for o in overrides) else ""))
+                          + (": it goes before the KEY=VALUE overrides" if any("=" not in o for o in overrides)
+                             else ""))
     summary = train(config, overrides, run_dir=args.resume or args.run_dir, resume=bool(args.resume),
                     overwrite=args.overwrite)
     print(summary_json(summary))
@@ -238,7 +239,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", default=None, help="where metrics, config and summary go (default: a new "
                    "runs/ALGORITHM-POLICY-TIME); a directory that holds a run is refused")
     t.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue RUN_DIR from its latest checkpoint")
-    t.add_argument("--overwrite", action="store_true", help="replace the run in --run-dir (cleared once the new run has compiled and started)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --run-dir (cleared once the new run has compiled and started)")
     t.set_defaults(fn=cmd_train)
 
     g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")
@@ -246,7 +248,8 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("overrides", nargs="*")
     g.add_argument("--policy", default=None, help="shorthand for policy.name=P (replaces the config file's policy)")
     g.add_argument("--format", choices=["text", "json", "dot", "png"], default=None,
-                   help="default: what -o's suffix names (an image's: .png, .svg, .pdf, ...; .json; .dot/.gv), else text")
+                   help="default: what -o's suffix names (an image's: .png, .svg, .pdf, ...; .json; .dot/.gv), "
+                   "else text")
     g.add_argument("--code", action="store_true", help="also print each fragment's generated source")
     g.add_argument("-o", "--output", default=None)
     g.set_defaults(fn=cmd_graph)

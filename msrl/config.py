@@ -242,7 +242,7 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
             same = key in sweep and isinstance(sweep[key], list) and \
                 list(map(_number_or_repr, sweep[key])) == list(map(_number_or_repr, value))
             if key in sweep and not same:  # the same list twice (a sweep's config.yaml and its list again) is one
-                values = lambda v: quote(list(map(_number_or_repr, v)) if isinstance(v, list) else v)  # noqa: E731
+                values = lambda v: quote(list(map(_number_or_repr, v)) if isinstance(v, list) else v)
                 raise ConfigError(f"algorithm.{key}", f"is swept twice: {values(value)} here and {values(sweep[key])} "
                                   "in run.sweep (a sweep's config.yaml holds its sweep there); keep one")
             sweep[key] = value

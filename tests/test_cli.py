@@ -92,8 +92,7 @@ def test_unknown_cli_argument_is_rejected(capsys):
 def test_a_misplaced_config_a_folder_and_a_list_where_one_value_goes_are_named(tmp_path, capsys):
     for args, error in [(["run.seed=1", CARTPOLE], "needs a config file .*: it goes before the KEY=VALUE overrides"),
                         ([str(tmp_path)], f"config file '{tmp_path}' is a directory"),
-                        ([CARTPOLE, "env.num_envs=[4,8]"], r"env.num_envs: .*\(got \[4, 8\]\); a list sweeps only "
-                                                           "an algorithm's float keys")]:
+                        ([CARTPOLE, "env.num_envs=[4,8]"], r"env.num_envs: .*\(got \[4, 8\]\); a list sweeps only")]:
         assert main(["train", *args]) == 2
         assert re.search(error, capsys.readouterr().err)
 
