@@ -108,9 +108,9 @@ class JaxRuntime(Runtime):
             self._states = [self._place([init], device) for init, device in zip(inits[0], self.devices)]
             self._hps = [jax.device_put({k: v[m] for k, v in self._hp.items()}, device)
                          for m, device in enumerate(self.devices)]
-            # one thread per device, running its members one at a time (queued asynchronously instead, the
-            # devices' programs ran all at once, contending for the cores: ~20% slower on 2 CPU devices)
-            # traced here, in this thread (the config holds a trace's swept values while it runs), compiled there
+            # traced in this thread (the config holds a trace's swept values while it runs), then compiled and run
+            # by one thread per device, its members one at a time (queued asynchronously instead, the devices'
+            # programs ran all at once, contending for the cores: ~20% slower on 2 CPU devices)
             lowered = [self._lower(chunk, self._states[d], self._hps[d], swept) for d in range(len(devices))]
             self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"msrl-{d}") for d in devices]
             self._inflight: list[Any] = []
