@@ -16,7 +16,7 @@ from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError
 from msrl.policy import prepare_learner
-from msrl.runner import make_algorithm
+from msrl.runner import make_algorithm, member_folder_of
 from msrl.sweep import member_config, members
 
 MAX_STEPS = 100_000
@@ -30,9 +30,9 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     several seeds or swept values gives the policy of one member: the one whose folder ``run_dir`` is
     (``RUN_DIR/lr=0.001``), or that of seed ``run_seed``, or else the first."""
     run_dir, member = Path(run_dir), None
-    if not (run_dir / "checkpoints").exists() and (run_dir.parent / "config.yaml").exists() \
-            and (run_dir.parent / "checkpoints").exists():  # a member's folder: the run is its parent's
-        run_dir, member = run_dir.parent, run_dir.name
+    run = member_folder_of(run_dir)
+    if run is not None:  # a member's folder: the run is its parent's
+        run_dir, member = run, run_dir.name
     if not (run_dir / "config.yaml").exists():
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
     good = checkpoint.latest_good(run_dir)
@@ -47,8 +47,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
         names = [m.name for m in each]
         if member not in names:
             raise ConfigError("RUN_DIR", f"{run_dir / member} is not a member of the run in {run_dir} "
-                              + (f"(its members: {', '.join(names)})" if len(each) > 1 else
-                                 "(a run of one seed): evaluate the run itself"))
+                              f"(its members: {', '.join(names)})")
         i = names.index(member)
         if run_seed is not None and run_seed != each[i].seed:
             raise ConfigError("--run-seed", f"{run_dir / member} is the folder of seed {each[i].seed}, not "
