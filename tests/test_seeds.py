@@ -41,9 +41,11 @@ def test_each_seed_of_a_sequential_program_is_bitwise_its_own_run():
 
 def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
     """run.seed_batching=vmap: every seed's initial state and first rollout are bitwise those of the run with that
-    seed alone. The learner's update is equal up to float rounding: XLA on CPU sums a batch of rows in another
-    order than one row (the advantage's mean differs in its last bit), so longer curves are the same in
-    distribution, not bitwise (README)."""
+    seed alone on CPU (on an H200 the batched env step rounds an observation differently: 9e-8). The learner's
+    update is equal up to float rounding: XLA on CPU sums a batch of rows in another order than one row (the
+    advantage's mean differs in its last bit), so longer curves are the same in distribution, not bitwise
+    (README; 1.6e-6 after an iteration on an H200)."""
+    rollout_rounding, learner_rounding = (0.0, 1e-6) if jax.default_backend() == "cpu" else (1e-6, 1e-5)
     loop = [*LOOP, "run.seed_batching=vmap"]
     with msrl.Session(CARTPOLE, [*loop, "run.seed=3", "run.num_seeds=2"]) as s:
         init, rows, after = s.snapshot()["main"][0], s.run(1), s.snapshot()["main"][0]
@@ -53,9 +55,9 @@ def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
         def pick(tree, i=i):
             return jax.tree.map(lambda x: x[i], tree)
         assert max_diff(pick(init), init1) == 0.0
-        assert max_diff(pick(after["buffer"]), after1["buffer"]) == 0.0  # the rollout the learner got
-        assert max_diff(pick(after["env"]), after1["env"]) == 0.0
-        assert max_diff(pick(after["learner"]), after1["learner"]) < 1e-6
+        assert max_diff(pick(after["buffer"]), after1["buffer"]) <= rollout_rounding  # the rollout the learner got
+        assert max_diff(pick(after["env"]), after1["env"]) <= rollout_rounding
+        assert max_diff(pick(after["learner"]), after1["learner"]) < learner_rounding
         seed_row = rows[0]["per_seed"][i]
         assert seed_row["episode_return"] == rows1[0]["episode_return"]
         assert seed_row["iteration"] == rows1[0]["iteration"] == 1
@@ -130,7 +132,7 @@ def test_a_fresh_process_spreads_the_seeds_over_one_cpu_device_per_core_and_each
                              for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(alone)) if np.size(b)))
         print(json.dumps({{"spread": spread, "devices": devices, "diffs": diffs}}))
     """
-    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    env = {**{k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -24,8 +24,10 @@ LOOP = ["policy.name=fused", "run.total_env_steps=16384", "run.seed_batching=seq
 def test_each_member_of_a_sweep_is_bitwise_its_own_run():
     """Two learning rates x two seeds in one program (members lr-major, seed-minor): each member's state and curve
     after 6 iterations are bitwise those of the run with its learning rate and seed alone (with observation
-    normalization's running variance too)."""
+    normalization's running variance too). Bitwise on CPU; elsewhere only up to float rounding (README: the swept
+    key is a traced value, which XLA may fold differently from the constant of a run alone; 6e-5 on an H200)."""
     loop = [*LOOP, "algorithm.normalize_obs=true"]
+    rounding = 0.0 if jax.default_backend() == "cpu" else 1e-3
     with msrl.Session(CARTPOLE, [*loop, "algorithm.lr=[0.001,0.0003]", "run.num_seeds=2"]) as s:
         assert [m.name for m in s.members] == ["lr=0.001,seed_0", "lr=0.001,seed_1", "lr=0.0003,seed_0",
                                                "lr=0.0003,seed_1"]
@@ -33,8 +35,9 @@ def test_each_member_of_a_sweep_is_bitwise_its_own_run():
     for i, (lr, seed) in ((1, (0.001, 1)), (2, (0.0003, 0))):
         with msrl.Session(CARTPOLE, [*loop, f"algorithm.lr={lr}", f"run.seed={seed}"]) as one:
             rows1, after1 = one.run(6), one.snapshot()["main"][0]
-        assert max_diff(jax.tree.map(lambda x, i=i: x[i], after), after1) == 0.0
-        assert [r["per_seed"][i]["loss"] for r in rows] == [r["loss"] for r in rows1]
+        assert max_diff(jax.tree.map(lambda x, i=i: x[i], after), after1) <= rounding
+        assert [r["per_seed"][i]["loss"] for r in rows] == pytest.approx([r["loss"] for r in rows1], rel=rounding,
+                                                                              abs=rounding)
     assert max_diff(jax.tree.map(lambda x: x[0], after["learner"]), jax.tree.map(lambda x: x[2], after["learner"])) > 0
 
 
