@@ -160,7 +160,7 @@ class _Logger:
             (d / "config.yaml").write_text(yaml.safe_dump(member_cfg.dump(), sort_keys=False))
         self.wandb = None
         if cfg.run.wandb is not None:
-            self.wandb = _wandb_run(run_dir, cfg)
+            self.wandb = _wandb_run(run_dir, cfg, resumed=resume_at is not None)
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
         self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
         if cfg.run.progress and not sys.stdout.isatty():
@@ -234,15 +234,21 @@ def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _wandb_run(run_dir: Path, cfg: ExperimentConfig) -> Any:
-    """A Weights & Biases run with the config (``run.wandb``), its files under ``RUN_DIR/wandb``."""
+def _wandb_run(run_dir: Path, cfg: ExperimentConfig, resumed: bool) -> Any:
+    """A Weights & Biases run with the config (``run.wandb``), its files under ``RUN_DIR/wandb``. A resumed run
+    goes on in the W&B run it started (its id kept in ``RUN_DIR/wandb/run_id``), not in a second one."""
     try:
         import wandb
     except ImportError:
         raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'") from None
-    w = cfg.run.wandb
-    return wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.resolve().name, tags=w.tags,
-                      mode=w.mode, dir=str(run_dir), config=cfg.dump(), reinit="create_new")
+    w, id_file = cfg.run.wandb, run_dir / "wandb" / "run_id"
+    run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
+    run = wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.resolve().name, tags=w.tags,
+                     mode=w.mode, dir=str(run_dir), config=cfg.dump(), reinit="create_new", id=run_id,
+                     resume="allow" if run_id else None)
+    id_file.parent.mkdir(exist_ok=True)
+    id_file.write_text(run.id)
+    return run
 
 
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "checkpoints", "tb", "wandb")  # what a run directory holds

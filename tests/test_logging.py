@@ -97,8 +97,12 @@ def test_tensorboard_loads_without_pytorch_and_leaves_it_importable():
 
 def test_weights_and_biases_offline(tmp_path):
     pytest.importorskip("wandb")  # the test extra installs it; `pip install msrl` alone does not
-    msrl.train(CARTPOLE, [*QUICK, "run.total_env_steps=4096"], run_dir=tmp_path,
-               run={"wandb": {"project": "msrl-tests", "mode": "offline"}})
+    loop, wandb = [*QUICK, "run.checkpoint_every_steps=4096"], {"wandb": {"project": "msrl-tests", "mode": "offline"}}
+    msrl.train(CARTPOLE, [*loop, "run.total_env_steps=4096"], run_dir=tmp_path, run=wandb)
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     data = log.read_bytes()
     assert b"charts/episode_return" in data and b"train/loss" in data and b"total_env_steps" in data
+    # a resumed run goes on in the same W&B run (the same id; `wandb sync` joins them), not in a second one
+    msrl.train(CARTPOLE, [*loop, "run.total_env_steps=8192"], run_dir=tmp_path, run=wandb, resume=True)
+    logs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 2 and len({p.name for p in logs}) == 1, logs
