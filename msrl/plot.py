@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,11 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
             ax_time.plot(c["wall_time"], c["episode_return"], color=line.get_color())
             continue
         m = mean_curve([curves[d] for d in group])
+        ends = {d: int(curves[d]["env_steps"][-1]) for d in group}
+        shortest = min(group, key=ends.get)
+        if ends[shortest] < max(ends.values()):
+            print(f"msrl plot: note: {shortest} ends at {ends[shortest]:,} env steps, another run of its line at "
+                  f"{max(ends.values()):,}: their mean is drawn up to {ends[shortest]:,}", file=sys.stderr)
         values = {re.sub(r",?seed_\d+$", "", names[d]) for d in group}  # a sweep's members: their value
         parents = {d.parent for d in group}
         if len(values) == 1 and "" not in values:

@@ -198,6 +198,16 @@ def test_plot_aggregates_seeds_into_mean_and_std(runs, tmp_path, capsys):
     band = 0.8 * np.ones(3) + 0.2 * blue
     assert np.all(np.abs(image - blue) < 0.02, axis=-1).sum() > 100
     assert np.all(np.abs(image - band) < 0.03, axis=-1).sum() > 100
+    assert "note" not in capsys.readouterr().err
+    # runs of one line that end at different steps: the mean stops where the shortest does, and the plot says so
+    with open(shifted / "metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows[:len(rows) // 2])
+    assert main(["plot", str(a), str(shifted), "--aggregate", "-o", str(out)]) == 0
+    end, last = int(float(rows[len(rows) // 2 - 1]["env_steps"])), int(float(rows[-1]["env_steps"]))
+    assert (f"note: {shifted} ends at {end:,} env steps, another run of its line at {last:,}: their mean is drawn "
+            f"up to {end:,}") in capsys.readouterr().err
 
 
 def test_a_run_of_several_seeds_is_one_line_and_another_run_its_own_unless_aggregated(runs, tmp_path, capsys):
