@@ -146,6 +146,10 @@ class Environment:
     jittable = True
     host_simulator = False  # True: ``init`` runs on the host and makes simulators of this process that the state
     # holds (EnvPool pools stepped from XLA): a state that is never stacked, stored or sent elsewhere
+    rowwise = False  # True: environment i's numbers depend on environment i alone (msrl's own adapters, tested by
+    # the conformance matrix). Otherwise a policy that splits the environments over replicas first traces init,
+    # observe, reset and step at two environment counts and refuses an env that mixes them (a mean over
+    # environments, one key for all of them), as it does a loop statement
 
     @property
     def host_state(self) -> bool:

@@ -109,12 +109,85 @@ def test_replay_server_actors_mixing_environments_are_refused_too():
     assert fused == replay and fused != 0.0
 
 
-def _final_w(loop, policy) -> float:
+def _final_w(loop, policy, env: msrl.Environment | None = None) -> float:
     """The learner's parameter after 3 iterations of ``loop`` under ``policy`` (4 CartPole envs, seed 0)."""
-    program = msrl.compile(loop, policy, make_env("gymnax:CartPole-v1"), 4)
+    program = msrl.compile(loop, policy, env or make_env("gymnax:CartPole-v1"), 4)
     with msrl.Session(program=program, seed=0, iterations_per_dispatch=3) as session:
         session.run(3)
         return float(session.params()["w"])
+
+
+class UsersEnv(msrl.Environment):
+    """A user's own jitted environment (msrl's adapters are vouched `rowwise`; this one is not): a walk on a line,
+    10 steps an episode, each environment's noise from its own key. ``mix`` breaks that: a mean over the
+    environments in the reward, one key's noise for all of them, or keys from the environments' position in the
+    batch instead of their global index."""
+
+    spec = msrl.EnvSpec("users:Walk", (2,), np.dtype(np.float32), msrl.Discrete(2))
+
+    def __init__(self, mix: str | None = None):
+        self.mix = mix
+
+    def init(self, key, env_ids):
+        ids = jax.numpy.arange(env_ids.shape[0]) if self.mix == "position" else env_ids
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+        zeros = jax.numpy.zeros(env_ids.shape[0])
+        return {"obs": jax.numpy.zeros((env_ids.shape[0], 2)), "keys": keys, "t": zeros, "ret": zeros,
+                "last": zeros, "episodes": zeros}
+
+    def observe(self, state):
+        return state, state["obs"]
+
+    def reset(self, state):
+        return {**state, "obs": jax.numpy.zeros_like(state["obs"]), "t": 0 * state["t"]}, 0 * state["obs"]
+
+    def step(self, state, action):
+        keys, noise_keys = jax.vmap(jax.random.split, out_axes=1)(state["keys"])
+        noise = jax.vmap(lambda k: jax.random.normal(k, (2,)))(noise_keys)
+        obs = state["obs"] + (2.0 * action - 1.0)[:, None] * 0.1 + 0.1 * noise
+        reward = -jax.numpy.abs(obs[:, 0])
+        if self.mix == "mean":
+            reward = reward + obs[:, 0].mean()
+        elif self.mix == "shared_key":
+            reward = reward + jax.random.normal(state["keys"][0], reward.shape)
+        t, ret = state["t"] + 1, state["ret"] + reward
+        done = t >= 10
+        where = jax.numpy.where
+        state = {"obs": where(done[:, None], 0.0, obs), "keys": keys, "t": where(done, 0.0, t),
+                 "ret": where(done, 0.0, ret), "last": where(done, ret, state["last"]),
+                 "episodes": state["episodes"] + done}
+        return state, msrl.EnvStep(state["obs"], reward, done, jax.numpy.zeros_like(done))
+
+    def stats(self, state):
+        finished = state["episodes"] > 0
+        return {"return_sum": jax.numpy.where(finished, state["last"], 0.0).sum(), "finished": finished.sum(),
+                "episodes": state["episodes"].sum()}
+
+
+@pytest.mark.parametrize("mix, reason", [
+    ("mean", r"steps each of its 2 'actor' replicas' 2 of the 4 environments alone, but UsersEnv.step\(\) \(.*"
+             r"test_threads.py:\d+\), called here, reduces over the environment axis"),
+    ("shared_key", "UsersEnv.step.*takes some environments' rows"),
+    ("position", r"initializes the env on each of its 2 replicas .* UsersEnv.init\(\) .* numbers the environments by "
+                 "their position")])
+def test_a_users_jitted_env_mixing_environments_is_refused_where_replicas_hold_a_share(mix, reason):
+    """Its step (or init) is traced at two environment counts as a loop statement is: refused at the loop's
+    env_step (or first env call), not run differently; one actor, which holds every environment, runs it."""
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    with pytest.raises(msrl.CompileError, match=reason) as info:
+        msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), UsersEnv(mix), 4)
+    assert info.value.file == loops.__file__
+    assert ("set the env's `rowwise = True`" in info.value.hint) == (mix != "position")
+    msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=1), UsersEnv(mix), 4)
+
+
+def test_a_users_jitted_env_that_keeps_to_its_rows_runs_on_actors_as_under_fused():
+    from msrl.policies.fused import Fused
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    fused, coarse = (_final_w(loops.Simple(), p, UsersEnv()) for p in (Fused(), SingleLearnerCoarse(actors=2)))
+    assert fused == coarse and fused != 0.0
 
 
 def test_per_environment_statements_on_actors_equal_fused():

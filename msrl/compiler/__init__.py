@@ -290,10 +290,11 @@ class Program:
                  c.axis == "env" for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}
         at = {n: self._probe_share(n, set(share)) for n in set(share.values())}  # the shapes at a replica's share
         small = self._inputs[self.num_envs]
-        actor = self.components.get("actor")
-        namespace = {**self.namespace, "self": self.algorithm, "_c_actor": actor}
+        actor, env = self.components.get("actor"), self.components["env"]
+        checked = {"actor"} | ({"env"} if not (env.host_state or env.rowwise) else set())  # a user's jitted env too
+        namespace = {**self.namespace, "self": self.algorithm, "_c_actor": actor, "_c_env": env}
         acting = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in share and s.kind == "api"
-                  and s.api.component == "actor"]
+                  and s.api.component in checked]
 
         def judge(n: int, at_n: Callable[[int], str | None]) -> str | None:
             """Why a replica's ``n`` environments may compute other rows than the loop's N. For one environment,
@@ -302,28 +303,39 @@ class Program:
             why = at_n(n)
             return at_n(2 * self.num_envs) if why and n == 1 and why != rows.COUNT else why
 
-        for n in {share[self.plan.assign[s.id]] for s in acting}:  # the actor's state, as each replica starts it
-            ids = {k: [jax.random.PRNGKey(0), jax.ShapeDtypeStruct((k,), jnp.int32)]
+        for s in {(s.api.component, share[self.plan.assign[s.id]]): s for s in acting}.values():
+            comp, n = self.components[s.api.component], share[self.plan.assign[s.id]]  # its state, as a replica
+            ids = {k: [jax.random.PRNGKey(0), jax.ShapeDtypeStruct((k,), jnp.int32)]  # starts it
                    for k in (n, self.num_envs, 2 * self.num_envs)}
-            why = judge(n, lambda k: rows.mixing_fn(actor.init, ids[self.num_envs], ids[k]))
+            why = judge(n, lambda k, comp=comp: rows.mixing_fn(comp.init, ids[self.num_envs], ids[k]))
             if why:
-                s = acting[0]
                 raise CompileError(
-                    f"policy {self.policy.name!r} initializes the actor on each of its "
+                    f"policy {self.policy.name!r} initializes the {s.api.component} on each of its "
                     f"{frags[self.plan.assign[s.id]].replicas} replicas for its {n} of the {self.num_envs} "
-                    f"environments, but {_method_name(actor, 'init')} {why}: the replicas could compute something "
+                    f"environments, but {_method_name(comp, 'init')} {why}: the replicas could compute something "
                     "other than the loop", s.file, s.line, "derive per-environment values from env_ids (the "
-                    "global environment indices), or use policy.name=fused or single_learner_fine")
+                    "global environment indices), or use policy.name=fused" +
+                    (" or single_learner_fine" if comp is actor else ""))
         for s in leaves(self.stmts):
             frag = self.plan.assign.get(s.id)
             if frag not in share or s.id not in small:
                 continue
             n, what = share[frag], "this statement"
             why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace))
-            if not why and s in acting:  # its arguments pass: the actor's own method, with its state
-                what = f"{_method_name(actor, s.api.method)}, called here,"
+            if not why and s in acting:  # its arguments pass: the actor's or env's own method, with its state
+                comp = self.components[s.api.component]
+                what = f"{_method_name(comp, 'step' if s.api.method == 'transition' else s.api.method)}, called " \
+                    "here,"
                 why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace,
                                                      method=True))
+                if why and comp is env:
+                    raise CompileError(
+                        f"policy {self.policy.name!r} steps each of its {frags[frag].replicas} {frag!r} replicas' "
+                        f"{n} of the {self.num_envs} environments alone, but {what} {why}: the replicas could "
+                        "compute something other than the loop", s.file, s.line,
+                        "make environment i's numbers from its own row of the state alone (its key from "
+                        "fold_in(key, env_id), no mean or key shared over environments), set the env's `rowwise = "
+                        "True` if it does so in a way msrl cannot tell, or use policy.name=fused")
             if why:
                 raise CompileError(
                     f"policy {self.policy.name!r} runs {what} on each of its {frags[frag].replicas} "

@@ -79,8 +79,8 @@ class _Emitter:
 
     def record_in(self, indent: int, s: Stmt) -> None:
         """Probe mode: record the values a statement reads, before it runs (the row check traces it alone)."""
-        actor = s.kind == "api" and s.api.component == "actor"  # its method is checked too, with its state
-        names = sorted(py(n) for n in s.uses if actor or not is_state(n))
+        method = s.kind == "api" and s.api.component in ("actor", "env")  # checked too, with its state
+        names = sorted(py(n) for n in s.uses if method or not is_state(n))
         if self.mode == "probe" and names:
             self.emit(indent, f"_msrl_record_in({s.id!r}, {{{', '.join(f'{n!r}: {n}' for n in names)}}})", s)
 

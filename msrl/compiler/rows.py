@@ -259,13 +259,14 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
 
 def _function(s: Stmt, names: list[str], namespace: dict[str, Any], method: bool) -> Callable:
     """The statement alone as ``f(*values of names) -> what it defines`` (an API call: its arguments; with
-    ``method``, an actor's call: the actor's own method on them)."""
+    ``method``, an actor's or an env's call: its own method on them)."""
     if s.kind == "compute":
         body, result = ast.unparse(s.node), sorted(d for d in s.defs if not is_state(d))
-    elif s.kind == "api" and s.api.component == "actor" and method:  # the actor's own method, with its state
-        args = ["_s_actor"] + (["_s_params"] if "params" in s.api.reads else []) + \
+    elif s.kind == "api" and s.api.component in ("actor", "env") and method:  # its own method, with its state
+        c = s.api.component
+        args = [f"_s_{c}"] + (["_s_params"] if "params" in s.api.reads else []) + \
             [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
-        body, result = f"_out = _c_actor.{s.api.method}({', '.join(args)})", ["_out"]
+        body, result = f"_out = _c_{c}.{s.api.method}({', '.join(args)})", ["_out"]
     elif s.kind == "api":
         body, result = "pass", [ast.unparse(a) for a in s.args] + [ast.unparse(v) for _, v in s.kwargs]
     else:  # a return: its value
@@ -298,8 +299,8 @@ def mixing(s: Stmt, values: dict[str, Any], share: dict[str, Any], namespace: di
            method: bool = False) -> str | None:
     """Why statement ``s`` may mix environments' rows, or None. ``values`` and ``share`` are what it reads
     (shape-dtype structs and Python values) in the loop traced with its N environments and with a replica's
-    share (an actor's call, with ``method``: its method too). One that cannot be traced alone cannot be checked,
-    so it counts as mixing."""
+    share (an actor's or an env's call, with ``method``: its method too). One that cannot be traced alone cannot
+    be checked, so it counts as mixing."""
     names = sorted(n for n in values if n in share)
     try:
         fn = _function(s, names, namespace, method)

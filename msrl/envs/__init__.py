@@ -52,7 +52,7 @@ class MaskedObs(Environment):
     def __init__(self, env: Environment, indices):
         import numpy as np
 
-        self.env, self.spec, self.jittable = env, env.spec, env.jittable
+        self.env, self.spec, self.jittable, self.rowwise = env, env.spec, env.jittable, env.rowwise
         self.host_simulator = getattr(env, "host_simulator", False)
         if isinstance(env.spec, MultiAgentSpec):
             raise ConfigError("env.kwargs.mask_obs", f"masks a single agent's observation; {env.spec.id} has "

@@ -16,6 +16,7 @@ from msrl.errors import ConfigError, did_you_mean
 
 
 class BraxEnv(FunctionalEnv):
+    rowwise = True  # each environment stepped alone (vmapped), its keys from its global index
     def __init__(self, name: str, episode_length: int = 1000, action_repeat: int = 1, **kwargs: Any):
         try:
             from brax import envs

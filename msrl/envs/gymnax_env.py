@@ -157,6 +157,7 @@ def gymnax_step() -> Any:
 
 
 class GymnaxEnv(FunctionalEnv):
+    rowwise = True  # each environment stepped alone (vmapped), its keys from its global index
     _import_library = staticmethod(import_gymnax)
 
     def __init__(self, name: str, **kwargs: Any):

@@ -101,6 +101,7 @@ def _mpe_make(name: str) -> Any:
 
 
 class JaxMarlEnv(FunctionalEnv):
+    rowwise = True  # each environment stepped alone (vmapped), its keys from its global index
     _import_library = staticmethod(_without_package_import)
 
     def __init__(self, name: str, **kwargs: Any):
