@@ -165,11 +165,11 @@ class UsersEnv(msrl.Environment):
 
 
 @pytest.mark.parametrize("mix, reason", [
-    ("mean", r"steps each of its 2 'actor' replicas' 2 of the 4 environments alone, but UsersEnv.step\(\) \(.*"
-             r"test_threads.py:\d+\), called here, reduces over the environment axis"),
+    ("mean", (r"steps each of its 2 'actor' replicas' 2 of the 4 environments alone, but UsersEnv.step\(\) \(.*"
+              r"test_threads.py:\d+\), called here, reduces over the environment axis")),
     ("shared_key", "UsersEnv.step.*takes some environments' rows"),
-    ("position", r"initializes the env on each of its 2 replicas .* UsersEnv.init\(\) .* numbers the environments by "
-                 "their position")])
+    ("position", (r"initializes the env on each of its 2 replicas .* UsersEnv.init\(\) .* numbers the environments "
+                  "by their position"))])
 def test_a_users_jitted_env_mixing_environments_is_refused_where_replicas_hold_a_share(mix, reason):
     """Its step (or init) is traced at two environment counts as a loop statement is: refused at the loop's
     env_step (or first env call), not run differently; one actor, which holds every environment, runs it."""
