@@ -182,7 +182,8 @@ class Environment:
     def stats(self, state: PyTree) -> dict[str, Any]:
         """Episode statistics, summable over replicas: ``return_sum`` and ``length_sum`` (of the last completed
         episode of every env that completed one), ``finished`` (how many such envs) and ``episodes``
-        (completed)."""
+        (completed); optionally ``nonfinite``, how many non-finite numbers the observations and running returns
+        hold: msrl's NaN guard then stops a run naming the environment."""
         raise NotImplementedError
 
     def close(self, state: PyTree) -> None:

@@ -688,6 +688,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
 
 def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_iter: int, run_dir: Path) -> None:
     """The NaN guard: a non-finite env observation/reward or metric stops the run, naming where."""
+    env_checked = "env_nonfinite" in row  # the env counts them (msrl's adapters; a user's env may not)
     if row.pop("env_nonfinite", 0):
         raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
                             f"{iteration} (env steps {(iteration - 1) * steps_per_iter}..{iteration * steps_per_iter}); "
@@ -696,7 +697,10 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
            and not math.isfinite(v)]
     if bad:
         raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
-                            f"stopped{_last_good(run_dir)}. Lower algorithm.lr or check the environment's rewards.")
+                            f"stopped{_last_good(run_dir)}. " + (
+                                "Lower algorithm.lr or check the environment's rewards." if env_checked else
+                                f"Check environment {env_id}'s observations and rewards (it does not count "
+                                "non-finite ones: its stats() has no 'nonfinite'), or lower algorithm.lr."))
 
 
 def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict,

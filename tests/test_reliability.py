@@ -75,6 +75,21 @@ def test_a_jitted_env_returning_nan_stops_the_run_naming_env_and_steps(tmp_path)
                                                "run.iterations_per_dispatch=1"], run_dir=tmp_path)
 
 
+@register_env("uncounted")
+class UncountedPoison(PoisonedCartPole):
+    """The same env written to the documented minimum: its stats count no non-finite numbers."""
+
+    def stats(self, state):
+        return {k: v for k, v in super().stats(state).items() if k != "nonfinite"}
+
+
+def test_a_nan_metric_from_an_env_that_counts_no_nans_names_the_env_to_check(tmp_path):
+    with pytest.raises(msrl.TrainingError, match=r"metric '.*' is nan \(non-finite\); training stopped.*Check "
+                                                 r"environment uncounted:CartPole-v1's observations and rewards"):
+        train(EXAMPLES / "ppo_cartpole.yaml", [*QUIET, "env.id=uncounted:CartPole-v1", "run.total_env_steps=20480",
+                                               "run.iterations_per_dispatch=1"], run_dir=tmp_path)
+
+
 def _sensor(total_return):
     if float(total_return) >= 300:
         raise RuntimeError("sensor offline")
