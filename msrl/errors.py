@@ -75,9 +75,25 @@ def raised_at(exc: BaseException, module: str) -> str | None:
     return at
 
 
+def gist(text: str, limit: int = 600) -> str:
+    """An error message's first line; where it ends with ':' (JAX's "... but they differ:"), with the block of
+    lines it introduces (up to the next blank line, at most 3), on one line."""
+    lines = [ln.strip() for ln in str(text).strip().splitlines()]
+    if not lines:
+        return ""
+    out = lines[:1]
+    if out[0].endswith(":"):
+        for ln in lines[1:]:
+            if not ln and len(out) > 1 or len(out) == 4:
+                break
+            out += [ln] if ln else []
+    text = " ".join(out)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def user_code_error(exc: BaseException, module: str, key: str) -> ConfigError:
     """``exc``, raised by the user's ``module``, as one line naming the user's file and line: ``KEY: FILE:LINE:
     TYPE: MESSAGE`` (raise it ``from exc``: ``--debug`` shows the whole traceback)."""
     at = raised_at(exc, module)
-    text = exc.msg if isinstance(exc, SyntaxError) else (str(exc).strip().splitlines() or [""])[0]
+    text = exc.msg if isinstance(exc, SyntaxError) else gist(str(exc))
     return ConfigError(key, f"{at + ': ' if at else ''}{type(exc).__name__}: {text}")

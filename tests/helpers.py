@@ -123,3 +123,55 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class UsersEnv(msrl.Environment):
+    """A user's own jitted environment (msrl's adapters are vouched `rowwise`; this one is not): a walk on a line,
+    10 steps an episode, each environment's noise from its own key. ``mix`` breaks that: a mean over the
+    environments in the reward, one key's noise for all of them, or keys from the environments' position in the
+    batch instead of their global index. Other ``mix`` values break the env contract instead (tests/test_envs.py).
+    """
+
+    spec = msrl.EnvSpec("users:Walk", (2,), np.dtype(np.float32), msrl.Discrete(2))
+
+    def __init__(self, mix: str | None = None):
+        self.mix = mix
+
+    def init(self, key, env_ids):
+        ids = jax.numpy.arange(env_ids.shape[0]) if self.mix == "position" else env_ids
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+        zeros = jax.numpy.zeros(env_ids.shape[0])
+        return {"obs": jax.numpy.zeros((env_ids.shape[0], 2)), "keys": keys, "t": zeros, "ret": zeros,
+                "last": zeros, "episodes": zeros}
+
+    def observe(self, state):
+        return state, state["obs"]
+
+    def reset(self, state):
+        return {**state, "obs": jax.numpy.zeros_like(state["obs"]), "t": 0 * state["t"]}, 0 * state["obs"]
+
+    def step(self, state, action):
+        keys, noise_keys = jax.vmap(jax.random.split, out_axes=1)(state["keys"])
+        noise = jax.vmap(lambda k: jax.random.normal(k, (2,)))(noise_keys)
+        obs = state["obs"] + (2.0 * action - 1.0)[:, None] * 0.1 + 0.1 * noise
+        reward = -jax.numpy.abs(obs[:, 0])
+        if self.mix == "mean":
+            reward = reward + obs[:, 0].mean()
+        elif self.mix == "shared_key":
+            reward = reward + jax.random.normal(state["keys"][0], reward.shape)
+        t, ret = state["t"] + 1, state["ret"] + reward
+        done = t >= 10
+        where = jax.numpy.where
+        state = {"obs": where(done[:, None], 0.0, obs), "keys": keys, "t": where(done, 0.0, t),
+                 "ret": where(done, 0.0, ret), "last": where(done, ret, state["last"]),
+                 "episodes": state["episodes"] + done}
+        out = {"obs_float16": (state["obs"].astype(jax.numpy.float16), reward, done),
+               "obs_3": (state["obs"][:, :1], reward, done), "reward_2d": (state["obs"], reward[:, None], done),
+               "done_float": (state["obs"], reward, done.astype(jax.numpy.float32)),
+               "four": (state["obs"], reward, done, done)}.get(self.mix)
+        return state, out or msrl.EnvStep(state["obs"], reward, done, jax.numpy.zeros_like(done))
+
+    def stats(self, state):
+        finished = state["episodes"] > 0
+        return {"return_sum": jax.numpy.where(finished, state["last"], 0.0).sum(), "finished": finished.sum(),
+                "episodes": state["episodes"].sum()}

@@ -455,6 +455,19 @@ class LearnGrowsState(LearnReturnsState):
         self.learner = GrowingLearner()
 
 
+class CarryChangesDtype(Base):
+    """Traces, but its loop carries `obs` as float32 in and float16 out: JAX's scan refuses it when it runs."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):  # E:carry_dtype
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+            obs = next_obs.astype(jnp.float16)
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 REJECTED = {
     "while": WhileLoop,
     "data_if": DataIf,

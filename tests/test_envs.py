@@ -10,7 +10,9 @@ import pytest
 import msrl
 from msrl.components import episode_metrics
 from msrl.envs import make_env
-from helpers import EXAMPLES, QUICK, assert_reaches, reached
+from helpers import EXAMPLES, QUICK, UsersEnv, assert_reaches, reached
+
+import loops
 
 IDS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Breakout-MinAtar"]
 
@@ -223,3 +225,21 @@ def test_brax_env_runs_inside_the_fused_program(tmp_path):
                           "algorithm.minibatches=2"], run_dir=tmp_path, on_iteration=reached(20, window=5))
     assert summary.rows[-1]["episode_length"] <= 100
     assert_reaches(tmp_path, 20, within=40000, window=5)
+
+
+@pytest.mark.parametrize("mix, message", [
+    ("obs_float16", r"UsersEnv.step\(\) \(.*helpers.py:\d+\) returned observations float16\[4, 2\], but "
+                    r"users:Walk's spec \(EnvSpec\) says float32\[2\] for each environment"),
+    ("obs_3", r"returned observations float32\[4, 1\]"),
+    ("reward_2d", r"returned rewards of shape \[4, 1\]; they must be one per environment: \[4\]"),
+    ("done_float", r"returned episode ends \(done, or terminated and truncated\) of dtype float32; they must be bool"),
+    ("four", r"returned \(state, 4 values\); its output must be an EnvStep or \(obs, reward, done\)")])
+def test_a_users_env_that_breaks_its_contract_is_refused_naming_its_method(mix, message):
+    """A jitted env's step is checked against its spec when the loop is compiled (not reported later as a
+    network's shape error or a scan's carry mismatch); the error is raised at the loop's env_step."""
+    from msrl.policies.fused import Fused
+
+    with pytest.raises(msrl.CompileError, match=message) as info:
+        msrl.compile(loops.Simple(), Fused(), UsersEnv(mix), 4)
+    assert info.value.file == loops.__file__
+    msrl.compile(loops.Simple(), Fused(), UsersEnv(), 4)

@@ -15,7 +15,7 @@ from msrl.config import load_config
 from msrl.envs import make_env
 
 import loops
-from helpers import CARTPOLE, EXAMPLES, assert_reaches, reached, final_params, max_diff
+from helpers import CARTPOLE, EXAMPLES, UsersEnv, assert_reaches, reached, final_params, max_diff
 
 def test_fused_coarse_and_fine_give_the_same_parameters():
     fused, fused_rows = final_params(["env.num_envs=8"])
@@ -117,56 +117,9 @@ def _final_w(loop, policy, env: msrl.Environment | None = None) -> float:
         return float(session.params()["w"])
 
 
-class UsersEnv(msrl.Environment):
-    """A user's own jitted environment (msrl's adapters are vouched `rowwise`; this one is not): a walk on a line,
-    10 steps an episode, each environment's noise from its own key. ``mix`` breaks that: a mean over the
-    environments in the reward, one key's noise for all of them, or keys from the environments' position in the
-    batch instead of their global index."""
-
-    spec = msrl.EnvSpec("users:Walk", (2,), np.dtype(np.float32), msrl.Discrete(2))
-
-    def __init__(self, mix: str | None = None):
-        self.mix = mix
-
-    def init(self, key, env_ids):
-        ids = jax.numpy.arange(env_ids.shape[0]) if self.mix == "position" else env_ids
-        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
-        zeros = jax.numpy.zeros(env_ids.shape[0])
-        return {"obs": jax.numpy.zeros((env_ids.shape[0], 2)), "keys": keys, "t": zeros, "ret": zeros,
-                "last": zeros, "episodes": zeros}
-
-    def observe(self, state):
-        return state, state["obs"]
-
-    def reset(self, state):
-        return {**state, "obs": jax.numpy.zeros_like(state["obs"]), "t": 0 * state["t"]}, 0 * state["obs"]
-
-    def step(self, state, action):
-        keys, noise_keys = jax.vmap(jax.random.split, out_axes=1)(state["keys"])
-        noise = jax.vmap(lambda k: jax.random.normal(k, (2,)))(noise_keys)
-        obs = state["obs"] + (2.0 * action - 1.0)[:, None] * 0.1 + 0.1 * noise
-        reward = -jax.numpy.abs(obs[:, 0])
-        if self.mix == "mean":
-            reward = reward + obs[:, 0].mean()
-        elif self.mix == "shared_key":
-            reward = reward + jax.random.normal(state["keys"][0], reward.shape)
-        t, ret = state["t"] + 1, state["ret"] + reward
-        done = t >= 10
-        where = jax.numpy.where
-        state = {"obs": where(done[:, None], 0.0, obs), "keys": keys, "t": where(done, 0.0, t),
-                 "ret": where(done, 0.0, ret), "last": where(done, ret, state["last"]),
-                 "episodes": state["episodes"] + done}
-        return state, msrl.EnvStep(state["obs"], reward, done, jax.numpy.zeros_like(done))
-
-    def stats(self, state):
-        finished = state["episodes"] > 0
-        return {"return_sum": jax.numpy.where(finished, state["last"], 0.0).sum(), "finished": finished.sum(),
-                "episodes": state["episodes"].sum()}
-
-
 @pytest.mark.parametrize("mix, reason", [
     ("mean", (r"steps each of its 2 'actor' replicas' 2 of the 4 environments alone, but UsersEnv.step\(\) \(.*"
-              r"test_threads.py:\d+\), called here, reduces over the environment axis")),
+              r"helpers.py:\d+\), called here, reduces over the environment axis")),
     ("shared_key", "UsersEnv.step.*takes some environments' rows"),
     ("position", (r"initializes the env on each of its 2 replicas .* UsersEnv.init\(\) .* numbers the environments "
                   "by their position"))])

@@ -20,7 +20,7 @@ from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import assign_roles, partition
-from msrl.components import SHAPE_PROBE, Environment
+from msrl.components import SHAPE_PROBE, Environment, EnvSpec, EnvStep, as_env_step
 from msrl.errors import CompileError, ConfigError
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
@@ -61,15 +61,17 @@ def _method_name(component: Any, method: str) -> str:
 
 
 def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
-    """An actor's ``act`` and a learner's ``learn`` return ``(state, output)`` with the state they were given,
-    in structure, shapes and dtypes (the loop carries it): else a CompileError naming the method's file:line
-    (raised at the user's API call)."""
+    """An actor's ``act``, a learner's ``learn`` and an env's methods return ``(state, output)`` with the state
+    they were given, in structure, shapes and dtypes (the loop carries it): else a CompileError naming the
+    method's file:line (raised at the user's API call)."""
+    method = "step" if method == "transition" else method  # an env's step, as its author wrote it
     name = _method_name(component, method)
     if not (isinstance(result, tuple) and len(result) == 2):
         got = f"{len(result)} values" if isinstance(result, tuple) else \
             f"an array of shape {tuple(result.shape)}" if hasattr(result, "shape") else \
             f"a {type(result).__name__}" + (f" with keys {list(result)[:6]}" if isinstance(result, dict) else "")
-        raise CompileError(f"{name} returned {got}; it must return (state, output): its new state first")
+        output = "an EnvStep or (obs, reward, done)" if method == "step" else "output"
+        raise CompileError(f"{name} returned {got}; it must return (state, {output}): its new state first")
     before, after = _signature(old), _signature(result[0])
     if before != after:
         diff = [f"{k}: missing" for k in before if k not in after] + [f"{k}: new" for k in after if k not in before]
@@ -77,6 +79,44 @@ def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
         raise CompileError(f"{name} returned a new state unlike the one it was given ({'; '.join(diff[:3])}); the "
                            "loop carries it from call to call, so it keeps its structure, shapes and dtypes",
                            hint="return (state, output) with the state built like the one init returned")
+
+
+def _check_env_output(env: Any, method: str, result: tuple) -> tuple:
+    """An env's ``observe``, ``reset`` and ``step`` give what its spec says, for each of the N environments:
+    observations ``[N, *obs_shape]`` of ``obs_dtype``, and from ``step`` an :class:`EnvStep` (or ``(obs, reward,
+    done)``) with ``[N]`` rewards and ends; else a CompileError naming the method. Returns the result with
+    ``step``'s output as an EnvStep."""
+    state, out = result
+    name = _method_name(env, "step" if method == "transition" else method)
+    if method == "transition":
+        if not isinstance(out, EnvStep) and not (isinstance(out, (tuple, list)) and len(out) == 3):
+            got = f"{len(out)} values" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
+            raise CompileError(f"{name} returned (state, {got}); its output must be an EnvStep or (obs, reward, "
+                               "done)")
+        ends = (out.terminated, out.truncated) if isinstance(out, EnvStep) else (out[2],)
+        if any(np.dtype(getattr(x, "dtype", None)) != np.bool_ for x in ends):
+            got = ", ".join(str(getattr(x, "dtype", type(x).__name__)) for x in ends)
+            raise CompileError(f"{name} returned episode ends (done, or terminated and truncated) of dtype {got}; "
+                               "they must be bool", hint="compare, e.g. `t >= horizon`, or use .astype(bool)")
+        out = as_env_step(out)
+    spec = env.spec
+    if not isinstance(spec, EnvSpec):  # a multi-agent spec: the adapter's own shapes
+        return state, out
+    obs = out.obs if method == "transition" else out
+    want = f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}"
+    shape = tuple(getattr(obs, "shape", ()))
+    if shape[1:] != tuple(spec.obs_shape) or np.dtype(getattr(obs, "dtype", None)) != np.dtype(spec.obs_dtype):
+        got = f"{np.dtype(obs.dtype).name}{list(shape)}" if hasattr(obs, "dtype") else f"a {type(obs).__name__}"
+        raise CompileError(f"{name} returned observations {got}, but {spec.id}'s spec (EnvSpec) says {want} for "
+                           "each environment", hint="return what the spec says, or make the spec say what the env "
+                           "returns")
+    if method == "transition":
+        for what, x in (("rewards", out.reward), ("terminated flags", out.terminated),
+                        ("truncated flags", out.truncated)):
+            if tuple(getattr(x, "shape", ())) != shape[:1]:
+                raise CompileError(f"{name} returned {what} of shape {list(getattr(x, 'shape', ()))}; they must "
+                                   f"be one per environment: [{shape[0]}]")
+    return state, out
 
 
 def component_keys(seed: int) -> dict[str, jax.Array]:
@@ -410,6 +450,8 @@ class Program:
 
         def returned(component: str, method: str, old: Any, result: Any) -> Any:
             _check_returned(components[component], method, old, result)
+            if component == "env":
+                return _check_env_output(components["env"], method, result)
             return result
 
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's

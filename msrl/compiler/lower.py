@@ -23,7 +23,7 @@ import linecache
 from typing import Any, Callable
 
 from msrl.compiler.ir import Stmt, is_state, liveness, loop_defs, walk
-from msrl.errors import CompileError, ConfigError
+from msrl.errors import CompileError, ConfigError, gist
 
 STATE_PREFIX = "_s_"
 
@@ -151,7 +151,9 @@ class _Emitter:
         args = [state] + (["_s_params"] if "params" in spec.reads else [])
         args += [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
         call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
-        if self.mode == "probe" and spec.component in ("actor", "learner"):  # the user's own methods, checked once
+        if self.mode == "probe" and spec.component in ("actor", "learner", "env"):  # the user's own methods, checked
+            if spec.method == "transition":  # once (an env's step as it wrote it; the check makes it an EnvStep)
+                call = call.replace("_c_env.transition(", "_c_env.step(", 1)
             call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"
         target = ast.unparse(s.target) if s.target is not None else None
         if s is self.stacking:  # collected on the host, inserted once after the loop
@@ -312,8 +314,7 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
     file, line, source = frame
     if isinstance(exc, CompileError):  # raised by msrl itself while running the user's statement
         raise CompileError(exc.reason, file, line, exc.hint) from None
-    message = str(exc).strip().splitlines()
-    first = message[0] if message else ""
+    first = gist(str(exc))
     import jax
 
     hint = None
