@@ -20,7 +20,7 @@ from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import assign_roles, partition
-from msrl.components import SHAPE_PROBE, Environment, EnvSpec, EnvStep, as_env_step
+from msrl.components import SHAPE_PROBE, Environment, EnvStep, MultiAgentSpec, as_env_step
 from msrl.errors import CompileError, ConfigError
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
@@ -100,8 +100,8 @@ def _check_env_output(env: Any, method: str, result: tuple) -> tuple:
                                "they must be bool", hint="compare, e.g. `t >= horizon`, or use .astype(bool)")
         out = as_env_step(out)
     spec = env.spec
-    if not isinstance(spec, EnvSpec):  # a multi-agent spec: the adapter's own shapes
-        return state, out
+    if method not in ("observe", "reset", "transition") or isinstance(spec, MultiAgentSpec):  # (a multi-agent
+        return state, out  # spec: its adapter's own shapes)
     obs = out.obs if method == "transition" else out
     want = f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}"
     shape = tuple(getattr(obs, "shape", ()))
