@@ -186,6 +186,13 @@ class Environment:
         hold: msrl's NaN guard then stops a run naming the environment."""
         raise NotImplementedError
 
+    def episode_counts(self, state: PyTree) -> tuple[Any, Any] | None:
+        """``(episodes [N], last_return [N])``: how many episodes each environment completed and the return of
+        its last one, counted as the training's rows count them (an Atari game to game over, with its raw score,
+        where the learner sees lives); ``msrl eval`` scores by them. None (the default): eval sums the rewards
+        up to each environment's first ``done``."""
+        return None
+
     def close(self, state: PyTree) -> None:
         """Release what the state holds outside JAX (host environments' simulators)."""
 

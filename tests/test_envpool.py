@@ -12,6 +12,7 @@ import pytest
 import msrl
 from msrl.config import load_config
 from msrl.envs import make_env
+from msrl.evaluate import evaluate
 
 from helpers import EXAMPLES, QUICK, assert_reaches, max_diff, reached
 
@@ -286,7 +287,16 @@ def test_ppo_nature_cnn_on_envpool_breakout_trains(tmp_path):
     assert not any(moved)
 
 
-def test_ppo_envpool_on_ray_actors_matches_threads(ray_cluster):
+def test_eval_of_an_atari_run_scores_whole_games_as_its_rows_do(tmp_path):
+    """With ``episodic_life`` the learner sees lives, but ``msrl eval`` scores whole games with the raw score, as
+    the training's rows do (it stopped at the first lost life, with clipped rewards)."""
+    overrides = ["run.seed=0", "algorithm.rollout_len=8", "algorithm.epochs=1", "algorithm.minibatches=1",
+                 "env.num_envs=2", "policy.actors=1", "policy.envs_per_actor=2", "run.total_env_steps=16", *QUICK,
+                 "run.checkpoint_every_steps=16"]
+    msrl.train(EXAMPLES / "ppo_breakout_envpool.yaml", overrides, run_dir=tmp_path)
+    out = evaluate(tmp_path, episodes=2)
+    assert out["env_steps"] >= 100, out  # 5 lives (a lost life takes ~24 steps here); one life ended at 24-72
+
     """EnvPool pools made inside Ray actor processes: single_learner_coarse 2 x 4 on ray gives the parameters of
     threads (to 1e-5, the ray backend's tolerance) and the same episodes. With ``env.xla`` each multi_learner
     replica on ray steps its own pool inside its program (a vmap of one replica per process)."""

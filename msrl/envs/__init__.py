@@ -97,6 +97,9 @@ class MaskedObs(Environment):
     def stats(self, state):
         return self.env.stats(state)
 
+    def episode_counts(self, state):
+        return self.env.episode_counts(state)
+
     def close(self, state):
         return self.env.close(state)
 

@@ -228,6 +228,9 @@ class EnvPoolEnv(Environment):
     def stats(self, state: EnvPoolState):
         return state.counts.stats()
 
+    def episode_counts(self, state: EnvPoolState):
+        return state.counts.episodes, state.counts.last_return
+
     def close(self, state: EnvPoolState) -> None:
         close = getattr(state.pool, "close", None)
         if close is not None:
@@ -439,7 +442,7 @@ class EnvPoolXlaEnv(EnvPoolEnv):
         return state, EnvStep(obs, reward, terminated, truncated, final)
 
     # a functional env's: the current observations, and statistics from the same counters
-    observe, stats = FunctionalEnv.observe, FunctionalEnv.stats
+    observe, stats, episode_counts = FunctionalEnv.observe, FunctionalEnv.stats, FunctionalEnv.episode_counts
 
     def starts(self, state: EnvPoolXlaState):
         return state, state.started

@@ -305,6 +305,9 @@ class GymnasiumEnv(Environment):
     def stats(self, state: HostEnvState):
         return state.counts.stats()
 
+    def episode_counts(self, state: HostEnvState):
+        return state.counts.episodes, state.counts.last_return
+
     def close(self, state: HostEnvState) -> None:
         if state.workers is not None:
             state.workers.close()

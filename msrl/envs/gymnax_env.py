@@ -101,6 +101,9 @@ class FunctionalEnv(Environment):
         state = EnvState(inner, obs, keys, **episode_counts(state, reward, terminated | truncated))
         return state, EnvStep(obs, reward, terminated, truncated, final_obs)
 
+    def episode_counts(self, state: EnvState):
+        return state.episodes, state.last_return
+
     def stats(self, state: EnvState):
         finished = state.episodes > 0
         bad = sum(jnp.sum(~jnp.isfinite(x)) for x in jax.tree.leaves(state.obs)) + \
