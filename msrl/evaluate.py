@@ -11,7 +11,7 @@ import numpy as np
 
 from msrl import checkpoint
 from msrl.algorithm import Context
-from msrl.components import Actor
+from msrl.components import Actor, MultiAgentObs, MultiAgentSpec
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError
@@ -129,13 +129,20 @@ class TrainedPolicy:
         if isinstance(obs, (list, tuple)) and not hasattr(obs, "_fields"):  # a plain list of numbers
             obs = np.asarray(obs, self.env_spec.obs_dtype)
         obs = jax.tree.map(np.asarray, obs)
-        shape = tuple(self.env_spec.obs_shape)
+        spec = self.env_spec
+        shape = tuple(spec.obs_shape)
+        if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):  # every agent's, as one array
+            shape = (spec.num_agents, *shape)
         if isinstance(obs, np.ndarray) and obs.shape != shape and obs.shape[1:] != shape:
-            raise ValueError(f"act: an observation of {self.env_spec.id} is shaped {shape} (a batch: (n, "
+            what = f"its {spec.num_agents} agents' observations of {spec.id} are" \
+                if len(shape) > len(spec.obs_shape) else f"an observation of {spec.id} is"
+            raise ValueError(f"act: {what} shaped {shape} (a batch: (n, "
                              f"{', '.join(map(str, shape))})), got {obs.shape}")
         single = isinstance(obs, np.ndarray) and obs.shape == shape
         if single:  # one observation: act on a batch of one
             obs = jax.tree.map(lambda x: x[None], obs)
+        if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):
+            obs = self._multi_agent(obs)
         n = jax.tree.leaves(obs)[0].shape[0]
         fresh = self._n != n
         if fresh:
@@ -144,6 +151,15 @@ class TrainedPolicy:
         self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
         actions = np.asarray(actions)
         return actions[0] if single else actions
+
+    def _multi_agent(self, agents: np.ndarray) -> MultiAgentObs:
+        """A batch of every agent's observations as the env gives them: with the global state of JaxMARL's
+        adapter (all agents' observations, concatenated); another env's state must be given (a MultiAgentObs)."""
+        spec = self.env_spec
+        if tuple(spec.state_shape) != (int(np.prod(agents.shape[1:])),):
+            raise ValueError(f"act: {spec.id}'s global state {tuple(spec.state_shape)} is not its agents' "
+                             "observations concatenated; give msrl.MultiAgentObs(agents, state)")
+        return MultiAgentObs(agents, agents.reshape(len(agents), -1))
 
     def __repr__(self) -> str:
         return (f"TrainedPolicy({self.config.algorithm.name} on {self.env_spec.id}, "

@@ -70,6 +70,10 @@ def test_envpool_bad_ids_and_kwargs_are_config_errors():
         make_env("envpool:CartPole-v1", nope=1)
     with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*max_episode_steps"):
         make_env("envpool:CartPole-v1", max_episode_steps="long")
+    for steps in (0, -5):  # EnvPool itself takes them, and ends every episode after one step
+        with pytest.raises(msrl.ConfigError, match=rf"env\.kwargs\.max_episode_steps: must be a whole number >= 1, "
+                                                   rf"got {steps}"):
+            make_env("envpool:CartPole-v1", max_episode_steps=steps)
     with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*\['num_envs', 'seed'\] are set by msrl"):
         make_env("envpool:CartPole-v1", seed=1, num_envs=3)
     with pytest.raises(msrl.ConfigError, match=r"env\.id.*Discrete observation space"):

@@ -154,6 +154,12 @@ def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, o
     assert np.all(np.isfinite(np.asarray(reward)))
     if config == CARTPOLE:  # one observation alone gives one action
         assert policy.act(np.asarray(obs)[0]).shape == ()
+    if isinstance(policy.env_spec, msrl.MultiAgentSpec):  # the agents' observations as one array, or one env's
+        agents = np.asarray(obs.agents)
+        np.testing.assert_array_equal(policy.act(agents), policy.act(jax.tree.map(np.asarray, obs)))
+        assert policy.act(agents[0]).shape == actions.shape[1:]
+        with pytest.raises(ValueError, match=r"its 3 agents' observations of .* are shaped \(3, 18\)"):
+            policy.act(agents[..., :17])
 
 
 def test_feedback_without_a_terminal_and_debug_tracebacks(tmp_path):

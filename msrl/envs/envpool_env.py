@@ -87,6 +87,10 @@ class EnvPoolEnv(Environment):
                 hint += f" (Gymnasium has it: write gymnasium:{name})"
             raise ConfigError("env.id", f"envpool:{name} is not an EnvPool environment{hint} "
                               "(envpool.list_all_envs() lists them)")
+        for key in ("max_episode_steps", "frame_skip", "stack_num"):  # EnvPool takes 0 or less, and then ends
+            value = kwargs.get(key)  # every episode after one step (or steps no frames)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"env.kwargs.{key}", f"must be a whole number >= 1, got {value!r}")
         reserved = sorted(set(kwargs) & set(RESERVED))
         if reserved:
             raise ConfigError("env.kwargs", f"{reserved} are set by msrl for envpool:{name} (env.num_envs sets the "

@@ -123,6 +123,8 @@ class JaxMarlEnv(FunctionalEnv):
             raise ConfigError(f"env.kwargs.{unknown[0]}", f"jaxmarl:{name} does not take it; it takes "
                               f"{', '.join(sorted(_parameters(type(self.env))))}")
         self.agents = list(self.env.agents)
+        if not self.agents:
+            raise ConfigError("env.kwargs", f"jaxmarl:{name} made with {kwargs} has no agents")
         obs_spaces = {tuple(self.env.observation_space(a).shape) for a in self.agents}
         act_spaces = {_describe(self.env.action_space(a)) for a in self.agents}
         if len(obs_spaces) > 1 or len(act_spaces) > 1:
