@@ -6,6 +6,7 @@ policy brings its own keys. Unknown keys and bad values raise :class:`ConfigErro
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -276,6 +277,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(".".join(filter(None, [key, e.key])), e.message) from None
         except _YAML_ERRORS:
             value = raw
+        if re.fullmatch(r"[^\s:{}\[\],]+:", raw.strip()):  # `env.id=envpool:` is that text (YAML: {envpool: null})
+            value = raw.strip()
         parts = key.split(".")
         if not all(parts):
             raise ConfigError(key, "a key path has no empty parts: KEY.PATH=VALUE (e.g. run.seed=1)")

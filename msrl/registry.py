@@ -12,7 +12,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from msrl.errors import ConfigError, did_you_mean, quote
+from msrl.errors import ConfigError, did_you_mean, quote, user_code_error
 
 
 class Registry:
@@ -41,7 +41,7 @@ class Registry:
             return None
         module = sys.modules.get(ep.module)
         if module is None:
-            return ep.load()
+            return _load(ep, self.key, self.noun)
         try:
             return operator.attrgetter(ep.attr)(module)
         except AttributeError:  # not defined yet: the decorator runs inside the module it names
@@ -63,8 +63,18 @@ class Registry:
                 raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"
                                   f"available: {', '.join(self.names())} (one of your own registers when its module "
                                   "is imported: `msrl ... --import FILE.py`, or import it before msrl.train)")
-            self.register(name)(ep.load())
+            self.register(name)(_load(ep, self.key, self.noun))
         return self._items[name]
+
+
+def _load(ep: Any, key: str, noun: str) -> Any:
+    """An installed plug-in's class; where its module fails to import, a ConfigError naming its file:line."""
+    try:
+        return ep.load()
+    except Exception as e:  # noqa: BLE001 - the plug-in's own error, reported as one line
+        where = f"{ep.dist.name}'s " if getattr(ep, "dist", None) is not None else ""
+        raise ConfigError(key, f"the {noun} {quote(ep.name)} ({where}entry point {ep.value}) did not load: "
+                          f"{user_code_error(e, ep.module, key).message}") from e
 
 
 def _path(obj: Any) -> str:

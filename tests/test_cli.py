@@ -142,6 +142,23 @@ def test_an_import_that_fails_names_the_users_file_and_line(tmp_path, capsys, co
     assert capsys.readouterr().err == f"msrl: error: --import: {module}:{error}\n"
 
 
+def test_an_installed_plugin_that_fails_to_import_names_its_file_and_line(tmp_path, capsys, monkeypatch):
+    """A package's entry point (``msrl.algorithms``) whose module has a syntax error: one line, not a traceback."""
+    from importlib.metadata import EntryPoint, entry_points
+
+    import msrl.registry
+
+    name = f"plugin_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text("import msrl\n\nclass Broken(msrl.Algorithm)\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    installed = EntryPoint(name, f"{name}:Broken", "msrl.algorithms")  # as pip install of a plug-in would list it
+    monkeypatch.setattr(msrl.registry, "entry_points", lambda group: [
+        *entry_points(group=group), *([installed] if group == "msrl.algorithms" else [])])
+    assert main(["graph", CARTPOLE, f"algorithm={{name: {name}}}"]) == 2
+    assert capsys.readouterr().err == (f"msrl: error: algorithm.name: the algorithm '{name}' (entry point {name}:Broken) "
+                                       f"did not load: {tmp_path / name}.py:3: SyntaxError: expected ':'\n")
+
+
 def test_an_algorithm_whose_constructor_raises_names_the_users_file_and_line(tmp_path, capsys):
     name = f"broken_{tmp_path.name}"
     module = tmp_path / f"{name}.py"

@@ -24,6 +24,9 @@ def test_example_loads_with_overrides():
     assert dumped["algorithm"]["name"] == "ppo" and dumped["run"]["seed"] == 3
     with pytest.raises(ConfigError, match=r"overrides: a list of KEY.PATH=VALUE strings, got one string: write \["):
         load_config(EXAMPLES / "ppo_cartpole.yaml", "run.seed=3")  # (it was read letter by letter)
+    # a word ending in ':' is that text (YAML reads `envpool:` as {envpool: null}): the env id's own error follows
+    with pytest.raises(ConfigError, match=r"env.id: envpool: is not an EnvPool environment"):
+        msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.id=envpool:"]))
 
 
 def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):

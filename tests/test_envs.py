@@ -119,8 +119,13 @@ def test_bad_env_ids_are_config_errors():
         make_env("CartPole-v1")
     with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment; did you mean 'CartPole-v1'"):
         make_env("gymnax:CartPole-v9")
-    with pytest.raises(msrl.ConfigError, match="env.id.*not an environment id; did you mean 'gymnax'"):
+    with pytest.raises(msrl.ConfigError, match="env.id.*not an environment id: no prefix 'gymnx' is registered; did "
+                                               "you mean 'gymnax'"):
         make_env("gymnx:CartPole-v1")
+    with pytest.raises(msrl.ConfigError, match=r"'my:Sign-v0' is not an environment id: no prefix 'my' is registered; "
+                                               r"the prefixes: .* \(an env of your own registers 'my' when its module "
+                                               r"is imported: `msrl ... --import FILE.py`, for eval and --resume too\)"):
+        make_env("my:Sign-v0")  # a user's own prefix, its module not imported (msrl eval without --import)
     with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment; known: CartPole-v1"):
         make_env("gymnax:NoSuchThing")  # nothing close: no guess
     with pytest.raises(msrl.ConfigError, match="env.kwargs"):

@@ -115,13 +115,15 @@ class MaskedObs(Environment):
 
 def _make(env_id: str, **kwargs) -> Environment:
     prefix, sep, name = env_id.partition(":")
-    if not sep or prefix not in _MAKERS:
-        raise ConfigError(
-            "env.id",
-            f"{env_id!r} is not an environment id; {did_you_mean(prefix, _MAKERS) if sep else ''}"
-            f"write PREFIX:NAME with PREFIX one of "
-            f"{sorted(_MAKERS)} (e.g. 'gymnax:CartPole-v1')",
-        )
+    if not sep:
+        raise ConfigError("env.id", f"{env_id!r} is not an environment id; write PREFIX:NAME with PREFIX one of "
+                          f"{sorted(_MAKERS)} (e.g. 'gymnax:CartPole-v1')")
+    if prefix not in _MAKERS:
+        typo = did_you_mean(prefix, _MAKERS)
+        own = "" if typo else f" (an env of your own registers {prefix!r} when its module is imported: `msrl ... " \
+            "--import FILE.py`, for eval and --resume too)"
+        raise ConfigError("env.id", f"{env_id!r} is not an environment id: no prefix {prefix!r} is registered; "
+                          f"{typo}the prefixes: {sorted(_MAKERS)}{own}")
     return _MAKERS[prefix](name, **kwargs)
 
 
