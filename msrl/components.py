@@ -133,6 +133,27 @@ def as_env_step(out: Any) -> EnvStep:
     return EnvStep(obs, reward, done, done & False)
 
 
+def _check_step_form(env: Any, result: Any) -> None:
+    """A jitted env's ``step`` returned ``(state, EnvStep or (obs, reward, done))`` with bool or integer ends;
+    else a CompileError naming the method (raised at the loop's ``env_step``)."""
+    from msrl.errors import CompileError, method_name
+
+    name = method_name(env, "step")
+    if not (isinstance(result, tuple) and len(result) == 2):
+        got = f"{len(result)} values" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        raise CompileError(f"{name} returned {got}; it must return (state, EnvStep) or (state, (obs, reward, done))")
+    out = result[1]
+    if not isinstance(out, EnvStep) and not (isinstance(out, (tuple, list)) and len(out) == 3):
+        got = f"{len(out)} values" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
+        raise CompileError(f"{name} returned (state, {got}); its output must be an EnvStep or (obs, reward, done)")
+    ends = (out.terminated, out.truncated) if isinstance(out, EnvStep) else (out[2],)
+    kinds = [jnp.result_type(x) for x in ends]
+    if not all(k == jnp.bool_ or jnp.issubdtype(k, jnp.integer) for k in kinds):
+        raise CompileError(f"{name} returned episode ends (done, or terminated and truncated) of dtype "
+                           f"{', '.join(map(str, kinds))}; they must be bool", hint="compare, e.g. `t >= horizon`, "
+                           "or use .astype(bool)")
+
+
 # --------------------------------------------------------------------------------------------- components
 class Environment:
     """A functional, jittable batch of environments (gymnax protocol, auto-reset).
@@ -146,10 +167,10 @@ class Environment:
     jittable = True
     host_simulator = False  # True: ``init`` runs on the host and makes simulators of this process that the state
     # holds (EnvPool pools stepped from XLA): a state that is never stacked, stored or sent elsewhere
-    rowwise = False  # True: environment i's numbers depend on environment i alone (msrl's own adapters, tested by
-    # the conformance matrix). Otherwise a policy that splits the environments over replicas first traces init,
-    # observe, reset and step at two environment counts and refuses an env that mixes them (a mean over
-    # environments, one key for all of them), as it does a loop statement
+    rowwise = False  # True: environment i's numbers depend on environment i alone (msrl's own adapters). Otherwise
+    # a policy that splits the environments over replicas first traces init and the methods the loop calls at
+    # two environment counts and refuses an env that mixes them (a mean over environments, one key for all of
+    # them), as it does a loop statement. A subclass that overrides one of those methods is checked again
 
     @property
     def host_state(self) -> bool:
@@ -175,8 +196,12 @@ class Environment:
         raise NotImplementedError
 
     def transition(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep]:
-        """``step``, its result as an :class:`EnvStep` (what ``msrl.env_step`` calls)."""
-        state, out = self.step(state, action)
+        """``step``, its result as an :class:`EnvStep` (what ``msrl.env_step`` calls). A jitted env's result is
+        checked as it is traced: ``(state, EnvStep or (obs, reward, done))``, its ends bool or integers."""
+        result = self.step(state, action)
+        if not self.host_state:
+            _check_step_form(self, result)
+        state, out = result
         return state, as_env_step(out)
 
     def stats(self, state: PyTree) -> dict[str, Any]:
@@ -199,6 +224,18 @@ class Environment:
     def shape_stand_in(self) -> "Environment":
         """A jittable environment with the same shapes, for the compiler's abstract tracing."""
         return self
+
+
+ENV_METHODS = ("init", "observe", "reset", "starts", "step", "transition", "_reset", "_step")
+
+
+def vouched_rowwise(env: Environment) -> bool:
+    """Whether ``env.rowwise`` holds: set on the env itself (a wrapper's, from what it wraps), or by a class whose
+    methods the loop calls are still the env's (a user's subclass that overrides one is not vouched for)."""
+    if "rowwise" in vars(env):
+        return bool(env.rowwise)
+    owner = next(c for c in type(env).__mro__ if "rowwise" in vars(c))
+    return bool(owner.rowwise) and all(getattr(type(env), m, None) is getattr(owner, m, None) for m in ENV_METHODS)
 
 
 def episode_metrics(stats: list[dict[str, Any]]) -> dict[str, float]:

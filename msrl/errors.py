@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MsrlError(Exception):
     """Base class of every error msrl raises on purpose."""
@@ -73,6 +75,14 @@ def raised_at(exc: BaseException, module: str) -> str | None:
         if frame.f_globals.get("__name__") == module:
             at = f"{frame.f_code.co_filename}:{line}"
     return at
+
+
+def method_name(obj: Any, method: str) -> str:
+    """``Class.method() (file:line)``: an object's method, for an error."""
+    import inspect  # (here: errors.py imports nothing at start)
+
+    code = getattr(inspect.unwrap(getattr(type(obj), method, None)), "__code__", None)
+    return f"{type(obj).__name__}.{method}()" + (f" ({code.co_filename}:{code.co_firstlineno})" if code else "")
 
 
 def gist(text: str, limit: int = 600) -> str:

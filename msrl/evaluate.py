@@ -197,25 +197,27 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     state, obs = env.observe(state)
     carry, start = initial_carry(episodes), np.ones(episodes, bool)  # a recurrent policy's state, reset at starts
     returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
+    partial = np.zeros(episodes)  # the rewards so far: the score of an episode MAX_STEPS cut short
     counted = env.episode_counts(state) is not None  # episodes as the training's rows count them (Atari: games)
     for steps in range(1, MAX_STEPS + 1):
         carry, action = act(params, carry, obs, start)
         state, (obs, reward, done) = step(state, action)
         start = np.asarray(done)
+        partial += np.where(finished, 0.0, np.asarray(reward))
         if counted:
             ended, last = (np.asarray(x) for x in env.episode_counts(state))
             returns = np.where(finished, returns, last)
             finished |= ended > 0
         else:
-            returns += np.where(finished, 0.0, np.asarray(reward))
             finished |= start
         if finished.all():
             break
+    returns = np.where(finished, returns, partial) if counted else partial
     env.close(state)
     out = {"checkpoint": meta["checkpoint"], "iteration": meta["iteration"],
            **{k: meta[k] for k in ("run_seed", "member") if k in meta},
            "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-           "env_steps": steps}
+           "env_steps": steps * episodes}
     if render is not None:
         out["frames"] = _render(cfg.env.id, cfg.env.kwargs, (initial_carry, act), params, Path(render), seed)
     return out

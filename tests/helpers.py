@@ -168,7 +168,9 @@ class UsersEnv(msrl.Environment):
         out = {"obs_float16": (state["obs"].astype(jax.numpy.float16), reward, done),
                "obs_3": (state["obs"][:, :1], reward, done), "reward_2d": (state["obs"], reward[:, None], done),
                "done_float": (state["obs"], reward, done.astype(jax.numpy.float32)),
-               "four": (state["obs"], reward, done, done)}.get(self.mix)
+               "four": (state["obs"], reward, done, done),
+               "int_done": (state["obs"], reward, done.astype(jax.numpy.int32)),
+               "python_bool": msrl.EnvStep(state["obs"], reward, done, False)}.get(self.mix)
         return state, out or msrl.EnvStep(state["obs"], reward, done, jax.numpy.zeros_like(done))
 
     def stats(self, state):

@@ -54,7 +54,7 @@ def test_envpool_env_contract(name, obs_shape, obs_dtype, kwargs):
         assert not (out.terminated & out.truncated).any()
         assert np.isfinite(out.reward).all() and np.isfinite(out.obs).all() and np.isfinite(out.final_obs).all()
     stats = env.stats(state)
-    assert set(stats) == {"return_sum", "finished", "length_sum", "episodes"}
+    assert set(stats) == {"return_sum", "finished", "length_sum", "episodes", "nonfinite"}  # (0: raised at a step)
     if name != "Breakout-v5":
         assert stats["episodes"] >= 1
     env.close(state)
@@ -299,7 +299,7 @@ def test_eval_of_an_atari_run_scores_whole_games_as_its_rows_do(tmp_path):
                  "run.checkpoint_every_steps=16"]
     msrl.train(EXAMPLES / "ppo_breakout_envpool.yaml", overrides, run_dir=tmp_path)
     out = evaluate(tmp_path, episodes=2)
-    assert out["env_steps"] >= 100, out  # 5 lives (a lost life takes ~24 steps here); one life ended at 24-72
+    assert out["env_steps"] >= 2 * 100, out  # 5 lives each (a lost life takes ~24 steps); one life ended at 24-72
 
     """EnvPool pools made inside Ray actor processes: single_learner_coarse 2 x 4 on ray gives the parameters of
     threads (to 1e-5, the ray backend's tolerance) and the same episodes. With ``env.xla`` each multi_learner

@@ -238,7 +238,8 @@ def test_brax_env_runs_inside_the_fused_program(tmp_path):
     ("obs_3", r"returned observations float32\[4, 1\]"),
     ("reward_2d", r"returned rewards of shape \[4, 1\]; they must be one per environment: \[4\]"),
     ("done_float", r"returned episode ends \(done, or terminated and truncated\) of dtype float32; they must be bool"),
-    ("four", r"returned \(state, 4 values\); its output must be an EnvStep or \(obs, reward, done\)")])
+    ("four", r"returned \(state, 4 values\); its output must be an EnvStep or \(obs, reward, done\)"),
+    ("python_bool", r"returned truncated flags of shape \[\]; they must be one per environment: \[4\]")])
 def test_a_users_env_that_breaks_its_contract_is_refused_naming_its_method(mix, message):
     """A jitted env's step is checked against its spec when the loop is compiled (not reported later as a
     network's shape error or a scan's carry mismatch); the error is raised at the loop's env_step."""
@@ -248,3 +249,31 @@ def test_a_users_env_that_breaks_its_contract_is_refused_naming_its_method(mix, 
         msrl.compile(loops.Simple(), Fused(), UsersEnv(mix), 4)
     assert info.value.file == loops.__file__
     msrl.compile(loops.Simple(), Fused(), UsersEnv(), 4)
+
+
+class TransitionOnly(UsersEnv):
+    """Defines ``transition`` (what msrl.env_step calls) instead of ``step``."""
+
+    def transition(self, state, action):
+        return UsersEnv.step(self, state, action)
+
+    def step(self, state, action):
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("env", [UsersEnv("int_done"), TransitionOnly()], ids=["int_done", "transition_only"])
+def test_what_the_env_contract_check_lets_through(env):
+    """Integer ends, and an env that defines ``transition`` itself, still run."""
+    from msrl.policies.fused import Fused
+
+    program = msrl.compile(loops.Simple(), Fused(), env, 4)
+    with msrl.Session(program=program, seed=0) as session:
+        assert np.isfinite(session.run(1)[0]["w"])
+
+
+@pytest.mark.parametrize("name", ["Catch-bsuite", "FourRooms-misc"])
+def test_gymnax_envs_whose_space_dtype_is_not_their_observations_compile_and_run(name):
+    """Their spec says what reset gives (Catch's space says int32, its observations are float32)."""
+    with msrl.Session(EXAMPLES / "ppo_cartpole.yaml", [f"env.id=gymnax:{name}", "algorithm.rollout_len=8",
+                                                       *QUICK]) as session:
+        assert np.isfinite(session.run(1)[0]["loss"])

@@ -13,6 +13,7 @@ import msrl
 from msrl.cli import main
 from msrl.config import load_config
 from msrl.envs import make_env
+from msrl.envs.gymnax_env import GymnaxEnv
 
 import loops
 from helpers import CARTPOLE, EXAMPLES, UsersEnv, assert_reaches, reached, final_params, max_diff
@@ -133,6 +134,23 @@ def test_a_users_jitted_env_mixing_environments_is_refused_where_replicas_hold_a
     assert info.value.file == loops.__file__
     assert ("set the env's `rowwise = True`" in info.value.hint) == (mix != "position")
     msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=1), UsersEnv(mix), 4)
+
+
+class MaxRewardCartPole(GymnaxEnv):
+    """A user's subclass of msrl's gymnax adapter (vouched rowwise) whose step adds the max over environments."""
+
+    def step(self, state, action):
+        state, out = super().step(state, action)
+        return state, msrl.EnvStep(out.obs, out.reward + jax.numpy.abs(out.obs[:, 0]).max(), out.terminated,
+                                   out.truncated)
+
+
+def test_a_users_subclass_of_an_adapter_that_overrides_step_is_checked_again():
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    with pytest.raises(msrl.CompileError, match=r"MaxRewardCartPole.step\(\) .* reduces over the environment axis"):
+        msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), MaxRewardCartPole("CartPole-v1"), 4)
+    msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), make_env("gymnax:CartPole-v1"), 4)
 
 
 def test_a_users_jitted_env_that_keeps_to_its_rows_runs_on_actors_as_under_fused():

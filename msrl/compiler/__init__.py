@@ -20,8 +20,8 @@ from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import assign_roles, partition
-from msrl.components import SHAPE_PROBE, Environment, EnvStep, MultiAgentSpec, as_env_step
-from msrl.errors import CompileError, ConfigError
+from msrl.components import SHAPE_PROBE, Environment, MultiAgentSpec, vouched_rowwise
+from msrl.errors import CompileError, ConfigError, method_name
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
 
@@ -54,18 +54,12 @@ def _signature(tree: Any) -> dict[str, tuple]:
             for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _method_name(component: Any, method: str) -> str:
-    """``Class.method() (file:line)``: a component's method, for an error."""
-    code = getattr(inspect.unwrap(getattr(type(component), method, None)), "__code__", None)
-    return f"{type(component).__name__}.{method}()" + (f" ({code.co_filename}:{code.co_firstlineno})" if code else "")
-
-
 def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
     """An actor's ``act``, a learner's ``learn`` and an env's methods return ``(state, output)`` with the state
     they were given, in structure, shapes and dtypes (the loop carries it): else a CompileError naming the
     method's file:line (raised at the user's API call)."""
     method = "step" if method == "transition" else method  # an env's step, as its author wrote it
-    name = _method_name(component, method)
+    name = method_name(component, method)
     if not (isinstance(result, tuple) and len(result) == 2):
         got = f"{len(result)} values" if isinstance(result, tuple) else \
             f"an array of shape {tuple(result.shape)}" if hasattr(result, "shape") else \
@@ -81,27 +75,15 @@ def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
                            hint="return (state, output) with the state built like the one init returned")
 
 
-def _check_env_output(env: Any, method: str, result: tuple) -> tuple:
+def _check_env_output(env: Any, method: str, result: tuple) -> None:
     """An env's ``observe``, ``reset`` and ``step`` give what its spec says, for each of the N environments:
-    observations ``[N, *obs_shape]`` of ``obs_dtype``, and from ``step`` an :class:`EnvStep` (or ``(obs, reward,
-    done)``) with ``[N]`` rewards and ends; else a CompileError naming the method. Returns the result with
-    ``step``'s output as an EnvStep."""
+    observations ``[N, *obs_shape]`` of ``obs_dtype``, and from ``step`` ``[N]`` rewards and ends; else a
+    CompileError naming the method (``step``'s form is checked by :meth:`Environment.transition`)."""
     state, out = result
-    name = _method_name(env, "step" if method == "transition" else method)
-    if method == "transition":
-        if not isinstance(out, EnvStep) and not (isinstance(out, (tuple, list)) and len(out) == 3):
-            got = f"{len(out)} values" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
-            raise CompileError(f"{name} returned (state, {got}); its output must be an EnvStep or (obs, reward, "
-                               "done)")
-        ends = (out.terminated, out.truncated) if isinstance(out, EnvStep) else (out[2],)
-        if any(np.dtype(getattr(x, "dtype", None)) != np.bool_ for x in ends):
-            got = ", ".join(str(getattr(x, "dtype", type(x).__name__)) for x in ends)
-            raise CompileError(f"{name} returned episode ends (done, or terminated and truncated) of dtype {got}; "
-                               "they must be bool", hint="compare, e.g. `t >= horizon`, or use .astype(bool)")
-        out = as_env_step(out)
+    name = method_name(env, "step" if method == "transition" else method)
     spec = env.spec
     if method not in ("observe", "reset", "transition") or isinstance(spec, MultiAgentSpec):  # (a multi-agent
-        return state, out  # spec: its adapter's own shapes)
+        return  # spec: its adapter's own shapes)
     obs = out.obs if method == "transition" else out
     want = f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}"
     shape = tuple(getattr(obs, "shape", ()))
@@ -116,7 +98,6 @@ def _check_env_output(env: Any, method: str, result: tuple) -> tuple:
             if tuple(getattr(x, "shape", ())) != shape[:1]:
                 raise CompileError(f"{name} returned {what} of shape {list(getattr(x, 'shape', ()))}; they must "
                                    f"be one per environment: [{shape[0]}]")
-    return state, out
 
 
 def component_keys(seed: int) -> dict[str, jax.Array]:
@@ -331,7 +312,7 @@ class Program:
         at = {n: self._probe_share(n, set(share)) for n in set(share.values())}  # the shapes at a replica's share
         small = self._inputs[self.num_envs]
         actor, env = self.components.get("actor"), self.components["env"]
-        checked = {"actor"} | ({"env"} if not (env.host_state or env.rowwise) else set())  # a user's jitted env too
+        checked = {"actor"} | ({"env"} if not (env.host_state or vouched_rowwise(env)) else set())  # a user's env too
         namespace = {**self.namespace, "self": self.algorithm, "_c_actor": actor, "_c_env": env}
         acting = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in share and s.kind == "api"
                   and s.api.component in checked]
@@ -343,7 +324,10 @@ class Program:
             why = at_n(n)
             return at_n(2 * self.num_envs) if why and n == 1 and why != rows.COUNT else why
 
-        for s in {(s.api.component, share[self.plan.assign[s.id]]): s for s in acting}.values():
+        first: dict[tuple[str, int], Stmt] = {}
+        for s in acting:
+            first.setdefault((s.api.component, share[self.plan.assign[s.id]]), s)
+        for s in first.values():
             comp, n = self.components[s.api.component], share[self.plan.assign[s.id]]  # its state, as a replica
             ids = {k: [jax.random.PRNGKey(0), jax.ShapeDtypeStruct((k,), jnp.int32)]  # starts it
                    for k in (n, self.num_envs, 2 * self.num_envs)}
@@ -352,7 +336,7 @@ class Program:
                 raise CompileError(
                     f"policy {self.policy.name!r} initializes the {s.api.component} on each of its "
                     f"{frags[self.plan.assign[s.id]].replicas} replicas for its {n} of the {self.num_envs} "
-                    f"environments, but {_method_name(comp, 'init')} {why}: the replicas could compute something "
+                    f"environments, but {method_name(comp, 'init')} {why}: the replicas could compute something "
                     "other than the loop", s.file, s.line, "derive per-environment values from env_ids (the "
                     "global environment indices), or use policy.name=fused" +
                     (" or single_learner_fine" if comp is actor else ""))
@@ -364,7 +348,7 @@ class Program:
             why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace))
             if not why and s in acting:  # its arguments pass: the actor's or env's own method, with its state
                 comp = self.components[s.api.component]
-                what = f"{_method_name(comp, 'step' if s.api.method == 'transition' else s.api.method)}, called " \
+                what = f"{method_name(comp, 'step' if s.api.method == 'transition' else s.api.method)}, called " \
                     "here,"
                 why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace,
                                                      method=True))
@@ -451,7 +435,7 @@ class Program:
         def returned(component: str, method: str, old: Any, result: Any) -> Any:
             _check_returned(components[component], method, old, result)
             if component == "env":
-                return _check_env_output(components["env"], method, result)
+                _check_env_output(components["env"], method, result)
             return result
 
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's

@@ -152,9 +152,7 @@ class _Emitter:
         args += [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
         call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
         if self.mode == "probe" and spec.component in ("actor", "learner", "env"):  # the user's own methods, checked
-            if spec.method == "transition":  # once (an env's step as it wrote it; the check makes it an EnvStep)
-                call = call.replace("_c_env.transition(", "_c_env.step(", 1)
-            call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"
+            call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"  # once
         target = ast.unparse(s.target) if s.target is not None else None
         if s is self.stacking:  # collected on the host, inserted once after the loop
             item = ast.unparse(s.args[0] if s.args else dict(s.kwargs)["item"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from msrl.components import Environment, MultiAgentSpec
+from msrl.components import Environment, MultiAgentSpec, vouched_rowwise
 from msrl.errors import ConfigError, did_you_mean
 
 _MAKERS: dict[str, Callable[..., Environment]] = {}
@@ -52,7 +52,7 @@ class MaskedObs(Environment):
     def __init__(self, env: Environment, indices):
         import numpy as np
 
-        self.env, self.spec, self.jittable, self.rowwise = env, env.spec, env.jittable, env.rowwise
+        self.env, self.spec, self.jittable, self.rowwise = env, env.spec, env.jittable, vouched_rowwise(env)
         self.host_simulator = getattr(env, "host_simulator", False)
         if isinstance(env.spec, MultiAgentSpec):
             raise ConfigError("env.kwargs.mask_obs", f"masks a single agent's observation; {env.spec.id} has "

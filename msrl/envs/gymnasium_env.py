@@ -64,7 +64,8 @@ class EpisodeCounts:
     def stats(self) -> dict:
         finished = self.episodes > 0
         return {"return_sum": float(self.last_return[finished].sum()), "finished": int(finished.sum()),
-                "length_sum": int(self.last_length[finished].sum()), "episodes": int(self.episodes.sum())}
+                "length_sum": int(self.last_length[finished].sum()), "episodes": int(self.episodes.sum()),
+                "nonfinite": 0}  # none: a host env's step raises at the first non-finite number, naming it
 
 
 def seed_words(key: jax.Array, env_ids: Any) -> list[int]:

@@ -180,8 +180,9 @@ class GymnaxEnv(FunctionalEnv):
             action_space = Discrete(int(space.n))
         else:
             action_space = box(space.low, space.high, tuple(space.shape))
-        obs_space = self.env.observation_space(self.params)
-        self.spec = EnvSpec(f"gymnax:{name}", tuple(obs_space.shape), np.dtype(obs_space.dtype), action_space)
+        # what reset gives, not what the space says: Catch-bsuite's space is int32 and its observations float32
+        obs = jax.eval_shape(lambda key: self.env.reset(key, self.params)[0], jax.random.PRNGKey(0))
+        self.spec = EnvSpec(f"gymnax:{name}", tuple(obs.shape), np.dtype(obs.dtype), action_space)
 
     def _reset(self, keys):
         return jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
