@@ -35,6 +35,7 @@ import difflib
 import itertools
 import sys
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -46,6 +47,10 @@ from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
 from msrl.envs.gymnasium_env import EpisodeCounts, _ShapeOnly, host_spaces, seed_words
 from msrl.envs.gymnax_env import FunctionalEnv, episode_counts
 from msrl.errors import ConfigError, TrainingError
+
+# EnvPool builds Gymnasium Boxes from float64 bounds in every pool (and again as it steps); Gymnasium warns each
+# time that it casts them to float32, which says nothing to a user
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", module="gymnasium.spaces.box")
 
 RESERVED = ("num_envs", "batch_size", "seed", "env_seed", "env_type", "gym_reset_return_info")
 
@@ -101,8 +106,8 @@ class EnvPoolEnv(Environment):
             raise ConfigError("env.kwargs" if kwargs else "env.id", f"envpool:{name} cannot be made"
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        obs_space = spec.observation_space
-        action_space = host_spaces(f"envpool:{name}", obs_space, spec.action_space)
+        obs_space, action_space = spec.observation_space, spec.action_space
+        action_space = host_spaces(f"envpool:{name}", obs_space, action_space)
         kind = np.dtype(obs_space.dtype)
         if kind == np.uint8:
             obs_dtype = np.dtype(np.uint8)  # Atari frames: the network scales them
