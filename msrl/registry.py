@@ -71,7 +71,7 @@ def _load(ep: Any, key: str, noun: str) -> Any:
     """An installed plug-in's class; where its module fails to import, a ConfigError naming its file:line."""
     try:
         return ep.load()
-    except Exception as e:  # noqa: BLE001 - the plug-in's own error, reported as one line
+    except Exception as e:  # the plug-in's own error, reported as one line
         where = f"{ep.dist.name}'s " if getattr(ep, "dist", None) is not None else ""
         raise ConfigError(key, f"the {noun} {quote(ep.name)} ({where}entry point {ep.value}) did not load: "
                           f"{user_code_error(e, ep.module, key).message}") from e

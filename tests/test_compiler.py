@@ -186,9 +186,9 @@ def test_a_jax_error_that_introduces_its_detail_keeps_it_in_the_one_line_message
     program = msrl.compile(loops.CarryChangesDtype(), Fused(), env, NUM_ENVS)
     with pytest.raises(msrl.CompileError, match=r"TypeError while tracing `for _ in range\(self.cfg.steps\):  # E:"
                        r"carry_dtype`: scan body .* but they differ: The input carry .* has type float32\[3,4\] but the "
-                       r"corresponding output carry component has type float16\[3,4\], so the dtypes do not match\.\n"):
-        with msrl.Session(program=program, seed=0) as session:
-            session.run(1)
+                       r"corresponding output carry component has type float16\[3,4\], so the dtypes do not match\.\n"), \
+            msrl.Session(program=program, seed=0) as session:
+        session.run(1)
 
 
 @pytest.mark.parametrize("marker", sorted(loops.REJECTED))

@@ -233,8 +233,8 @@ def test_brax_env_runs_inside_the_fused_program(tmp_path):
 
 
 @pytest.mark.parametrize("mix, message", [
-    ("obs_float16", r"UsersEnv.step\(\) \(.*helpers.py:\d+\) returned observations float16\[4, 2\], but "
-                    r"users:Walk's spec \(EnvSpec\) says float32\[2\] for each environment"),
+    ("obs_float16", (r"UsersEnv.step\(\) \(.*helpers.py:\d+\) returned observations float16\[4, 2\], but "
+                     r"users:Walk's spec \(EnvSpec\) says float32\[2\] for each environment")),
     ("obs_3", r"returned observations float32\[4, 1\]"),
     ("reward_2d", r"returned rewards of shape \[4, 1\]; they must be one per environment: \[4\]"),
     ("done_float", r"returned episode ends \(done, or terminated and truncated\) of dtype float32; they must be bool"),

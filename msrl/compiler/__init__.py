@@ -79,7 +79,7 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
     """An env's ``observe``, ``reset`` and ``step`` give what its spec says, for each of the N environments:
     observations ``[N, *obs_shape]`` of ``obs_dtype``, and from ``step`` ``[N]`` rewards and ends; else a
     CompileError naming the method (``step``'s form is checked by :meth:`Environment.transition`)."""
-    state, out = result
+    out = result[1]
     name = method_name(env, "step" if method == "transition" else method)
     spec = env.spec
     if method not in ("observe", "reset", "transition") or isinstance(spec, MultiAgentSpec):  # (a multi-agent
