@@ -155,8 +155,9 @@ def test_an_installed_plugin_that_fails_to_import_names_its_file_and_line(tmp_pa
     monkeypatch.setattr(msrl.registry, "entry_points", lambda group: [
         *entry_points(group=group), *([installed] if group == "msrl.algorithms" else [])])
     assert main(["graph", CARTPOLE, f"algorithm={{name: {name}}}"]) == 2
-    assert capsys.readouterr().err == (f"msrl: error: algorithm.name: the algorithm '{name}' (entry point {name}:Broken) "
-                                       f"did not load: {tmp_path / name}.py:3: SyntaxError: expected ':'\n")
+    assert capsys.readouterr().err == (f"msrl: error: algorithm.name: the algorithm '{name}' (entry point "
+                                       f"{name}:Broken) did not load: {tmp_path / name}.py:3: SyntaxError: expected "
+                                       "':'\n")
 
 
 def test_an_algorithm_whose_constructor_raises_names_the_users_file_and_line(tmp_path, capsys):

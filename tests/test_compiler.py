@@ -184,10 +184,10 @@ def test_policy_that_splits_component_state_is_rejected(env):
 def test_a_jax_error_that_introduces_its_detail_keeps_it_in_the_one_line_message(env):
     """JAX's "... but they differ:" is followed by what differs; the error keeps that line (it ended at "differ:")."""
     program = msrl.compile(loops.CarryChangesDtype(), Fused(), env, NUM_ENVS)
-    with pytest.raises(msrl.CompileError, match=r"TypeError while tracing `for _ in range\(self.cfg.steps\):  # E:"
-                       r"carry_dtype`: scan body .* but they differ: The input carry .* has type float32\[3,4\] but the "
-                       r"corresponding output carry component has type float16\[3,4\], so the dtypes do not match\.\n"), \
-            msrl.Session(program=program, seed=0) as session:
+    message = (r"TypeError while tracing `for _ in range\(self.cfg.steps\):  # E:carry_dtype`: scan body .* but "
+               r"they differ: The input carry .* has type float32\[3,4\] but the corresponding output carry component "
+               r"has type float16\[3,4\], so the dtypes do not match\.\n")
+    with pytest.raises(msrl.CompileError, match=message), msrl.Session(program=program, seed=0) as session:
         session.run(1)
 
 

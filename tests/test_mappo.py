@@ -78,8 +78,8 @@ def test_bad_multi_agent_configs_are_errors_naming_the_key():
         make_env("jaxmarl:MPE_nothing_v0")
     with pytest.raises(msrl.ConfigError, match="env.kwargs.*no_such_kwarg"):
         make_env(SPREAD_ID, no_such_kwarg=1)
-    with pytest.raises(msrl.ConfigError, match=r"env.kwargs: .*MPE_simple_spread_v3 made with \{'num_agents': 0\} has no "
-                                               "agents"):
+    with pytest.raises(msrl.ConfigError, match=r"env.kwargs: .*MPE_simple_spread_v3 made with \{'num_agents': 0\} "
+                                               "has no agents"):
         make_env(SPREAD_ID, num_agents=0)
     with pytest.raises(msrl.ConfigError, match="env.id.*single-agent.*MAPPO"):
         msrl.build(load_config(SPREAD, ["env.id=gymnax:CartPole-v1", "env.kwargs={}"]))
