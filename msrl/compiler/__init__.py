@@ -54,18 +54,22 @@ def _signature(tree: Any) -> dict[str, tuple]:
             for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
+def _written(method: str) -> str:
+    """A component's method as its author wrote it: ``msrl.env_step`` calls an env's ``transition``, which wraps
+    the ``step`` the author wrote."""
+    return "step" if method == "transition" else method
+
+
 def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
     """An actor's ``act``, a learner's ``learn`` and an env's methods return ``(state, output)`` with the state
     they were given, in structure, shapes and dtypes (the loop carries it): else a CompileError naming the
     method's file:line (raised at the user's API call)."""
-    method = "step" if method == "transition" else method  # an env's step, as its author wrote it
-    name = method_name(component, method)
+    name = method_name(component, _written(method))
     if not (isinstance(result, tuple) and len(result) == 2):
         got = f"{len(result)} values" if isinstance(result, tuple) else \
             f"an array of shape {tuple(result.shape)}" if hasattr(result, "shape") else \
             f"a {type(result).__name__}" + (f" with keys {list(result)[:6]}" if isinstance(result, dict) else "")
-        output = "an EnvStep or (obs, reward, done)" if method == "step" else "output"
-        raise CompileError(f"{name} returned {got}; it must return (state, {output}): its new state first")
+        raise CompileError(f"{name} returned {got}; it must return (state, output): its new state first")
     before, after = _signature(old), _signature(result[0])
     if before != after:
         diff = [f"{k}: missing" for k in before if k not in after] + [f"{k}: new" for k in after if k not in before]
@@ -79,11 +83,10 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
     """An env's ``observe``, ``reset`` and ``step`` give what its spec says, for each of the N environments:
     observations ``[N, *obs_shape]`` of ``obs_dtype``, and from ``step`` ``[N]`` rewards and ends; else a
     CompileError naming the method (``step``'s form is checked by :meth:`Environment.transition`)."""
-    out = result[1]
-    name = method_name(env, "step" if method == "transition" else method)
     spec = env.spec
     if method not in ("observe", "reset", "transition") or isinstance(spec, MultiAgentSpec):  # (a multi-agent
         return  # spec: its adapter's own shapes)
+    out, name = result[1], method_name(env, _written(method))
     obs = out.obs if method == "transition" else out
     want = f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}"
     shape = tuple(getattr(obs, "shape", ()))
@@ -348,8 +351,7 @@ class Program:
             why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace))
             if not why and s in acting:  # its arguments pass: the actor's or env's own method, with its state
                 comp = self.components[s.api.component]
-                what = f"{method_name(comp, 'step' if s.api.method == 'transition' else s.api.method)}, called " \
-                    "here,"
+                what = f"{method_name(comp, _written(s.api.method))}, called here,"
                 why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace,
                                                      method=True))
                 if why and comp is env:
