@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 
@@ -79,8 +80,6 @@ def raised_at(exc: BaseException, module: str) -> str | None:
 
 def method_name(obj: Any, method: str) -> str:
     """``Class.method() (file:line)``: an object's method, for an error."""
-    import inspect  # (here: errors.py imports nothing at start)
-
     code = getattr(inspect.unwrap(getattr(type(obj), method, None)), "__code__", None)
     return f"{type(obj).__name__}.{method}()" + (f" ({code.co_filename}:{code.co_firstlineno})" if code else "")
 

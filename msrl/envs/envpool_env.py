@@ -106,8 +106,8 @@ class EnvPoolEnv(Environment):
             raise ConfigError("env.kwargs" if kwargs else "env.id", f"envpool:{name} cannot be made"
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        obs_space, action_space = spec.observation_space, spec.action_space
-        action_space = host_spaces(f"envpool:{name}", obs_space, action_space)
+        obs_space = spec.observation_space
+        action_space = host_spaces(f"envpool:{name}", obs_space, spec.action_space)
         kind = np.dtype(obs_space.dtype)
         if kind == np.uint8:
             obs_dtype = np.dtype(np.uint8)  # Atari frames: the network scales them
