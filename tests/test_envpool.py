@@ -300,6 +300,8 @@ def test_eval_of_an_atari_run_scores_whole_games_as_its_rows_do(tmp_path):
     out = evaluate(tmp_path, episodes=2)
     assert out["env_steps"] >= 2 * 100, out  # 5 lives each (a lost life takes ~24 steps); one life ended at 24-72
 
+
+def test_ppo_envpool_on_ray_actors_matches_threads(ray_cluster):
     """EnvPool pools made inside Ray actor processes: single_learner_coarse 2 x 4 on ray gives the parameters of
     threads (to 1e-5, the ray backend's tolerance) and the same episodes. With ``env.xla`` each multi_learner
     replica on ray steps its own pool inside its program (a vmap of one replica per process)."""
