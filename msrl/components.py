@@ -352,6 +352,20 @@ class ReplayBuffer:
 # than any replica has: a learner's per-environment state need not fit its batch then.
 SHAPE_PROBE: contextvars.ContextVar[bool] = contextvars.ContextVar("msrl_shape_probe", default=False)
 
+# True while an actor's ``act`` runs (is traced) for ``msrl.agent_act``: networks may then compute each
+# environment's row in a way that rounds alike for any number of rows (``msrl.rl.Dense``), so that replicas
+# acting on some environments compute what one acting on all does; learners need not pay for it.
+ACTING: contextvars.ContextVar[bool] = contextvars.ContextVar("msrl_acting", default=False)
+
+
+def acting(act: Any, *args: Any, **kwargs: Any) -> Any:
+    """``act(*args, **kwargs)`` with :data:`ACTING` set: how generated code calls an actor."""
+    token = ACTING.set(True)
+    try:
+        return act(*args, **kwargs)
+    finally:
+        ACTING.reset(token)
+
 
 def per_env_keys(key: jax.Array, env_ids: jax.Array) -> jax.Array:
     """One key per environment, derived from its global index only."""

@@ -14,24 +14,37 @@ import optax
 from pydantic import BaseModel, Field
 
 from msrl.backend import ravel, unravel
-from msrl.components import SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
+from msrl.components import ACTING, SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
+
+ROW_COLUMNS = 32  # two AVX-512 vectors of float32: a dot this wide rounds each row alike for any number of rows
 
 
-def _dense(features: int, scale: float, **kwargs) -> nn.Dense:
-    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, **kwargs)
+def row_matmul(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
+    """``x @ kernel``; while acting (:data:`msrl.components.ACTING`), each row's result the same whatever the
+    number of rows. XLA's CPU dot rounds a narrow product (fewer output columns than about two vector
+    registers, or a ragged tail of columns) differently for different batch sizes, by ~1e-7 (seen for 1 to 18
+    columns on an AVX2 machine, for one on others), which made acting on 2 x 4 environments differ from acting
+    on 8. Acting pads the kernel with zero columns up to a multiple of ``ROW_COLUMNS`` (none for a layer 64
+    wide) and cuts the product back; learning, which sees the same batches under every policy, does not (it
+    cost PPO on Pendulum a fifth of its speed)."""
+    n = kernel.shape[-1]
+    if not ACTING.get() or n % ROW_COLUMNS == 0:
+        return x @ kernel
+    return (x @ jnp.pad(kernel, ((0, 0), (0, -n % ROW_COLUMNS))))[..., :n]
 
 
-class RowDense(nn.Dense):
-    """A dense layer of one output computed row by row (an elementwise product and a sum over the last axis),
-    not as a matrix-vector product: XLA's CPU matrix-vector kernels round differently for different batch
-    sizes (by ~1e-7), which made acting on 2 x 4 environments differ from acting on 8. Its parameters are a
-    ``Dense``'s, under the same name."""
+class Dense(nn.Dense):
+    """``nn.Dense`` computed with :func:`row_matmul`: acting on some environments computes each one's row as
+    acting on all does. The same parameters as ``nn.Dense``, under the same names (``Dense_0``, ...)."""
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], 1), self.param_dtype)
-        bias = self.param("bias", self.bias_init, (1,), self.param_dtype)
-        return (x * kernel[:, 0]).sum(-1, keepdims=True) + bias
+        y = row_matmul(x, self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype))
+        return y + self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else y
+
+
+def _dense(features: int, scale: float, **kwargs) -> Dense:
+    return Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, **kwargs)
 
 
 def action_dim(spec) -> int:
@@ -121,9 +134,7 @@ class ActorCritic(nn.Module):
             head = (head, jnp.broadcast_to(log_std, head.shape))
         for h in self.hidden:
             c = act(_dense(h, np.sqrt(2))(c))
-        # the value of each row alone, so a replica acting on some envs computes what one acting on all does
-        value = RowDense(1, kernel_init=nn.initializers.orthogonal(1.0), bias_init=nn.initializers.zeros,
-                         name=f"Dense_{2 * len(self.hidden) + 1}")(c).squeeze(-1)
+        value = _dense(1, 1.0)(c).squeeze(-1)
         return head, value
 
 
@@ -156,12 +167,11 @@ class NatureCNN(nn.Module):
             kernel = self.param(f"conv{i}", nn.initializers.orthogonal(np.sqrt(2)), (size, size, x.shape[-1], features))
             x = nn.relu(conv_valid(x, kernel, stride) + self.param(f"conv{i}_bias", nn.initializers.zeros, (features,)))
         x = nn.relu(_dense(512, np.sqrt(2))(x.reshape(x.shape[0], -1)))
-        # both heads as one matrix product (a lone matrix-vector product for the value rounds differently for
-        # different batch sizes, which would make acting on 2 x 4 environments differ from acting on 8)
+        # both heads as one matrix product, each row rounded alike for any number of rows
         scale = jnp.concatenate([jnp.full(self.action_dim, 0.01), jnp.ones(1)])
         kernel = self.param("heads", lambda k, shape: nn.initializers.orthogonal()(k, shape) * scale,
                             (x.shape[-1], self.action_dim + 1))
-        out = (x @ kernel + self.param("heads_bias", nn.initializers.zeros, (self.action_dim + 1,)))
+        out = (row_matmul(x, kernel) + self.param("heads_bias", nn.initializers.zeros, (self.action_dim + 1,)))
         out = out.reshape(*batch, self.action_dim + 1)
         head = out[..., :-1]
         if not self.discrete:
@@ -173,7 +183,7 @@ class NatureCNN(nn.Module):
 def mlp(x: jnp.ndarray, hidden: Sequence[int]) -> jnp.ndarray:
     """ReLU layers of the given widths."""
     for h in hidden:
-        x = nn.relu(nn.Dense(h)(x))
+        x = nn.relu(Dense(h)(x))
     return x
 
 
@@ -186,7 +196,7 @@ class TwinQ(nn.Module):
     @nn.compact
     def __call__(self, obs, action):
         x = jnp.concatenate([flatten(obs, self.obs_ndim), action], axis=-1)
-        return tuple(nn.Dense(1)(mlp(x, self.hidden))[..., 0] for _ in range(2))
+        return tuple(Dense(1)(mlp(x, self.hidden))[..., 0] for _ in range(2))
 
 
 def squash_of(space) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -481,7 +491,7 @@ class RecurrentActorCritic(nn.Module):
         if not self.discrete:
             log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
             head = (head, jnp.broadcast_to(log_std, head.shape))
-        value = RowDense(1, kernel_init=nn.initializers.orthogonal(1.0), bias_init=nn.initializers.zeros)(c).squeeze(-1)
+        value = _dense(1, 1.0, name="RowDense_0")(c).squeeze(-1)  # the name checkpoints of earlier versions hold
         return h, head, value
 
     def init_params(self, key, example_obs):

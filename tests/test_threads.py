@@ -23,7 +23,7 @@ def test_fused_coarse_and_fine_give_the_same_parameters():
     coarse, coarse_rows = final_params(["policy.name=single_learner_coarse", "policy.actors=2",
                                         "policy.envs_per_actor=4"])
     fine, fine_rows = final_params(["policy.name=single_learner_fine", "policy.actors=2", "policy.envs_per_actor=4"])
-    assert max_diff(fused, coarse) == 0.0  # bitwise: acting on 4 envs rounds as acting on 8 (msrl.rl.RowDense)
+    assert max_diff(fused, coarse) == 0.0  # bitwise: acting on 4 envs rounds as on 8 (msrl.rl.Dense)
     assert max_diff(fused, fine) == 0.0
     # the parameters moved, and the runs saw the same episodes
     assert max_diff(fused, jax.tree.map(np.zeros_like, fused)) > 1e-3

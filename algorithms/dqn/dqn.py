@@ -17,7 +17,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import action_dim, flat, flatten
+from msrl.rl import Dense, action_dim, flat, flatten
 
 
 class DQNConfig(msrl.AlgorithmConfig):
@@ -73,8 +73,8 @@ class QNetwork(nn.Module):
     def __call__(self, obs):
         x = flatten(obs, self.obs_ndim)
         for h in self.hidden:
-            x = nn.relu(nn.Dense(h)(x))
-        return nn.Dense(self.action_dim)(x)
+            x = nn.relu(Dense(h)(x))
+        return Dense(self.action_dim)(x)
 
 
 class EpsilonGreedy(msrl.Actor):

@@ -19,7 +19,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (NormalizedActor, TwinQ, flat, flatten, mlp, normalization_state, normalize, scale_reward,
+from msrl.rl import (Dense, NormalizedActor, TwinQ, flat, flatten, mlp, normalization_state, normalize, scale_reward,
                      several_updates, squash_of, update_stats, with_obs_stats)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -71,8 +71,8 @@ class TanhGaussian(nn.Module):
     @nn.compact
     def __call__(self, obs):
         x = mlp(flatten(obs, self.obs_ndim), self.hidden)
-        mean = nn.Dense(self.action_dim)(x)
-        log_std = jnp.tanh(nn.Dense(self.action_dim)(x))
+        mean = Dense(self.action_dim)(x)
+        log_std = jnp.tanh(Dense(self.action_dim)(x))
         return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
 
 

@@ -18,7 +18,7 @@ from pydantic import Field
 
 import msrl
 from msrl.algorithms.sac.sac import ContinuousOffPolicy, OffPolicyConfig, OffPolicyLearner, Transition
-from msrl.rl import TwinQ, flat, flatten, mlp, squash_of
+from msrl.rl import Dense, TwinQ, flat, flatten, mlp, squash_of
 
 
 class TD3Config(OffPolicyConfig):
@@ -39,7 +39,7 @@ class Deterministic(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        return jnp.tanh(nn.Dense(self.action_dim)(mlp(flatten(obs, self.obs_ndim), self.hidden)))
+        return jnp.tanh(Dense(self.action_dim)(mlp(flatten(obs, self.obs_ndim), self.hidden)))
 
 
 class TD3Actor(msrl.Actor):

@@ -23,6 +23,7 @@ import linecache
 from typing import Any, Callable
 
 from msrl.compiler.ir import Stmt, is_state, liveness, loop_defs, walk
+from msrl.components import acting
 from msrl.errors import CompileError, ConfigError, gist
 
 STATE_PREFIX = "_s_"
@@ -151,6 +152,8 @@ class _Emitter:
         args = [state] + (["_s_params"] if "params" in spec.reads else [])
         args += [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
         call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
+        if spec.name == "agent_act":
+            call = f"_msrl_acting(_c_actor.act, {', '.join(args)})"
         if self.mode == "probe" and spec.component in ("actor", "learner", "env"):  # the user's own methods, checked
             call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"  # once
         target = ast.unparse(s.target) if s.target is not None else None
@@ -273,7 +276,7 @@ def materialize(lowered: Lowered, namespace: dict[str, Any]) -> Callable:
     """Execute the generated source; keep it in linecache so tracebacks show it."""
     linecache.cache[lowered.filename] = (len(lowered.source), None, lowered.source.splitlines(True),
                                          lowered.filename)
-    ns = dict(namespace)
+    ns = {**namespace, "_msrl_acting": acting}
     exec(compile(lowered.source, lowered.filename, "exec"), ns)
     lowered.fn = ns[f"fragment_{lowered.name}"]
     return lowered.fn
