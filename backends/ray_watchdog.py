@@ -46,7 +46,8 @@ def main(driver_pid: int, others: set[int]) -> None:
                         known.setdefault(child.pid, child)
             except psutil.Error:
                 break
-        _track(known)
+        if not _track(known) and up:  # the cluster is gone though stdin is open (``ray.shutdown()`` called
+            return  # directly): nothing of it is left that could start more processes
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
         if ready:
             if not os.read(sys.stdin.fileno(), 4096):  # end of file: shut down, or the driver died
@@ -73,14 +74,16 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
-def _track(known: dict[int, psutil.Process]) -> None:
+def _track(known: dict[int, psutil.Process]) -> int:
     """Add the descendants of every tracked process, from one pass over the process table (``children()``
     reads all of /proc; called per tracked process, 4 polls a second, it took 10-15 % of a core during the
-    Ray tests). A child is never older than its parent, so a reused pid is not followed."""
+    Ray tests). A child is never older than its parent, so a reused pid is not followed. Returns how many
+    tracked processes run."""
     kids: dict[int, list[psutil.Process]] = {}
     for p in psutil.process_iter(["ppid", "create_time"]):
         kids.setdefault(p.info["ppid"], []).append(p)
     todo = [p for p in known.values() if _running(p)]
+    alive = len(todo)
     while todo:
         parent = todo.pop()
         try:
@@ -91,6 +94,8 @@ def _track(known: dict[int, psutil.Process]) -> None:
             if child.pid not in known and (child.info["create_time"] or born) >= born:
                 known[child.pid] = child
                 todo.append(child)
+                alive += 1
+    return alive
 
 
 if __name__ == "__main__":

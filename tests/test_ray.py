@@ -119,6 +119,9 @@ def test_an_address_where_nothing_answers_or_a_malformed_one_fails_fast_and_clea
     with socket.socket() as s:  # a port on this machine that nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    from msrl.backends import ray_backend
+
+    watchdog = ray_backend._WATCHDOG
     ray.shutdown()  # as a fresh driver would be; the shared session starts again below
     try:
         for address, why in [("127.0.0.1", "Invalid address format: 127.0.0.1"),  # (ray.init: a ValueError)
@@ -132,6 +135,8 @@ def test_an_address_where_nothing_answers_or_a_malformed_one_fails_fast_and_clea
             assert time.time() - started < 30
     finally:
         _restart_shared_cluster()
+    # the shared cluster's watchdog saw it gone (ray.shutdown alone leaves its stdin open) and ended
+    assert watchdog.wait(timeout=10) == 0
 
 
 def _restart_shared_cluster():
