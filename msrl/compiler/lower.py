@@ -151,9 +151,9 @@ class _Emitter:
         state = py("@" + spec.component)
         args = [state] + (["_s_params"] if "params" in spec.reads else [])
         args += [ast.unparse(a) for a in s.args] + [f"{k}={ast.unparse(v)}" for k, v in s.kwargs]
-        call = f"_c_{spec.component}.{spec.method}({', '.join(args)})"
-        if spec.name == "agent_act":
-            call = f"_msrl_acting(_c_actor.act, {', '.join(args)})"
+        method = f"_c_{spec.component}.{spec.method}"
+        call = f"_msrl_acting({method}, {', '.join(args)})" if spec.name == "agent_act" else \
+            f"{method}({', '.join(args)})"
         if self.mode == "probe" and spec.component in ("actor", "learner", "env"):  # the user's own methods, checked
             call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"  # once
         target = ast.unparse(s.target) if s.target is not None else None
