@@ -33,7 +33,9 @@ class BraxEnv(FunctionalEnv):
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
             raise ConfigError("env.kwargs", f"brax:{name} rejected {kwargs}: {type(e).__name__}: {e}") from None
         self.env = envs.wrappers.training.EpisodeWrapper(env, episode_length, action_repeat)
-        self.spec = EnvSpec(f"brax:{name}", (int(env.observation_size),), np.dtype(np.float32),
+        # the observation's shape from an abstract reset: Brax's observation_size runs reset op by op (~10 s)
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs
+        self.spec = EnvSpec(f"brax:{name}", tuple(obs.shape), np.dtype(obs.dtype),
                             box(-1.0, 1.0, (int(env.action_size),)))
 
     def _reset(self, keys):
