@@ -144,16 +144,15 @@ def test_an_import_that_fails_names_the_users_file_and_line(tmp_path, capsys, co
 
 def test_an_installed_plugin_that_fails_to_import_names_its_file_and_line(tmp_path, capsys, monkeypatch):
     """A package's entry point (``msrl.algorithms``) whose module has a syntax error: one line, not a traceback."""
-    from importlib.metadata import EntryPoint, entry_points
+    from importlib.metadata import EntryPoint
 
-    import msrl.registry
+    from msrl.registry import ALGORITHMS
 
     name = f"plugin_{tmp_path.name}"
     (tmp_path / f"{name}.py").write_text("import msrl\n\nclass Broken(msrl.Algorithm)\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     installed = EntryPoint(name, f"{name}:Broken", "msrl.algorithms")  # as pip install of a plug-in would list it
-    monkeypatch.setattr(msrl.registry, "entry_points", lambda group: [
-        *entry_points(group=group), *([installed] if group == "msrl.algorithms" else [])])
+    monkeypatch.setitem(ALGORITHMS._entry_points(), name, installed)
     assert main(["graph", CARTPOLE, f"algorithm={{name: {name}}}"]) == 2
     assert capsys.readouterr().err == (f"msrl: error: algorithm.name: the algorithm '{name}' (entry point "
                                        f"{name}:Broken) did not load: {tmp_path / name}.py:3: SyntaxError: expected "
