@@ -4,7 +4,7 @@ epochs x minibatches SGD loop of PPO-style learners."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NamedTuple, Sequence
+from typing import Annotated, Any, Literal, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -19,7 +19,7 @@ from msrl.components import ACTING, SHAPE_PROBE, Actor, MultiAgentSpec, split_ke
 ROW_COLUMNS = 32  # two AVX-512 vectors of float32: a dot this wide rounds each row alike for any number of rows
 
 
-def row_matmul(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
+def row_matmul(x: jnp.ndarray, kernel: jnp.ndarray, precision: Any = None) -> jnp.ndarray:
     """``x @ kernel``; while acting (:data:`msrl.components.ACTING`), each row's result the same whatever the
     number of rows. XLA's CPU dot rounds a narrow product (fewer output columns than about two vector
     registers, or a ragged tail of columns) differently for different batch sizes, by ~1e-7 (seen for 1 to 18
@@ -29,18 +29,22 @@ def row_matmul(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
     cost PPO on Pendulum a fifth of its speed)."""
     n = kernel.shape[-1]
     if not ACTING.get() or n % ROW_COLUMNS == 0:
-        return x @ kernel
-    return (x @ jnp.pad(kernel, ((0, 0), (0, -n % ROW_COLUMNS))))[..., :n]
+        return jnp.matmul(x, kernel, precision=precision)
+    return jnp.matmul(x, jnp.pad(kernel, ((0, 0), (0, -n % ROW_COLUMNS))), precision=precision)[..., :n]
 
 
 class Dense(nn.Dense):
     """``nn.Dense`` computed with :func:`row_matmul`: acting on some environments computes each one's row as
-    acting on all does. The same parameters as ``nn.Dense``, under the same names (``Dense_0``, ...)."""
+    acting on all does. The same parameters as ``nn.Dense``, under the same names (``Dense_0``, ...), and its
+    ``dtype`` and ``precision`` (not a custom ``dot_general``)."""
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        y = row_matmul(x, self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype))
-        return y + self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else y
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
+        x, kernel, bias = self.promote_dtype(x, kernel, bias, dtype=self.dtype)
+        y = row_matmul(x, kernel, self.precision)
+        return y if bias is None else y + bias
 
 
 def _dense(features: int, scale: float, **kwargs) -> Dense:

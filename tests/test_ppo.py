@@ -86,6 +86,7 @@ def test_dense_acts_alike_on_any_split():
     import functools
 
     import flax.linen as nn
+    import jax.numpy as jnp
 
     from msrl.components import acting
     from msrl.rl import Dense
@@ -100,6 +101,8 @@ def test_dense_acts_alike_on_any_split():
                 split = np.concatenate([act(params, x[i:i + part]) for i in range(0, rows, part)])
                 assert (split == whole).all(), (features, rows, part)
         assert (jax.jit(Dense(features).apply)(params, x) == jax.jit(nn.Dense(features).apply)(params, x)).all()
+        half, half_flax = (jax.jit(cls(features, dtype=jnp.bfloat16).apply)(params, x) for cls in (Dense, nn.Dense))
+        assert half.dtype == half_flax.dtype == jnp.bfloat16 and (half == half_flax).all()  # its dtype, as nn.Dense
 
 
 def test_minibatch_shuffle_is_a_uniform_permutation():
