@@ -80,17 +80,20 @@ def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
     assert hparams and b"algorithm.lr" in hparams[0].read_bytes() and b"[64, 64]" in hparams[0].read_bytes()
 
 
-def test_tensorboard_loads_without_pytorch_and_leaves_it_importable():
-    """tensorboardX imports PyTorch where it is installed, for its type hints only: msrl's writer comes without it,
-    and afterwards ``import torch`` works (or fails) as it did before."""
+def test_tensorboard_loads_without_pytorch_or_boto3_and_leaves_them_importable():
+    """tensorboardX imports PyTorch where it is installed, for its type hints only, and boto3 for ``s3://`` log
+    dirs: msrl's writer (local run dirs) comes without them, and afterwards ``import torch`` and ``import boto3``
+    work (or fail) as they did before."""
     code = textwrap.dedent("""
         import importlib.util, sys
         from msrl.runner import tensorboard_writer
-        assert tensorboard_writer().__name__ == "SummaryWriter" and "torch" not in sys.modules
-        try:
-            import torch
-        except ImportError:
-            assert importlib.util.find_spec("torch") is None  # not installed (the test extra does not need it)
+        assert tensorboard_writer().__name__ == "SummaryWriter"
+        assert "torch" not in sys.modules and "boto3" not in sys.modules
+        for name in ("torch", "boto3"):
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                assert importlib.util.find_spec(name) is None  # not installed (the test extra needs neither)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
