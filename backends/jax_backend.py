@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import jaxpr_as_fun
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from msrl.backend import Backend, Runtime, metric_rows, replica_env_ids, replicated
@@ -85,12 +86,14 @@ class JaxRuntime(Runtime):
                                "env": jax.tree.map(lambda x: x.sum(0), out["env"])}
 
         def chunk(state, hp, n):
-            out_spec = jax.eval_shape(one, state, hp)[1]
-            buf = jax.tree.map(lambda s: jnp.zeros((self.k, *s.shape), s.dtype), out_spec)
+            # the loop is traced once: its jaxpr gives the metrics' shapes and is the fori_loop's body (tracing it
+            # for the shapes and again for the body cost a second trace of the user's loop at every start)
+            closed, spec = jax.make_jaxpr(one, return_shape=True)(state, hp)
+            buf = jax.tree.map(lambda s: jnp.zeros((self.k, *s.shape), s.dtype), spec[1])
 
             def body(i, carry):
                 st, b = carry
-                st, out = one(st, hp)
+                st, out = jax.tree.unflatten(jax.tree.structure(spec), jaxpr_as_fun(closed)(*jax.tree.leaves((st, hp))))
                 return st, jax.tree.map(lambda x, y: x.at[i].set(y), b, out)
 
             return jax.lax.fori_loop(0, n, body, (state, buf))
