@@ -104,7 +104,7 @@ def test_a_pickled_gymnax_env_loads_without_gymnax_plotting_imports(tmp_path):
     code = textwrap.dedent(f"""
         import json, pickle, sys, jax, numpy as np
         env = pickle.loads(open({str(tmp_path / "env.pkl")!r}, "rb").read())
-        assert not {{"pandas", "scipy.stats"}} & set(sys.modules), "plotting packages imported"
+        assert not {{"pandas", "scipy.stats", "matplotlib"}} & set(sys.modules), "plotting packages imported"
         print(json.dumps(np.asarray(jax.jit(env.init)(jax.random.PRNGKey(3), np.arange(2)).obs).tolist()))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -112,6 +112,16 @@ def test_a_pickled_gymnax_env_loads_without_gymnax_plotting_imports(tmp_path):
     expected = np.asarray(jax.jit(env.init)(jax.random.PRNGKey(3), np.arange(2)).obs)
     assert np.array_equal(np.asarray(json.loads(out.stdout.strip().splitlines()[-1]), np.float32), expected)
     assert env.spec == pickle.loads(pickle.dumps(env)).spec
+    # what gymnax's modules took for matplotlib is the real thing on first use, as for whoever imports it next
+    code = textwrap.dedent("""
+        from msrl.envs import make_env
+        make_env("gymnax:CartPole-v1")
+        import matplotlib.colors, matplotlib.pyplot as plt
+        from gymnax.environments.misc import pong
+        assert pong.colors.ListedColormap is matplotlib.colors.ListedColormap and pong.plt.figure is plt.figure
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_bad_env_ids_are_config_errors():

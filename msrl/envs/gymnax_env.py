@@ -9,6 +9,7 @@ adapter supplies only the batched ``_reset`` and ``_step`` of its library (gymna
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from typing import Any
@@ -122,13 +123,19 @@ def box(low: Any, high: Any, shape: Any) -> Box:
 
 class _Deferred(types.ModuleType):
     """Stands in ``sys.modules`` for a module not imported yet: the first attribute read imports it (and puts
-    the real module in its place), every read is forwarded to it."""
+    the real module in its place), every read is forwarded to it. A package's stand-in gives its submodules'
+    stand-ins as they are (``import matplotlib.pyplot as plt`` reads ``pyplot`` of ``matplotlib``)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, path: list[str] | None = None):
         super().__init__(name)
         self.__spec__ = None  # (what `import` checks of a module found in sys.modules)
+        if path is not None:  # a package's (`from package import x` reads it)
+            self.__path__ = path
 
     def __getattr__(self, attr: str) -> Any:
+        child = sys.modules.get(f"{self.__name__}.{attr}")
+        if isinstance(child, _Deferred):
+            return child
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]
         return getattr(importlib.import_module(self.__name__), attr)
@@ -144,9 +151,22 @@ def defer_plotting() -> None:
 
 def import_gymnax() -> Any:
     """``import gymnax``, with the plotting packages its package import pulls in for a few envs' render
-    functions left to import on first use (:func:`defer_plotting`): about a second less at every start."""
+    functions left to import on first use (:func:`defer_plotting`): about a second less at every start.
+    While gymnax imports, matplotlib itself and ``matplotlib.colors`` (which its Pong imports) stand in too
+    (another ~0.2 s); their stand-ins leave ``sys.modules`` afterwards, so whoever imports them next gets them,
+    and gymnax's own references import them on first use."""
     if "gymnax" not in sys.modules:
         defer_plotting()
+        package = None if "matplotlib" in sys.modules else importlib.util.find_spec("matplotlib")
+        during = {} if package is None else {"matplotlib": _Deferred("matplotlib", package.submodule_search_locations),
+                                             "matplotlib.colors": _Deferred("matplotlib.colors")}
+        sys.modules.update(during)
+        try:
+            import gymnax  # noqa: F401
+        finally:
+            for name, stand_in in during.items():
+                if sys.modules.get(name) is stand_in:
+                    del sys.modules[name]
     import gymnax
 
     return gymnax
