@@ -120,7 +120,7 @@ def test_a_pickled_gymnax_env_loads_without_gymnax_plotting_imports(tmp_path):
         from gymnax.environments.misc import pong
         assert pong.colors.ListedColormap is matplotlib.colors.ListedColormap and pong.plt.figure is plt.figure
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
 
 

@@ -162,7 +162,7 @@ def import_gymnax() -> Any:
                                              "matplotlib.colors": _Deferred("matplotlib.colors")}
         sys.modules.update(during)
         try:
-            import gymnax  # noqa: F401
+            import gymnax
         finally:
             for name, stand_in in during.items():
                 if sys.modules.get(name) is stand_in:
