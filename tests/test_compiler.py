@@ -304,13 +304,14 @@ def test_network_initialization_uses_lapack_without_importing_scipy_linalg():
         import jax, numpy as np
         from msrl.compiler import _jitted
         from msrl.rl import ActorCritic
+        imported_before = "scipy.linalg" in sys.modules
         params = _jitted(ActorCritic(2, True, 1).init, jax.random.PRNGKey(7), np.zeros((1, 4), np.float32))
         linalg_imported = "scipy.linalg" in sys.modules
         import scipy.linalg
         a = np.eye(3) + 1
         q, r = scipy.linalg.qr(a)
         assert np.allclose(q @ r, a) and scipy.linalg.cython_lapack is sys.modules["scipy.linalg.cython_lapack"]
-        print(json.dumps({"linalg_imported": linalg_imported,
+        print(json.dumps({"linalg_imported": linalg_imported, "imported_before": imported_before,
                           "params": [hashlib.sha256(np.asarray(x).tobytes()).hexdigest()
                                      for x in jax.tree.leaves(params)]}))
     """)
@@ -319,5 +320,6 @@ def test_network_initialization_uses_lapack_without_importing_scipy_linalg():
         out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=180, check=False)
         assert out.returncode == 0, out.stderr[-2000:]
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not runs["default"]["imported_before"], "importing jax and msrl imported scipy.linalg already"
     assert runs["scipy-first"]["linalg_imported"] and not runs["default"]["linalg_imported"]
     assert runs["default"]["params"] == runs["scipy-first"]["params"]
