@@ -83,14 +83,10 @@ def tensorboard_writer() -> type:
     run directory, so tensorboardX is imported as if those were not installed (its own fallback for each), unless
     they are loaded already."""
     if "tensorboardX" not in sys.modules:
-        hidden = [name for name in ("torch", "boto3") if name not in sys.modules]
-        sys.modules.update(dict.fromkeys(hidden))  # (None in sys.modules: what makes `import x` raise ImportError)
-        try:
+        from msrl.envs.gymnax_env import standing_in
+
+        with standing_in(dict.fromkeys(name for name in ("torch", "boto3") if name not in sys.modules)):
             importlib.import_module("tensorboardX")
-        finally:
-            for name in hidden:
-                if sys.modules.get(name, 0) is None:
-                    del sys.modules[name]
     from tensorboardX import SummaryWriter
 
     return SummaryWriter

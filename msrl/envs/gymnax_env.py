@@ -8,6 +8,7 @@ adapter supplies only the batched ``_reset`` and ``_step`` of its library (gymna
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -141,6 +142,19 @@ class _Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), attr)
 
 
+@contextlib.contextmanager
+def standing_in(entries: dict[str, Any]) -> Any:
+    """``entries`` in ``sys.modules`` for the block (a stand-in, or ``None``: what makes ``import name`` raise
+    ImportError); afterwards each leaves again unless the block put something else in its place."""
+    sys.modules.update(entries)
+    try:
+        yield
+    finally:
+        for name, value in entries.items():
+            if name in sys.modules and sys.modules[name] is value:
+                del sys.modules[name]
+
+
 def defer_plotting() -> None:
     """Leave the plotting packages that env libraries import for their render functions (seaborn, which
     brings pandas and scipy.stats; matplotlib.pyplot and matplotlib.animation) to import on first use."""
@@ -160,13 +174,8 @@ def import_gymnax() -> Any:
         package = None if "matplotlib" in sys.modules else importlib.util.find_spec("matplotlib")
         during = {} if package is None else {"matplotlib": _Deferred("matplotlib", package.submodule_search_locations),
                                              "matplotlib.colors": _Deferred("matplotlib.colors")}
-        sys.modules.update(during)
-        try:
+        with standing_in(during):
             import gymnax
-        finally:
-            for name, stand_in in during.items():
-                if sys.modules.get(name) is stand_in:
-                    del sys.modules[name]
     import gymnax
 
     return gymnax
