@@ -12,7 +12,9 @@ holder's arrays, Hogwild-style, and updates go one at a time under a lock), a Ra
 one worker the run is serial, hence reproducible.
 
 It needs a learner that makes one optimizer step per ``learn`` (A2C), whose state is a dict holding what it
-differentiates under ``"params"``.
+differentiates under ``"params"`` and its optimizer's state under ``"opt_state"``, and whose new state is exactly
+that step (the holder computes nothing else): every ``learn`` checks it, and a learner that changes the update or
+the new parameters (clipping, scaling) is refused rather than trained otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from functools import partial
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from pydantic import Field
@@ -48,9 +51,11 @@ def _capture(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
 class ParameterHolder:
     """The one copy of the parameters and of the optimizer's state. ``push`` applies a gradient (or drops
     it, if computed on parameters more than ``max_staleness`` updates old) and returns the newest
-    parameters, their version (updates applied so far) and the gradient's staleness."""
+    parameters and optimizer state, their version (updates applied so far) and the gradient's staleness."""
 
     def __init__(self, tx: optax.GradientTransformation, params: Any, max_staleness: int):
+        """``tx``: the learner's own ``tx`` (its optimizer after the policy's gradient capture, which passes
+        gradients through here), so the optimizer state has the structure of a worker's."""
         def apply(grads, opt_state, params):
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
@@ -59,7 +64,7 @@ class ParameterHolder:
         self.params, self.opt_state = params, jax.jit(tx.init)(params)
         self.version = self.dropped = 0
 
-    def push(self, grads: Any, version: int) -> tuple[Any, int, int]:
+    def push(self, grads: Any, version: int) -> tuple[Any, Any, int, int]:
         with self.lock:
             staleness = self.version - int(version)
             if staleness > self.max_staleness:
@@ -67,7 +72,7 @@ class ParameterHolder:
             else:
                 self.params, self.opt_state = self.apply(grads, self.opt_state, self.params)
                 self.version += 1
-            return self.params, self.version, staleness
+            return self.params, self.opt_state, self.version, staleness
 
     def learner_state(self) -> dict[str, Any]:
         """The run's learner state: all of it (:data:`HELD`)."""
@@ -127,27 +132,43 @@ class RemoteLearner:
     def policy_params(self, state: Any) -> Any:
         return self.learner.policy_params(state)
 
-    def _grads(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def _grads(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, jax.Array]:
+        """The gradient ``learn`` gives its optimizer, its metrics, and whether its new state is that
+        optimizer step's (what the holder will compute)."""
         slot: list = []
         token = _CAPTURED.set(slot)
         try:
-            _, metrics = self.learner.learn(state, *args, **kwargs)  # its new state is never computed (unused)
+            new, metrics = self.learner.learn(state, *args, **kwargs)
         finally:
             _CAPTURED.reset(token)
         if len(slot) != 1:
             raise msrl.ConfigError("policy.name", f"async needs a learner that makes one optimizer step per learn(); "
                               f"{type(self.learner).__name__}.learn() made {len(slot)}")
-        return slot[0], metrics
+        updates, opt_state = self.learner.tx.update(slot[0], state["opt_state"], state["params"])
+        step = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+        new = {k: new.get(k) for k in HELD} if isinstance(new, dict) else new
+        if jax.tree.structure(new) != jax.tree.structure(step):
+            return slot[0], metrics, jnp.bool_(False)
+        close = [jnp.all(jnp.abs(a - b) <= 1e-6 * jnp.max(jnp.abs(b))) for a, b in
+                 zip(jax.tree.leaves(new), jax.tree.leaves(step), strict=True)]  # (rounding apart: fused differently)
+        return slot[0], metrics, jnp.all(jnp.stack(close))
 
     def learn(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        name = type(self.learner).__name__
         try:
-            grads, metrics = self.grads(state, *args, **kwargs)
+            grads, metrics, is_step = self.grads(state, *args, **kwargs)
         except jax.errors.UnexpectedTracerError:  # the step ran inside a loop of learn(): several steps
             raise msrl.ConfigError("policy.name", "async needs a learner that makes one optimizer step per learn(); "
-                              f"{type(self.learner).__name__}.learn() steps inside a loop (minibatches, epochs)"
+                              f"{name}.learn() steps inside a loop (minibatches, epochs)"
                               "; use single_learner_coarse or multi_learner") from None
-        params, version, staleness = self.holder.call("push", grads, state["param_version"])
-        state = {**state, "params": params, "param_version": np.int32(version)}
+        if not bool(is_step):
+            raise msrl.ConfigError("policy.name", f"async's parameter holder applies {name}.optimizer()'s step to "
+                                   f"the gradient {name}.learn() computes, and nothing else, but learn() returns "
+                                   "other parameters or optimizer state than that step (it changes the update or the "
+                                   "new parameters: clipping, scaling, ...); the workers would train something other "
+                                   "than the loop; use policy.name=single_learner_coarse or multi_learner")
+        params, opt_state, version, staleness = self.holder.call("push", grads, state["param_version"])
+        state = {**state, "params": params, "opt_state": opt_state, "param_version": np.int32(version)}
         return state, {**metrics, "policy_lag": staleness}
 
 
@@ -185,6 +206,6 @@ class Async(msrl.DistributedPolicy):
 
         def make(seed: int) -> ParameterHolder:
             params = jax.device_get(checked_init(learner, msrl.component_keys(seed)["learner"])["params"])
-            return ParameterHolder(learner.optimizer(), params, max_staleness)
+            return ParameterHolder(learner.tx, params, max_staleness)
 
         return {msrl.PARAMETERS: msrl.Service(make)}

@@ -7,8 +7,10 @@ from __future__ import annotations
 import functools
 import shutil
 from pathlib import Path
+from typing import Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -16,6 +18,8 @@ from helpers import CARTPOLE, final_leaves, final_params, max_diff
 
 import msrl
 from msrl import ConfigError
+from msrl.algorithms.a2c.a2c import A2C as A2CAlgorithm
+from msrl.algorithms.a2c.a2c import A2CConfig, A2CLearner
 from msrl.config import load_config
 from msrl.policies.async_policy import ParameterHolder
 from msrl.evaluate import evaluate
@@ -55,9 +59,9 @@ def test_holder_drops_gradients_older_than_max_staleness():
     params = {"w": np.ones(3, np.float32)}
     holder = ParameterHolder(optax.sgd(1.0), params, max_staleness=1)
     grads = {"w": np.full(3, 0.5, np.float32)}
-    assert holder.push(grads, 0)[1:] == (1, 0)  # fresh: applied, version 1
-    assert holder.push(grads, 0)[1:] == (2, 1)  # one update old: still applied
-    fresh, version, staleness = holder.push(grads, 0)  # two updates old: dropped
+    assert holder.push(grads, 0)[2:] == (1, 0)  # fresh: applied, version 1
+    assert holder.push(grads, 0)[2:] == (2, 1)  # one update old: still applied
+    fresh, _, version, staleness = holder.push(grads, 0)  # two updates old: dropped
     assert (version, staleness) == (2, 2)
     np.testing.assert_allclose(fresh["w"], 0.0)  # 1 - 0.5 - 0.5: the dropped one left no trace
     assert holder.metrics() == {"grads_applied": 2.0, "stale_grads_dropped": 1.0}
@@ -76,6 +80,44 @@ def test_resume_restores_the_holder_exactly(tmp_path):
     assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
     assert any(x is not None and x.shape == () and x == 60 for x in b)  # the holder's version came back
     assert evaluate(tmp_path / "resumed", episodes=2)["episodes"] == 2  # msrl eval reads the async checkpoint
+
+
+class ClippedConfig(A2CConfig):
+    name: Literal["a2c_clipped"] = "a2c_clipped"
+    clip: float = 0.3  # 0: no clipping
+
+
+class ClippedLearner(A2CLearner):
+    """A2C with weight clipping after the optimizer's step, and a metric of the optimizer state it is given."""
+
+    def learn(self, state, batch, last_obs):
+        new, metrics = super().learn(state, batch, last_obs)
+        if self.cfg.clip:
+            new = {**new, "params": jax.tree.map(lambda p: jnp.clip(p, -self.cfg.clip, self.cfg.clip), new["params"])}
+        return new, {**metrics, "opt_state_norm": optax.tree.norm(state["opt_state"])}
+
+
+@msrl.register_algorithm("a2c_clipped")
+class Clipped(A2CAlgorithm):
+    Config = ClippedConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.learner = ClippedLearner(self.learner.net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
+
+
+def test_a_learner_that_changes_its_optimizer_step_is_refused_and_one_that_reads_its_state_is_a2c():
+    """The holder computes the optimizer's step and nothing else: a learn() that clips the new weights is refused
+    (it used to train unclipped); one whose metric reads the optimizer state logs fused's numbers under one worker
+    (the worker's optimizer state used to stay at its initial value)."""
+    with pytest.raises(ConfigError, match=r"policy.name: async's parameter holder applies ClippedLearner.optimizer"
+                                          r"\(\)'s step .* clipping, scaling.*single_learner_coarse"):
+        final_params([*ONE, "algorithm.name=a2c_clipped"], 2, A2C)
+    fused, fused_rows = final_params(["algorithm.name=a2c_clipped", "algorithm.clip=0"], 4, A2C)
+    params, rows = final_params([*ONE, "algorithm.name=a2c_clipped", "algorithm.clip=0"], 4, A2C)
+    assert max_diff(fused, params) <= 1e-6
+    norms = [r["opt_state_norm"] for r in fused_rows]
+    assert len(set(norms)) == 4 and [r["opt_state_norm"] for r in rows] == pytest.approx(norms, rel=1e-5)
 
 
 def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
