@@ -149,7 +149,7 @@ class RemoteLearner:
         new = {k: new.get(k) for k in HELD} if isinstance(new, dict) else new
         if jax.tree.structure(new) != jax.tree.structure(step):
             return slot[0], metrics, jnp.bool_(False)
-        close = [jnp.all(jnp.abs(a - b) <= 1e-6 * jnp.max(jnp.abs(b))) for a, b in
+        close = [jnp.all(jnp.abs(a - b) <= 1e-6 * jnp.max(jnp.abs(b), initial=0)) for a, b in
                  zip(jax.tree.leaves(new), jax.tree.leaves(step), strict=True)]  # (rounding apart: fused differently)
         return slot[0], metrics, jnp.all(jnp.stack(close))
 
