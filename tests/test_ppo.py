@@ -118,3 +118,18 @@ def test_minibatch_shuffle_is_a_uniform_permutation():
     orders = jax.vmap(lambda k: permutation(k, 3))(jax.random.split(jax.random.PRNGKey(0), 60000))
     counts = collections.Counter(map(tuple, np.asarray(orders).tolist()))
     assert len(counts) == 6 and all(abs(c - 10000) < 400 for c in counts.values())
+
+
+def test_a_session_run_past_the_total_holds_the_annealed_learning_rate_at_zero(capsys):
+    """``anneal_lr`` decays the rate to 0 over run.total_env_steps; a Session run past it keeps the rate at 0 (it
+    went negative: the policy climbed its loss), and says once that the schedules have ended."""
+    with msrl.Session(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=0", "run.total_env_steps=1024",
+                                                       "env.num_envs=4"]) as session:
+        session.run(2)  # 2 x 4 envs x 128 steps: the whole run
+        end = session.params()
+        assert "past run.total_env_steps" not in capsys.readouterr().err
+        session.run(2)
+        assert max_diff(end, session.params()) == 0.0
+        assert capsys.readouterr().err.count("past run.total_env_steps=1,024") == 1
+        session.run(1)
+        assert "past run.total_env_steps" not in capsys.readouterr().err

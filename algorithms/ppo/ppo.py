@@ -56,11 +56,12 @@ class PPOLearner(msrl.Learner):
         self.obs = example_obs  # one environment's observation, to initialize the network with
 
     def optimizer(self):
-        cfg = self.cfg
-        lr = cfg.lr
-        if cfg.anneal_lr:
-            steps_per_update = cfg.epochs * cfg.minibatches
-            lr = lambda count: cfg.lr * (1.0 - (count // steps_per_update) / float(self.num_updates))  # noqa: E731
+        cfg, steps_per_update = self.cfg, self.cfg.epochs * self.cfg.minibatches
+
+        def annealed(count):  # linearly to 0 at the run's last update, and 0 after it (a Session run past the total)
+            return cfg.lr * jnp.maximum(1.0 - (count // steps_per_update) / float(self.num_updates), 0.0)
+
+        lr = annealed if cfg.anneal_lr else cfg.lr
         return flat(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5)))
 
     def init(self, key):

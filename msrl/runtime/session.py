@@ -61,6 +61,7 @@ class Session:
             several = {"members": [(m.seed, m.values) for m in self.members],
                        "vmap_seeds": vmap_seeds(seed_batching or "auto")}
         self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)), **several)
+        self._total_env_steps = self.config.run.total_env_steps if self.config is not None else None
         self.closed = False
         if stall_timeout_s is None:
             stall_timeout_s = (self.config.run if self.config is not None else RunConfig()).stall_timeout_s
@@ -99,6 +100,15 @@ class Session:
         """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish; no chunk starts
         once ``stop()`` is true (the rows of those already started still come)."""
         self._open()
+        end, total = (self.iteration + iterations) * self.env_steps_per_iteration, self._total_env_steps
+        if total is not None and end > total:
+            import sys
+
+            print(f"msrl: note: this session runs to {end:,} env steps, past run.total_env_steps={total:,}, which "
+                  "sizes the algorithm's schedules (a learning rate decayed to 0, an exploration or importance-sampling "
+                  "anneal): past it they hold their final values; raise run.total_env_steps to train longer",
+                  file=sys.stderr)
+            self._total_env_steps = None  # said once
         for rows in self.runtime.stream(iterations, chunk, stop):
             yield self._number(rows)
 
