@@ -105,8 +105,8 @@ class Session:
             import sys
 
             print(f"msrl: note: this session runs to {end:,} env steps, past run.total_env_steps={total:,}, which "
-                  "sizes the algorithm's schedules (a learning rate decayed to 0, an exploration or importance-sampling "
-                  "anneal): past it they hold their final values; raise run.total_env_steps to train longer",
+                  "sizes the algorithm's schedules (a learning rate decayed to 0, an importance-sampling anneal): past "
+                  "it they hold their final values; raise run.total_env_steps to train longer",
                   file=sys.stderr)
             self._total_env_steps = None  # said once
         for rows in self.runtime.stream(iterations, chunk, stop):
