@@ -11,7 +11,7 @@ import numpy as np
 
 from msrl import checkpoint
 from msrl.algorithm import Context
-from msrl.components import Actor, MultiAgentObs, MultiAgentSpec
+from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError
@@ -106,7 +106,8 @@ def _template(init: Any, saved: list[Any]) -> Any:
 
 class TrainedPolicy:
     """A run's trained policy, for plain Python: ``act(obs)`` takes a batch of observations (numpy or jax,
-    leading axis = environments) and returns the greedy actions as numpy. ``config``, ``params`` (the policy
+    leading axis = environments) and returns the greedy actions as numpy, as the environment itself takes them
+    (within a Box's bounds; a Gymnasium ``Discrete(n, start=k)``'s from ``k``). ``config``, ``params`` (the policy
     parameters), ``iteration`` (of the checkpoint) and ``env_spec`` describe it.
 
     A recurrent policy carries its hidden state from one ``act`` to the next: pass ``done`` (bool per env,
@@ -149,8 +150,16 @@ class TrainedPolicy:
             self._carry, self._n = self._initial_carry(n), n
         start = np.zeros(n, bool) if done is None else np.asarray(done, bool).reshape(n)
         self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
-        actions = np.asarray(actions)
+        actions = self._env_actions(np.asarray(actions))
         return actions[0] if single else actions
+
+    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """msrl's actions as the environment's own ``step`` takes them, as msrl's env adapters hand them on: a
+        Box's within its bounds, a Gymnasium ``Discrete(n, start=k)``'s shifted from ``0..n-1`` to ``k..k+n-1``."""
+        space = self.env_spec.action_space
+        if isinstance(space, Box):
+            return np.clip(actions, space.low, space.high)
+        return actions + getattr(self.env, "start", 0)
 
     def _multi_agent(self, agents: np.ndarray) -> MultiAgentObs:
         """A batch of every agent's observations as the env gives them: with the global state of JaxMARL's

@@ -896,12 +896,13 @@ class Quirky(gymnasium.Env):
     """Gymnasium-API corners, by ``mode``: "limit" ends in a terminal state on its 5th step, which its
     TimeLimit of 5 also truncates; "start" takes actions 1..3 (``Discrete(3, start=1)``) and refuses others;
     "old_step" and "old_reset" return what the old Gym API did; "wide" says its observations have 3 numbers;
-    "unbounded" takes any real action (``Box(-inf, inf)``)."""
+    "unbounded" takes any real action (``Box(-inf, inf)``), "narrow" one in ``Box(-0.01, 0.01)`` and refuses others."""
 
     def __init__(self, mode: str = "limit"):
         self.mode = mode
         self.observation_space = gymnasium.spaces.Box(-10.0, 10.0, (3 if mode == "wide" else 2,), np.float32)
-        self.action_space = (gymnasium.spaces.Box(-np.inf, np.inf, (1,), np.float32) if mode == "unbounded" else
+        bound = {"unbounded": np.inf, "narrow": 0.01}.get(mode)
+        self.action_space = (gymnasium.spaces.Box(-bound, bound, (1,), np.float32) if bound else
                              gymnasium.spaces.Discrete(3, start=1 if mode == "start" else 0))
 
     def reset(self, seed=None, options=None):

@@ -212,3 +212,31 @@ def test_a_run_that_fails_before_its_first_row_leaves_no_folder(tmp_path, capsys
     (tmp_path / "mine").mkdir()  # a folder the user made stays
     assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0", "--run-dir", str(tmp_path / "mine")]) == 2
     assert (tmp_path / "mine").is_dir()
+
+
+def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):
+    """act() hands back what the environment's own step takes, as msrl's adapters hand actions on: a Gymnasium
+    ``Discrete(3, start=1)``'s 1..3 (it returned msrl's 0..2, which the env refuses or takes as other actions),
+    and a Box's actions within its bounds (a Gaussian policy's mean is not: it returned those unclipped)."""
+    import gymnasium
+    import loops  # noqa: F401 - registers gymnasium's MsrlQuirky-v0
+
+    msrl.train(CARTPOLE, [*SHORT, "run.total_env_steps=1024", "env.id=gymnasium:MsrlQuirky-v0",
+                          "env.kwargs={mode: start}", "policy.name=single_learner_coarse", "policy.backend=threads"],
+               run_dir=tmp_path / "start")
+    policy, env = msrl.load(tmp_path / "start"), gymnasium.make("MsrlQuirky-v0", mode="start")
+    obs, _ = env.reset(seed=0)
+    actions = policy.act(np.stack([obs, obs + 1, obs - 3]))
+    assert set(actions.tolist()) <= {1, 2, 3}
+    env.step(policy.act(obs))  # (it raises on an action outside 1..3)
+
+    msrl.train(EXAMPLES / "ppo_pendulum.yaml", [*SHORT, "run.total_env_steps=1024", "env.num_envs=4",
+                                                "env.id=gymnasium:MsrlQuirky-v0", "env.kwargs={mode: narrow}",
+                                                "policy.name=single_learner_coarse", "policy.backend=threads"],
+               run_dir=tmp_path / "box")
+    policy, env = msrl.load(tmp_path / "box"), gymnasium.make("MsrlQuirky-v0", mode="narrow")
+    obs = np.stack([env.reset(seed=0)[0] + i for i in range(8)])
+    means = np.asarray(policy.algorithm.actor.greedy(policy.params, obs))
+    assert np.abs(means).max() > 0.01, means  # the policy's own numbers leave the Box here
+    np.testing.assert_array_equal(policy.act(obs), np.clip(means, -0.01, 0.01))
+    env.step(policy.act(obs[0]))  # (it raises on an action outside [-0.01, 0.01])
