@@ -632,7 +632,8 @@ def render(cells: list[Cell], info: dict[str, dict[str, Any]], command: str, sec
         "the message is recorded. `refused (unclear)` flags a message that does not read clearly (too short, "
         "naming no config key, or no file:line/hint, or showing internals).",
         "- **different by design** (`≠ design ✓`): only `multi_learner` with 2 learners, `async` with 2 workers "
-        "and `single_learner_coarse` with `sync: false` (policy lag 1) change the numbers on purpose; the cell "
+        "and `single_learner_coarse` with `sync: false` (policy lag 1) change the numbers on purpose (outside the "
+        "matrix, so do `replay_server` with several shards or `param_sync_every` > 1); the cell "
         "checks that the run is finite and its parameters moved (it trained).",
         "- **SILENTLY DIFFERENT**: it ran, was not refused, and differs beyond the tolerance where equality is "
         "promised (or a by-design run did not train). **ERROR**: it crashed with an exception that is not an "

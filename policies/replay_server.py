@@ -24,7 +24,8 @@ class ReplayServer(msrl.DistributedPolicy):
     name: Literal["replay_server"] = "replay_server"
     backend: Literal["threads", "ray"] = "threads"
     actors: int = Field(2, gt=0, le=4096, description="actor replicas (env + act)")
-    shards: int = Field(2, gt=0, le=4096, description="replay-buffer replicas; actors must be a multiple")
+    shards: int = Field(2, gt=0, le=4096, description="replay-buffer replicas; actors must be a multiple (1 "
+                        "gives fused's numbers; several draw the batch shard by shard: different by design)")
     envs_per_actor: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                        description="environments per actor (default: env.num_envs / actors)")
     param_sync_every: int = Field(1, gt=0, le=msrl.INT32_MAX,
