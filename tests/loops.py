@@ -288,6 +288,18 @@ class NestedDef(Base):
         return 0
 
 
+def rollout(obs):
+    """A function of a module (not a method of the algorithm) that steps the environments itself."""
+    return msrl.env_step(msrl.agent_act(obs).action)
+
+
+class ModuleFunction(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        rollout(obs)  # E:module_function
+        return 0
+
+
 class NoEnvStep(Base):
     def train_step(self):
         obs = msrl.env_observe()
@@ -485,6 +497,7 @@ REJECTED = {
     "api_value": ApiAsValue,
     "try": TryBlock,
     "nested_def": NestedDef,
+    "module_function": ModuleFunction,
     "shape_bug": ShapeBug,
     "reserved": ReservedName,
     "get_first": GetBeforeInsert,

@@ -233,6 +233,15 @@ def test_compile_of_an_algorithm_class_says_to_build_it(env):
     with pytest.raises(msrl.CompileError, match=r"takes an algorithm object, not the class Simple: build it first"):
         msrl.compile(loops.Simple, Fused(), env, NUM_ENVS)
 
+def test_a_function_of_a_module_that_calls_the_api_is_named_with_what_to_do(env):
+    """Only the algorithm's methods are inlined: a plain function's API calls were invisible (the loop "never
+    calls msrl.env_step", or the API "was called directly" while tracing)."""
+    with pytest.raises(msrl.CompileError, match=r"rollout\(\) \(.*loops.py:\d+\) calls the msrl API, but the "
+                                                r"compiler inlines only methods of the algorithm.*\n  hint: make "
+                                                r"rollout a method of ModuleFunction and call it as self.rollout"):
+        msrl.compile(loops.ModuleFunction(), Fused(), env, NUM_ENVS)
+
+
 def test_loop_without_env_step_is_rejected(env):
     with pytest.raises(msrl.CompileError, match="never calls msrl.env_step"):
         msrl.compile(loops.NoEnvStep(), Fused(), env, NUM_ENVS)

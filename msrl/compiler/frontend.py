@@ -97,6 +97,11 @@ def _mutates(node: ast.AST, name: str) -> bool:
     return isinstance(root, ast.Name) and root.id == name
 
 
+def _code_names(code: Any) -> set[str]:
+    """The global and attribute names a code object (and the functions defined in it) reads."""
+    return set(code.co_names).union(*(_code_names(c) for c in code.co_consts if inspect.iscode(c)))
+
+
 def _method_called(node: ast.AST, name: str) -> str | None:
     """The method ``node`` calls on the object named ``name`` (``name.method(...)``), or None."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
@@ -235,9 +240,11 @@ class Frontend:
         return api_spec(self._resolve(src, call.func, local)) if isinstance(call, ast.Call) else None
 
     def _helper_of(self, src: Source, call: ast.AST) -> Callable | None:
-        """A method of the algorithm called as ``self.name(...)`` whose body uses the API (to inline)."""
+        """A method of the algorithm called as ``self.name(...)`` whose body uses the API (to inline); a plain
+        function that uses the API is refused (only the algorithm's methods are inlined)."""
         name = _method_called(call, "self")
         if name is None:
+            self._refuse_function_using_api(src, call)
             return None
         raw = inspect.getattr_static(type(self.alg), name, None)
         if isinstance(raw, (staticmethod, classmethod)):
@@ -252,6 +259,20 @@ class Frontend:
         if getattr(fn, "__qualname__", None) in self.inlining:
             raise src.error(call, f"helper self.{name}() calls itself; recursion cannot be compiled")
         return fn if self._uses_api(fn) else None
+
+    def _refuse_function_using_api(self, src: Source, call: ast.AST) -> None:
+        """A call of a plain function (another module's, say) that calls the API itself: the compiler would not
+        see those calls (the loop would seem not to step its environments, or the API would run outside it)."""
+        if not isinstance(call, ast.Call) or not isinstance(call.func, (ast.Name, ast.Attribute)):
+            return
+        fn = self._resolve(src, call.func, _node_names(src.fdef, ast.Store) | {a.arg for a in src.fdef.args.args})
+        if not inspect.isfunction(fn) or not set(API) & _code_names(fn.__code__) or not self._uses_api(fn):
+            return  # (the names its code reads first: no source of jax's functions is parsed)
+        where = f"{inspect.getsourcefile(fn)}:{fn.__code__.co_firstlineno}"
+        raise src.error(call, f"{fn.__qualname__}() ({where}) calls the msrl API, but the compiler inlines only "
+                              f"methods of the algorithm: it cannot see the API calls of a function",
+                        f"make {fn.__name__} a method of {type(self.alg).__name__} and call it as "
+                        f"self.{fn.__name__}(...), or make its API calls in {self.method}() itself")
 
     def _uses_api(self, fn: Callable) -> bool:
         if fn not in self._uses_api_cache:
