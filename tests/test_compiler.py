@@ -177,7 +177,8 @@ def test_given_the_analysis_another_process_compiles_the_same_program_without_tr
 
 
 def test_policy_that_splits_component_state_is_rejected(env):
-    with pytest.raises(msrl.CompileError, match="splits the state of component 'env'"):
+    with pytest.raises(msrl.CompileError, match=r"splits the state of component 'env'.*\n  hint: .* calls the env on "
+                                                r"both sides of this policy's cut: .* single_learner_fine .* or fused"):
         msrl.compile(loops.Simple(), SplitEnv(), env, NUM_ENVS)
 
 

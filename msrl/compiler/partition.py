@@ -77,7 +77,11 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
                 f"(`{s.source}`, {s.where}) and {fv!r} (`{t.source}`, {t.where})", t.file, t.line,
                 "a component's state lives in one fragment; " + (
                     "a replay buffer that actors fill and the learner samples is policy.name=replay_server's job "
-                    "(or single_learner_fine, which keeps the buffer central)" if var == "@buffer" else "cut elsewhere"))
+                    "(or single_learner_fine, which keeps the buffer central)" if var == "@buffer" else
+                    f"the loop calls the {var[1:]} on both sides of this policy's cut: use a policy that keeps "
+                    "those calls together, " + ("" if policy.name == "single_learner_fine" else
+                                                 "single_learner_fine (only the environments' steps on its workers) "
+                                                 "or ") + "fused"))
         point = _exit_point(fdg, u, v)
         key = (point, var, fv)
         if key not in comms:
