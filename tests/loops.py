@@ -878,7 +878,7 @@ class Slices(msrl.Algorithm):
 # ------------------------------------------------------------------------------------------- host envs
 class Shifty(gymnasium.Env):
     """CartPole-shaped until its 40th step (20th for "explode"), then by ``mode``: a wrong observation shape,
-    a wrong dtype, NaN, or an exception."""
+    a wrong dtype, NaN, or an exception; or a reward that is not one number ("rewards": two, "text": a string)."""
 
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gymnasium.spaces.Discrete(2)
@@ -896,6 +896,8 @@ class Shifty(gymnasium.Env):
         obs = np.zeros(4, np.float32)
         if self.mode == "explode" and self.t > 20:
             raise RuntimeError("environment exploded on purpose")
+        if self.t >= 40 and self.mode in ("rewards", "text"):
+            return obs, (np.ones(2) if self.mode == "rewards" else "1.0"), False, False, {}
         if self.t >= 40:
             obs = {"shape": np.zeros(5, np.float32), "dtype": obs.astype(np.float64),
                    "nan": np.full(4, np.nan, np.float32)}[self.mode]

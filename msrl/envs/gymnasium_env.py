@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import reprlib
 import socket
 import subprocess
 import sys
@@ -267,7 +268,8 @@ class GymnasiumEnv(Environment):
         reward = np.empty(n, np.float32)
         terminated, truncated = np.empty(n, np.bool_), np.empty(n, np.bool_)
         final = np.empty((n, *self.spec.obs_shape), np.float32)
-        for i, (o, reward[i], terminated[i], truncated[i], first) in enumerate(results):
+        for i, (o, r, terminated[i], truncated[i], first) in enumerate(results):
+            reward[i] = self._reward(state, i, r)
             final[i] = self._checked(state, i, o)
             obs[i] = final[i] if first is None else self._checked(state, i, first)
         state.busy, state.beat = None, time.monotonic()
@@ -294,6 +296,14 @@ class GymnasiumEnv(Environment):
 
     def _where(self, state: HostEnvState, i: int) -> str:
         return f"environment {self.spec.id} #{state.ids[i]} at step {state.steps}"  # counted from 0
+
+    def _reward(self, state: HostEnvState, i: int, r: Any) -> float:
+        """A reward as one number (else a TrainingError naming the environment and step)."""
+        value = None if isinstance(r, (str, bytes)) else np.asarray(r)
+        if value is None or value.size != 1 or value.dtype.kind not in "fiub":
+            raise TrainingError(f"{self._where(state, i)} returned the reward {reprlib.repr(r)} "
+                                f"({type(r).__name__}); step() returns one number as its reward")
+        return float(value.reshape(()))
 
     def _checked(self, state: HostEnvState, i: int, o: Any) -> np.ndarray:
         """An observation as the run started: same shape and dtype, numeric (else a TrainingError)."""

@@ -249,15 +249,16 @@ class ReplicaDriver:
 
     def failure(self, e: BaseException) -> BaseException:
         """What the caller is told of an error in this replica: bad input as itself, anything else a
-        TrainingError naming the replica, the user's line and the traceback."""
+        TrainingError naming the replica, the user's line and (but for msrl's own, which say what went wrong)
+        the traceback."""
         if isinstance(e, (ConfigError, CompileError)):
             return e
         frame, inner = user_frames(e, [self.frag.lowered])
         at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
         if inner is not None and frame is not None and inner[:2] != frame[:2]:
             at += f", in {inner[2]}() at {inner[0]}:{inner[1]}"
-        return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: "
-                             f"{e}\n{traceback.format_exc()}")
+        trace = "" if isinstance(e, TrainingError) else f"\n{traceback.format_exc()}"
+        return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: {e}{trace}")
 
     def restart(self, iteration: int) -> None:
         """Continue at ``iteration`` with fresh environments and keys (after the process was restarted). A value
