@@ -6,6 +6,7 @@ policy brings its own keys. Unknown keys and bad values raise :class:`ConfigErro
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -387,6 +388,9 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> di
         import copy
 
         data = copy.deepcopy(path)
+    elif not isinstance(path, (str, os.PathLike, type(None))):
+        raise ConfigError("", f"a config is a YAML file's path or a dict of its sections, got {type(path).__name__} "
+                              f"{quote(path)}")
     elif path is not None:
         p = Path(path)
         if not p.is_file():

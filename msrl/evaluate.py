@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,8 @@ class TrainedPolicy:
     starts from a fresh state."""
 
     def __init__(self, run_dir: str | Path, run_seed: int | None = None):
+        if not isinstance(run_dir, (str, os.PathLike)):
+            raise ConfigError("run_dir", f"a run directory's path, got {type(run_dir).__name__} {run_dir!r:.100}")
         self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir), run_seed)
         self.env_spec, self.iteration = self.env.spec, meta["iteration"]
         self.recurrent = hasattr(self.algorithm.actor, "greedy_step")

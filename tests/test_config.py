@@ -198,3 +198,13 @@ def test_a_plugin_registering_the_name_of_its_own_entry_point_loads(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert (done.returncode, done.stdout) == (0, "plugin_both_ways BothWays\n"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("config", [[1, 2], 42])
+def test_a_config_of_another_type_is_a_config_error(tmp_path, config):
+    """(It was pathlib's bare TypeError.) The same for msrl.load's run directory."""
+    with pytest.raises(msrl.ConfigError, match=rf"a config is a YAML file's path or a dict of its sections, got "
+                                               rf"{type(config).__name__}"):
+        msrl.train(config, run_dir=tmp_path / "run")
+    with pytest.raises(msrl.ConfigError, match=r"run_dir: a run directory's path, got NoneType None"):
+        msrl.load(None)
