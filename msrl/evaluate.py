@@ -135,6 +135,15 @@ class TrainedPolicy:
         obs = jax.tree.map(np.asarray, obs)
         spec = self.env_spec
         shape = tuple(spec.obs_shape)
+        if not isinstance(spec, MultiAgentSpec) and not isinstance(obs, np.ndarray):
+            raise ValueError(f"act: an observation of {spec.id} is an array shaped {shape}, got {type(obs).__name__}")
+        for x in jax.tree.leaves(obs):
+            if x.dtype.kind not in "fiub":
+                raise ValueError(f"act: observations are numbers, got an array of {x.dtype}")
+            if x.size == 0:
+                raise ValueError(f"act: got no observation (an array shaped {x.shape})")
+            if not np.isfinite(x).all():
+                raise ValueError(f"act: an observation holds a non-finite number ({x[~np.isfinite(x)].flat[0]})")
         if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):  # every agent's, as one array
             shape = (spec.num_agents, *shape)
         if isinstance(obs, np.ndarray) and obs.shape != shape and obs.shape[1:] != shape:
