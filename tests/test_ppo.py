@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 import msrl
 
@@ -133,3 +134,6 @@ def test_a_session_run_past_the_total_holds_the_annealed_learning_rate_at_zero(c
         assert capsys.readouterr().err.count("past run.total_env_steps=1,024") == 1
         session.run(1)
         assert "past run.total_env_steps" not in capsys.readouterr().err
+        for bad in (-1, 2.5):  # (-1 ran nothing without a word, 2.5 was a bare TypeError)
+            with pytest.raises(msrl.ConfigError, match="iterations: a whole number >= 0 of iterations to run"):
+                session.run(bad)

@@ -151,7 +151,8 @@ class Source:
                 f"cannot read the source of {what} ({where}); msrl compiles the loop from its source",
                 file=code.co_filename if code else None,
                 line=code.co_firstlineno if code else None,
-                hint="define the algorithm in a .py file (not a notebook cell, exec or lambda) and import it",
+                hint="define the algorithm where Python keeps its source: a .py file or a Jupyter cell (not exec, "
+                     "a lambda or the plain interactive prompt)",
             ) from None
         tree = ast.parse(text)
         fdef = tree.body[0]

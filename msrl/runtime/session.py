@@ -10,6 +10,7 @@ The CLI's ``train``, the tests and the benchmarks all run programs through it::
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -100,6 +101,10 @@ class Session:
         """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish; no chunk starts
         once ``stop()`` is true (the rows of those already started still come)."""
         self._open()
+        if not isinstance(iterations, numbers.Integral) or isinstance(iterations, bool) or iterations < 0:
+            from msrl.errors import ConfigError
+
+            raise ConfigError("iterations", f"a whole number >= 0 of iterations to run, got {iterations!r:.100}")
         end, total = (self.iteration + iterations) * self.env_steps_per_iteration, self._total_env_steps
         if total is not None and end > total:
             import sys
