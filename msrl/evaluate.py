@@ -136,7 +136,7 @@ class TrainedPolicy:
         spec = self.env_spec
         shape = tuple(spec.obs_shape)
         if not isinstance(spec, MultiAgentSpec) and not isinstance(obs, np.ndarray):
-            raise ValueError(f"act: an observation of {spec.id} is an array shaped {shape}, got {type(obs).__name__}")
+            raise TypeError(f"act: an observation of {spec.id} is an array shaped {shape}, got {type(obs).__name__}")
         for x in jax.tree.leaves(obs):
             if x.dtype.kind not in "fiub":
                 raise ValueError(f"act: observations are numbers, got an array of {x.dtype}")

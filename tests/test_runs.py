@@ -154,12 +154,13 @@ def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, o
     assert np.all(np.isfinite(np.asarray(reward)))
     if config == CARTPOLE:  # one observation alone gives one action
         assert policy.act(np.asarray(obs)[0]).shape == ()
-        for bad, says in [(np.zeros((0, 4)), r"got no observation \(an array shaped \(0, 4\)\)"),
-                          ({"obs": np.zeros(4)}, r"an observation of gymnax:CartPole-v1 is an array shaped \(4,\), "
-                                                 r"got dict"),
-                          (np.array(["a"] * 4), r"observations are numbers, got an array of <U1"),
-                          (np.array([0, np.nan, 0, 0]), r"an observation holds a non-finite number \(nan\)")]:
-            with pytest.raises(ValueError, match=rf"^act: {says}$"):  # (jax's and numpy's own errors, or action 0)
+        dict_of_one = r"an observation of gymnax:CartPole-v1 is an array shaped \(4,\), got dict"
+        for bad, error, says in [(np.zeros((0, 4)), ValueError, r"got no observation \(an array shaped \(0, 4\)\)"),
+                                 ({"obs": np.zeros(4)}, TypeError, dict_of_one),
+                                 (np.array(["a"] * 4), ValueError, r"observations are numbers, got an array of <U1"),
+                                 (np.array([0, np.nan, 0, 0]), ValueError,
+                                  r"an observation holds a non-finite number \(nan\)")]:
+            with pytest.raises(error, match=rf"^act: {says}$"):  # (jax's and numpy's own errors, or action 0)
                 policy.act(bad)
     if isinstance(policy.env_spec, msrl.MultiAgentSpec):  # the agents' observations as one array, or one env's
         agents = np.asarray(obs.agents)
