@@ -48,6 +48,12 @@ def _capture(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
     return grads, state
 
 
+def optimizer_step(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any) -> tuple[Any, Any]:
+    """``tx``'s step on ``grads``: the new parameters and optimizer state (what the holder applies)."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
 class ParameterHolder:
     """The one copy of the parameters and of the optimizer's state. ``push`` applies a gradient (or drops
     it, if computed on parameters more than ``max_staleness`` updates old) and returns the newest
@@ -56,11 +62,8 @@ class ParameterHolder:
     def __init__(self, tx: optax.GradientTransformation, params: Any, max_staleness: int):
         """``tx``: the learner's own ``tx`` (its optimizer after the policy's gradient capture, which passes
         gradients through here), so the optimizer state has the structure of a worker's."""
-        def apply(grads, opt_state, params):
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        self.apply, self.max_staleness, self.lock = jax.jit(apply), max_staleness, threading.Lock()
+        self.apply = jax.jit(partial(optimizer_step, tx))
+        self.max_staleness, self.lock = max_staleness, threading.Lock()
         self.params, self.opt_state = params, jax.jit(tx.init)(params)
         self.version = self.dropped = 0
 
@@ -144,8 +147,8 @@ class RemoteLearner:
         if len(slot) != 1:
             raise msrl.ConfigError("policy.name", f"async needs a learner that makes one optimizer step per learn(); "
                               f"{type(self.learner).__name__}.learn() made {len(slot)}")
-        updates, opt_state = self.learner.tx.update(slot[0], state["opt_state"], state["params"])
-        step = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+        params, opt_state = optimizer_step(self.learner.tx, slot[0], state["opt_state"], state["params"])
+        step = {"params": params, "opt_state": opt_state}
         new = {k: new.get(k) for k in HELD} if isinstance(new, dict) else new
         if jax.tree.structure(new) != jax.tree.structure(step):
             return slot[0], metrics, jnp.bool_(False)
