@@ -395,7 +395,8 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     ``run_dir`` from its latest checkpoint (``cfg`` None: the run's own config). ``overwrite``: replace the
     run in ``run_dir`` (a used run directory is refused otherwise). ``on_iteration(row)`` is called with
     every metrics row; when it returns true the run stops after the iterations already started
-    (``summary["stopped_early"]``). SIGINT/SIGTERM stop it the same way, then checkpoint, write the summary
+    (``summary["stopped_early"]``); when it raises, the run stops so too, checkpoints, writes the summary and
+    raises that exception again. SIGINT/SIGTERM stop it the same way, then checkpoint, write the summary
     and raise :class:`msrl.errors.Interrupted` naming the command that resumes it.
     A resume whose ``run.total_env_steps`` is less than its checkpoint's env steps is refused (a ConfigError
     naming ``run.total_env_steps``); exactly as many finishes at once, with the checkpoint's summary.
@@ -561,6 +562,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     log_every, every = intervals(cfg.run, iterations, steps_per_iter)
     start, last_time = time.perf_counter() - elapsed0, elapsed0
     stop, history = [], []  # stop: set by on_iteration or a signal; history: every logged row of this call
+    raised: list[tuple[int, Exception]] = []  # on_iteration's exception: the run stops, checkpoints, raises it
     pending: list[dict] = []  # iterations since the last logged row
     last = {"env_steps": session.iteration * steps_per_iter, "wall_time": elapsed0}  # the last logged row
     steps0 = last["env_steps"]
@@ -576,7 +578,14 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         logger.log(row, each)
         history.append({**row, "per_seed": each} if each else row)
         last = row
-        if on_iteration is not None and on_iteration(dict(row)) and not stop:
+        if on_iteration is None or raised:
+            return
+        try:
+            asked = on_iteration(dict(row))
+        except Exception as e:  # noqa: BLE001 - raised again once the run has stopped and saved
+            raised.append((row["iteration"], e))
+            asked = True
+        if asked and not stop:
             stop.append(row["iteration"])
 
     signals.starting = False
@@ -645,7 +654,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 stop.append("signal")
             if stop and pending:  # a stopped run logs the iterations it did after its last row
                 emit()
-            if every or signals.received:
+            if every or signals.received or raised:
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
@@ -675,6 +684,12 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         if cfg.run.sweep:
             summary.update(members=[m.name for m in session.members])
     checkpoint.write_atomic(run_dir / "summary.json", summary_json(summary).encode())
+    if raised:
+        at, error = raised[0]
+        error.add_note(f"msrl: on_iteration raised this at iteration {at}; the run stopped after iteration "
+                       f"{session.iteration} of {iterations} and saved its checkpoint and summary in {run_dir} "
+                       "(msrl.train(..., resume=True) continues it)")
+        raise error
     if signals.received:
         from msrl.errors import Interrupted
 

@@ -98,6 +98,21 @@ def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + summary["iterations"]
 
 
+def test_an_on_iteration_that_raises_stops_the_run_saves_it_then_raises(tmp_path):
+    def failing_logger(row):
+        if row["iteration"] == 2:
+            raise ValueError("my logger failed")
+
+    with pytest.raises(ValueError, match="my logger failed") as raised:
+        msrl.train(CARTPOLE, [*SHORT, "run.iterations_per_dispatch=1"], run_dir=tmp_path, on_iteration=failing_logger)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stopped_early"] and summary["iterations"] in (2, 3)
+    assert f"on_iteration raised this at iteration 2; the run stopped after iteration {summary['iterations']} of 8 " \
+        f"and saved its checkpoint and summary in {tmp_path}" in "".join(raised.value.__notes__)
+    assert evaluate(tmp_path, episodes=1)["iteration"] == summary["iterations"]
+    assert msrl.train(None, run_dir=tmp_path, resume=True)["iterations"] == 8
+
+
 _STRAIGHT: dict[tuple[str, ...], tuple] = {}
 
 
