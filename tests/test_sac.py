@@ -12,7 +12,7 @@ from msrl.algorithms.sac import Transition
 from msrl.config import load_config
 from msrl.runner import build
 
-from helpers import EXAMPLES, QUICK, assert_reaches, reached
+from helpers import EXAMPLES, QUICK, assert_reaches, final_params, reached
 
 SAC = EXAMPLES / "sac_pendulum.yaml"
 SMALL = ["algorithm.hidden=[64,64]", "algorithm.batch_size=128", "env.num_envs=4", "algorithm.updates=2"]
@@ -64,6 +64,18 @@ def test_td3_bootstraps_a_truncated_episode_and_not_a_terminated_one():
 
     y, moved = target(final), target(final + 1.0)
     assert y[0] == moved[0] == -1.0 and y[1] != -1.0 and moved[1] != y[1]
+
+
+def test_td3_split_at_the_env_or_the_buffer_acts_and_learns_as_fused_bitwise():
+    """The example's network (128 x 128): the acting noise, scaled by one product, rounds alike in every program
+    (``n * 0.1 * scale`` rounded differently inside fused's program: 1 ulp in an action, 2e-8 in the parameters
+    after 3 iterations, growing)."""
+    small = ["algorithm.rollout_len=2", "algorithm.batch_size=32", "algorithm.buffer_size=1024",
+             "algorithm.learning_starts=8", "env.num_envs=8", *QUICK]
+    fused, _ = final_params(small, 3, TD3)
+    for split in (["policy.name=single_learner_fine"], ["policy.name=replay_server", "policy.shards=1"]):
+        params, _ = final_params([*small, *split, "policy.backend=threads", "policy.actors=2"], 3, TD3)
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(params))), split
 
 
 def test_continuous_learners_refuse_discrete_actions():

@@ -56,7 +56,8 @@ class TD3Actor(msrl.Actor):
     def act(self, state, params, obs):
         keys, use = msrl.split_keys(state["keys"])
         shape = self.space.shape
-        noise = jax.vmap(lambda k: jax.random.normal(k, shape))(use) * self.cfg.exploration_noise * self.scale
+        # one product scales the noise: (n * 0.1) * scale rounded differently inside fused's program than alone
+        noise = jax.vmap(lambda k: jax.random.normal(k, shape))(use) * (self.cfg.exploration_noise * self.scale)
         action = jnp.clip(self.greedy(params, obs) + noise, self.space.low, self.space.high)
         uniform = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 1), shape, minval=self.space.low,
                                                         maxval=self.space.high))(use)
