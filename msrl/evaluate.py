@@ -25,6 +25,24 @@ MAX_FRAMES = 1_000
 MAX_EPISODES = 100_000  # episodes run side by side: more would not fit in memory
 
 
+def trained_config(file: Path, meta: dict, path: Path) -> Any:
+    """The config the checkpoint at ``path`` was trained with (its own copy; the run's ``file``, config.yaml,
+    for a checkpoint without one). A config.yaml that differs from it (edited by hand) is named in a note."""
+    import sys
+
+    import yaml
+
+    if "config" not in meta:
+        return load_config(file)
+    try:
+        checkpoint.check_same_config(meta["config"], yaml.safe_load(file.read_text()) or {}, path)
+    except (ConfigError, yaml.YAMLError, OSError) as e:
+        what = f"its {e.key} differs" if isinstance(e, ConfigError) else "it does not read"
+        print(f"msrl: note: {file} is not the config the checkpoint {path} was trained with ({what}); using the "
+              "checkpoint's own", file=sys.stderr, flush=True)
+    return load_config(meta["config"])
+
+
 def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, Any, Path, dict]:
     """The run's config, algorithm and policy parameters from its newest good checkpoint (a corrupt or
     non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used). A run of
@@ -41,7 +59,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
         raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every_steps > 0)")
     path, states, meta = good
     meta = {**meta, "checkpoint": str(path)}
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = trained_config(run_dir / "config.yaml", meta, path)
     each = members(cfg.run)
     i = 0
     if member is not None:

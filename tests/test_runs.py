@@ -185,6 +185,19 @@ def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, o
             policy.act(agents[..., :17])
 
 
+def test_load_uses_the_config_the_checkpoint_was_trained_with(tmp_path, capsys):
+    msrl.train(CARTPOLE, [*SHORT, "run.total_env_steps=2048"], run_dir=tmp_path)
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    actions = msrl.load(tmp_path).act(obs)
+    config = tmp_path / "config.yaml"
+    config.write_text(config.read_text().replace("activation: tanh", "activation: relu"))  # edited by hand
+    policy = msrl.load(tmp_path)
+    assert policy.config.algorithm.activation == "tanh"
+    np.testing.assert_array_equal(policy.act(obs), actions)
+    assert f"note: {config} is not the config the checkpoint {tmp_path}/checkpoints/ckpt_000000004.msgpack was " \
+        "trained with (its algorithm.activation differs); using the checkpoint's own" in capsys.readouterr().err
+
+
 def test_feedback_without_a_terminal_and_debug_tracebacks(tmp_path):
     """Piped output (nohup, CI, a notebook) gets stage lines and plain progress lines, not a silent bar."""
     out = subprocess.run([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, "run.total_env_steps=4096",
