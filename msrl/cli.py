@@ -197,8 +197,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
     which = f", {out['member']}" if "member" in out else f", seed {out['run_seed']}" if "run_seed" in out else ""
-    print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes "
-          f"(greedy; {out['checkpoint']}, iteration {out['iteration']}{which})")
+    print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes, "
+          f"{out['env_steps']:,} env steps (greedy; {out['checkpoint']}, iteration {out['iteration']}{which})")
     if args.render:
         print(f"wrote {out['frames']} frames and episode.gif to {args.render}")
     return 0
