@@ -403,6 +403,8 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     metrics.csv is cut back to the checkpoint by an atomic replace, and summary.json is written atomically.
     A run directory this call made is removed again if the run fails before it logged a row or saved a
     checkpoint."""
+    if on_iteration is not None and not callable(on_iteration):
+        raise ConfigError("on_iteration", f"a function of a metrics row (true: stop), got {type(on_iteration).__name__}")
     made: list[Path] = []
     try:
         return _train(cfg, overrides, run_dir, resume, on_iteration, overwrite, made, **sections)
@@ -581,7 +583,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         if on_iteration is None or raised:
             return
         try:
-            asked = on_iteration(dict(row))
+            asked = bool(on_iteration(dict(row)))
         except Exception as e:  # noqa: BLE001 - raised again once the run has stopped and saved
             raised.append((row["iteration"], e))
             asked = True

@@ -111,6 +111,11 @@ def test_an_on_iteration_that_raises_stops_the_run_saves_it_then_raises(tmp_path
         f"and saved its checkpoint and summary in {tmp_path}" in "".join(raised.value.__notes__)
     assert evaluate(tmp_path, episodes=1)["iteration"] == summary["iterations"]
     assert msrl.train(None, run_dir=tmp_path, resume=True)["iterations"] == 8
+    with pytest.raises(ValueError, match="truth value of an array") as raised:  # numpy's error, as one it raised
+        msrl.train(CARTPOLE, SHORT, run_dir=tmp_path / "array", on_iteration=lambda row: np.array([1.0, 2.0]))
+    assert "on_iteration raised this at iteration 1" in "".join(raised.value.__notes__)
+    with pytest.raises(msrl.ConfigError, match="^on_iteration: a function of a metrics row .*, got int$"):
+        msrl.train(CARTPOLE, SHORT, run_dir=tmp_path / "int", on_iteration=5)
 
 
 _STRAIGHT: dict[tuple[str, ...], tuple] = {}
