@@ -298,18 +298,24 @@ def clear_run_dir(run_dir: Path) -> None:
     """Remove a run's files from ``run_dir`` (what ``--overwrite`` replaces; the user's own files stay)."""
     import shutil
 
-    for path in [*(run_dir / name for name in RUN_FILES), *run_dir.glob("seed_*"), *run_dir.glob("*=*")]:
+    members = [p for p in [*run_dir.glob("seed_*"), *run_dir.glob("*=*")]  # (a member's folder holds its metrics)
+               if p.is_dir() and any((p / name).exists() for name in RUN_FILES)]
+    for path in [*(run_dir / name for name in RUN_FILES), *members]:
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _fresh_run_dir(cfg: ExperimentConfig) -> Path:
-    """``runs/ALGORITHM-POLICY-TIMESTAMP``, with a suffix if that is taken."""
+    """``runs/ALGORITHM-POLICY-TIMESTAMP``, with a suffix if that is taken, made here (two runs started in the
+    same second each get their own)."""
     base = Path("runs") / f"{cfg.algorithm.name}-{cfg.policy.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
 
 
 def intervals(run: Any, iterations: int, steps_per_iter: int) -> tuple[int, int]:
@@ -468,14 +474,19 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
             print(f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; {what} "
                   "is stretched to the new total from the checkpoint on, so the run differs from one of either "
                   "length", file=sys.stderr, flush=True)
-    run_dir = Path(run_dir) if run_dir is not None else _fresh_run_dir(cfg)
-    replace = prepare_run_dir(run_dir, resume, overwrite)
-    if made is not None and not run_dir.exists():
-        made.append(run_dir)
+    fresh = run_dir is None
+    run_dir = Path(run_dir) if not fresh else Path("runs")
+    replace = False if fresh else prepare_run_dir(run_dir, resume, overwrite)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            run_dir = _fresh_run_dir(cfg)
+        elif not run_dir.exists():
+            run_dir.mkdir(parents=True)
+            fresh = True
     except OSError as e:
         raise ConfigError("--run-dir", f"cannot create {run_dir}: {e.strerror}") from None
+    if made is not None and fresh:
+        made.append(run_dir)
     resources.check_writable(run_dir)
     if cfg.run.compile_cache:
         cache = os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache")

@@ -35,11 +35,15 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     assert main(["train", CARTPOLE, *SHORT, "algorithm.minibatches=3", "--overwrite", "--run-dir", str(run)]) == 2
     assert "algorithm.minibatches" in capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text()) == first and evaluate(run, episodes=1)["iteration"] == 8
-    # the replacement is the only run there: its checkpoints, its rows, and eval reads it
+    # the replacement is the only run there: its checkpoints, its rows, and eval reads it; the user's files stay,
+    # named like a member's folder or not
+    (run / "seed_notes.txt").write_text("mine")
+    (run / "plots_lr=1e-3").mkdir()
     assert main(["train", CARTPOLE, *SHORT, "run.total_env_steps=2048", "run.checkpoint_every_steps=512", "--overwrite",
                  "--run-dir", str(run)]) == 0
     second = json.loads((run / "summary.json").read_text())
     assert (first["iterations"], second["iterations"]) == (8, 4)
+    assert (run / "seed_notes.txt").read_text() == "mine" and (run / "plots_lr=1e-3").is_dir()
     assert len((run / "metrics.csv").read_text().splitlines()) == 1 + 4
     assert evaluate(run, episodes=1)["iteration"] == 4
     (tmp_path / "other").mkdir()
@@ -253,6 +257,18 @@ def test_a_run_that_fails_before_its_first_row_leaves_no_folder(tmp_path, capsys
     (tmp_path / "mine").mkdir()  # a folder the user made stays
     assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0", "--run-dir", str(tmp_path / "mine")]) == 2
     assert (tmp_path / "mine").is_dir()
+
+
+def test_runs_started_together_without_a_run_dir_each_get_their_own(tmp_path, monkeypatch, capsys):
+    from msrl.config import load_config
+    from msrl.runner import _fresh_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(CARTPOLE)
+    first, second = _fresh_run_dir(cfg), _fresh_run_dir(cfg)  # (the same second: the name takes a suffix)
+    assert first != second and first.is_dir() and second.is_dir()
+    assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0"]) == 2
+    assert sorted((tmp_path / "runs").iterdir()) == sorted([tmp_path / first, tmp_path / second])  # its own went
 
 
 def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):
