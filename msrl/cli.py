@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         imports = "".join(f"--import {shlex.quote(m)} " for m in getattr(args, "imports", None) or [])
         print(f"msrl: {e}".replace("msrl train --resume ", f"msrl train {imports}--resume "), file=sys.stderr)
         return 130
-    except MsrlError as e:
+    except (MsrlError, OSError) as e:  # (OSError: a path given cannot be read or written)
         if getattr(args, "debug", False):
             import traceback
 

@@ -228,6 +228,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
         raise ConfigError("--episodes", f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
     if not 0 <= seed <= SEED_MAX:
         raise ConfigError("--seed", f"must be between 0 and {SEED_MAX:,}, got {seed}")
+    if render is not None and Path(render).exists() and not Path(render).is_dir():
+        raise ConfigError("--render", f"{render} is a file; give a folder for the frames and episode.gif")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
@@ -292,6 +294,8 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         done = terminated or truncated
     env.close()
     out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("frame_[0-9][0-9][0-9][0-9].png"):  # an earlier, longer episode's would stay behind
+        old.unlink()
     for i, frame in enumerate(frames):
         plt.imsave(out / f"frame_{i:04d}.png", frame)
     images = [Image.fromarray(f) for f in frames]

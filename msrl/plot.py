@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 import sys
@@ -27,6 +28,17 @@ def check_image_file(path: str | Path) -> Path:
     return path
 
 
+def read_metrics(path: Path) -> list[dict[str, str]]:
+    """A metrics.csv's complete rows: a last line cut short (a kill while it was written) and rows missing
+    fields are left out; a file that does not read as CSV text is a ConfigError naming it."""
+    try:
+        text = path.read_bytes().decode()
+        text = text[:text.rfind("\n") + 1]
+        return [r for r in csv.DictReader(io.StringIO(text, newline="")) if None not in r and None not in r.values()]
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(str(path), f"does not read as the CSV file msrl writes ({e}); move it away") from None
+
+
 def read_curve(run_dir: str | Path) -> dict[str, np.ndarray]:
     """``env_steps``, ``wall_time`` and ``episode_return`` of the rows of ``RUN_DIR/metrics.csv`` that have a
     finite return."""
@@ -34,8 +46,7 @@ def read_curve(run_dir: str | Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         why = "no such directory" if not Path(run_dir).is_dir() else "no metrics.csv in it"
         raise ConfigError(str(run_dir), f"{why}; expected a run directory written by `msrl train`")
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_metrics(path)
     if not rows:
         raise ConfigError(str(run_dir), "metrics.csv is empty (no iteration logged yet)")
     missing = [c for c in _COLUMNS if c not in rows[0]]

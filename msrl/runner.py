@@ -19,6 +19,7 @@ from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, override_list, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError, user_code_error
+from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
 from msrl.replay import TrajectoryBuffer
 from msrl.sweep import build_guard, member_config, members, spread_over_cores
@@ -98,11 +99,18 @@ class _Table:
     def __init__(self, folder: Path, cfg: ExperimentConfig, resume_at: int | None):
         folder.mkdir(parents=True, exist_ok=True)
         kept: list[dict] = []
-        if resume_at is not None and (folder / "metrics.csv").exists():  # drop rows after the checkpoint
-            with open(folder / "metrics.csv", newline="") as f:
-                kept = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_at]
-            rewrite_csv(folder / "metrics.csv", kept)
-        self.csv_file = open(folder / "metrics.csv", "a" if resume_at is not None else "w", newline="")
+        path = folder / "metrics.csv"
+        if resume_at is not None:  # drop rows after the checkpoint
+            if path.exists():
+                kept = [r for r in read_metrics(path) if r.get("iteration", "").isdigit()
+                        and int(r["iteration"]) <= resume_at]
+                rewrite_csv(path, kept)
+            last = int(kept[-1]["iteration"]) if kept else 0
+            if last != resume_at:  # (a checkpoint is always of a logged row's iteration)
+                print(f"msrl: note: {path}'s rows end at iteration {last}, the checkpoint is of iteration {resume_at}"
+                      f": the rows of iterations {last + 1}..{resume_at} are lost (the file was cut, edited or "
+                      f"removed); the rows go on from iteration {resume_at + 1}", file=sys.stderr, flush=True)
+        self.csv_file = open(path, "a" if resume_at is not None else "w", newline="")
         self.writer: csv.DictWriter | None = None
         if kept:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")

@@ -184,11 +184,17 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
 
     train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every_steps=1024"],
           run_dir=tmp_path / "host")
+    (tmp_path / "frames").mkdir()
+    (tmp_path / "frames" / "frame_9999.png").write_bytes(b"an earlier, longer episode's")
     assert main(["eval", str(tmp_path / "host"), "--episodes", "2", "--render", str(tmp_path / "frames")]) == 0
     frames = sorted((tmp_path / "frames").glob("frame_*.png"))
+    assert frames[-1].name == f"frame_{len(frames) - 1:04d}.png"  # this episode's frames alone
     image = imread(frames[0])
     assert len(frames) >= 2 and image.shape[0] > 0 and image.std() > 0
     assert (tmp_path / "frames" / "episode.gif").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "host"), "--render", str(frames[0])]) == 2  # before playing the episodes
+    assert f"msrl: error: --render: {frames[0]} is a file; give a folder" in capsys.readouterr().err
 
 
 def _spoil(path: Path, how: str) -> None:

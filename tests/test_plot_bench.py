@@ -87,6 +87,15 @@ def test_plot_reports_missing_or_empty_metrics(tmp_path, capsys):
     with pytest.raises(ConfigError, match="no row with a finished episode"):
         plot_runs([empty], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+    # a row cut short by a kill is left out; a binary file, and an output that is a folder, are errors that say so
+    (empty / "metrics.csv").write_text("iteration,env_steps,episode_return,sps,wall_time\n1,512,5,1,1\n2,1024,4")
+    assert plot_runs([empty], tmp_path / "x.png").exists()
+    (tmp_path / "folder.png").mkdir()
+    assert main(["plot", str(empty), "-o", str(tmp_path / "folder.png")]) == 2
+    assert f"msrl: error: [Errno 21] Is a directory: '{tmp_path / 'folder.png'}'" in capsys.readouterr().err
+    (empty / "metrics.csv").write_bytes(bytes(range(256)))
+    assert main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 2
+    assert f"msrl: error: {empty / 'metrics.csv'}: does not read as the CSV file msrl writes" in capsys.readouterr().err
 
 
 FAKE = textwrap.dedent("""

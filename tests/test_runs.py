@@ -61,6 +61,19 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
         in capsys.readouterr().err
 
 
+def test_a_resume_says_which_rows_a_cut_metrics_file_lost_and_drops_a_half_written_one(tmp_path, capsys):
+    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=1024", "--run-dir", str(tmp_path)]) == 0
+    metrics = tmp_path / "metrics.csv"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:4]) + lines[4][:len(lines[4]) // 2])  # rows 1-3 and half of row 4
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path), "run.total_env_steps=5120"]) == 0
+    assert f"note: {metrics}'s rows end at iteration 3, the checkpoint is of iteration 8: the rows of iterations " \
+        "4..8 are lost" in capsys.readouterr().err
+    with open(metrics, newline="") as f:
+        assert [int(r["iteration"]) for r in csv.DictReader(f)] == [1, 2, 3, 9, 10]
+
+
 def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(run)]) == 0
