@@ -131,8 +131,8 @@ class TrainedPolicy:
 
     A recurrent policy carries its hidden state from one ``act`` to the next: pass ``done`` (bool per env,
     where ``obs`` starts a new episode: the previous step's done) to reset it there, or call ``reset()``
-    before a fresh batch of episodes. The first call, and a call with another number of environments,
-    starts from a fresh state."""
+    before a fresh batch of episodes, or of another number of environments (a call with another number without
+    it is refused: it would forget every environment's state)."""
 
     def __init__(self, run_dir: str | Path, run_seed: int | None = None):
         if not isinstance(run_dir, (str, os.PathLike)):
@@ -155,6 +155,17 @@ class TrainedPolicy:
         shape = tuple(spec.obs_shape)
         if not isinstance(spec, MultiAgentSpec) and not isinstance(obs, np.ndarray):
             raise TypeError(f"act: an observation of {spec.id} is an array shaped {shape}, got {type(obs).__name__}")
+        if isinstance(spec, MultiAgentSpec) and not isinstance(obs, (np.ndarray, MultiAgentObs)):
+            raise TypeError(f"act: observations of {spec.id} are an array shaped (n, {spec.num_agents}, "
+                            f"{', '.join(map(str, shape))}) (every agent's, in the env's agent order) or an "
+                            f"msrl.MultiAgentObs, got {type(obs).__name__}")
+        if isinstance(obs, MultiAgentObs):
+            agents, state = (spec.num_agents, *shape), tuple(spec.state_shape)
+            if obs.agents.shape[1:] != agents or obs.state.shape[1:] != state or \
+                    len(obs.agents) != len(obs.state):
+                raise ValueError(f"act: a MultiAgentObs of {spec.id} holds agents shaped (n, "
+                                 f"{', '.join(map(str, agents))}) and state (n, {', '.join(map(str, state))}), got "
+                                 f"{obs.agents.shape} and {obs.state.shape}")
         for x in jax.tree.leaves(obs):
             if x.dtype.kind not in "fiub":
                 raise ValueError(f"act: observations are numbers, got an array of {x.dtype}")
@@ -175,10 +186,18 @@ class TrainedPolicy:
         if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):
             obs = self._multi_agent(obs)
         n = jax.tree.leaves(obs)[0].shape[0]
+        if self.recurrent and self._n is not None and self._n != n:
+            raise ValueError(f"act: this recurrent policy holds the hidden state of {self._n} environments, got "
+                             f"{n}; call reset() first to start {n} afresh (to go on, keep the batch and pass "
+                             "done where an episode ended)")
         fresh = self._n != n
         if fresh:
             self._carry, self._n = self._initial_carry(n), n
-        start = np.zeros(n, bool) if done is None else np.asarray(done, bool).reshape(n)
+        if single and done is not None and np.shape(done) == ():  # one observation's done
+            done = [done]
+        if done is not None and np.shape(done) != (n,):
+            raise ValueError(f"act: done is one bool per environment, shaped ({n},), got {np.shape(done)}")
+        start = np.zeros(n, bool) if done is None else np.asarray(done, bool)
         self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
         actions = self._env_actions(np.asarray(actions))
         return actions[0] if single else actions

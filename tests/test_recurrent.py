@@ -161,6 +161,13 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
     policy.act(obs, done=np.array([True, False]))  # env 0 starts a new episode: its state as if fresh
     np.testing.assert_allclose(np.asarray(policy._carry)[0], fresh[0], atol=1e-6)
     assert not np.allclose(carried[1], fresh[1])
+    with pytest.raises(ValueError, match=r"^act: this recurrent policy holds the hidden state of 2 environments, "
+                                         r"got 1; call reset\(\) first"):  # (it forgot both without a word)
+        policy.act(obs[:1])
+    with pytest.raises(ValueError, match=r"^act: done is one bool per environment, shaped \(2,\), got \(\)$"):
+        policy.act(obs, done=True)
+    policy.reset()
+    assert policy.act(obs[0], done=True).shape == ()  # one observation's done may be one bool
 
 
 def test_load_carries_a_hidden_state_that_is_a_pair(tmp_path):
@@ -177,7 +184,8 @@ def test_load_carries_a_hidden_state_that_is_a_pair(tmp_path):
         policy.act(obs)
     policy.act(obs, done=np.array([True, False]))
     assert np.asarray(policy._carry[1]).tolist() == [1, 4]
-    policy.act(obs[:1])  # another number of environments: a fresh carry
+    policy.reset()
+    policy.act(obs[:1])  # another number of environments after a reset: a fresh carry
     assert np.asarray(policy._carry[1]).tolist() == [1]
 
 
