@@ -20,6 +20,7 @@ from msrl.config import ExperimentConfig, override_list, read_config, validate_c
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError, user_code_error
 from msrl.plot import read_metrics
+from msrl.runtime.session import check_members
 from msrl.registry import ALGORITHMS
 from msrl.replay import TrajectoryBuffer
 from msrl.sweep import build_guard, member_config, members, spread_over_cores
@@ -459,6 +460,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                 raise
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
+    check_members(cfg.policy.backend, cfg.run)  # (before compiling)
     if resume:  # refuse before building anything
         if run_dir is None:
             raise ConfigError("--resume", "resuming needs the run's directory (run_dir)")

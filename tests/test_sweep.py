@@ -69,6 +69,12 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
         msrl.Session(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=threads",
                                 "algorithm.lr=[0.001,0.0003]", *QUICK])
 
+def test_a_backend_of_one_seed_refuses_several_before_compiling(tmp_path, capsys):
+    assert main(["train", CARTPOLE, "policy.name=single_learner_coarse", "policy.backend=ray", "run.num_seeds=2",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err  # (the stage lines: it compiled, started the backend, then refused)
+    assert "run.num_seeds: the ray backend runs one seed per program" in err and "msrl: compiling" not in err
+
 
 class BranchLearner(PPOLearner):
     def learn(self, state, batch, last_obs):

@@ -49,16 +49,10 @@ class Session:
         run = RunConfig.model_construct(seed=int(seed or 0), num_seeds=int(seeds or 1), sweep=sweep or {})
         self.program, self.seed, self.seeds, self.iteration = program, run.seed, run.num_seeds, 0
         self.members = members(run)  # what the program runs for: every combination of swept values x every seed
+        check_members(program.policy.backend, run)
         backend = BACKENDS.get(program.policy.backend)()
         several = {}
         if len(self.members) > 1:
-            if not backend.multi_seed:
-                from msrl.errors import ConfigError
-
-                what = "swept values" if run.sweep else "seeds"
-                raise ConfigError("run.sweep" if run.sweep else "run.num_seeds",
-                                  f"the {program.policy.backend} backend runs one seed per program; several {what} "
-                                  "in one program need policy.name=fused (backend jax)")
             several = {"members": [(m.seed, m.values) for m in self.members],
                        "vmap_seeds": vmap_seeds(seed_batching or "auto")}
         self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)), **several)
@@ -221,6 +215,20 @@ def _signature(x: Any) -> tuple[tuple[int, ...], str]:
 def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), **kwargs: Any) -> Session:
     """``msrl.session(...)``: a :class:`Session` (see there)."""
     return Session(config, overrides, **kwargs)
+
+
+def check_members(backend: str, run: Any) -> None:
+    """A ConfigError unless ``backend`` runs the members ``run`` asks for (several seeds or swept values need one
+    that runs them in one program)."""
+    from msrl.registry import BACKENDS
+    from msrl.sweep import members
+
+    if len(members(run)) > 1 and not BACKENDS.get(backend).multi_seed:
+        from msrl.errors import ConfigError
+
+        what = "swept values" if run.sweep else "seeds"
+        raise ConfigError("run.sweep" if run.sweep else "run.num_seeds", f"the {backend} backend runs one seed per "
+                          f"program; several {what} in one program need policy.name=fused (backend jax)")
 
 
 def vmap_seeds(seed_batching: str) -> bool:
