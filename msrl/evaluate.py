@@ -285,6 +285,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
 
 def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed: int) -> int:
     """One greedy episode of a Gymnasium environment as frame_NNNN.png files and episode.gif."""
+    for driver in ("SDL_AUDIODRIVER", "SDL_VIDEODRIVER"):  # pygame's init: no sound card or display needed
+        os.environ.setdefault(driver, "dummy")
     import gymnasium
     import matplotlib.pyplot as plt
     from PIL import Image

@@ -85,7 +85,9 @@ def _config(run_dir: Path) -> dict | None:
 
 
 def _label(run_dir: Path, name: str) -> str:
-    if run_dir.name.startswith("seed_") and (run_dir.parent / "config.yaml").exists():
+    if (run_dir.name.startswith("seed_") or "=" in run_dir.name) and (run_dir.parent / "config.yaml").exists():
+        if name == run_dir.resolve().name:  # one member of a run: named with its run's folder
+            name = f"{run_dir.parent.resolve().name}/{name}"
         run_dir = run_dir.parent
     try:
         cfg = _config(run_dir)
