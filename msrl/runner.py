@@ -482,8 +482,9 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                                      ("prioritized replay's beta", getattr(alg, "prioritized", False))) if on]
             what = " and ".join(named) or "any schedule an algorithm of your own builds from it"
             print(f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; {what} "
-                  "is stretched to the new total from the checkpoint on, so the run differs from one of either "
-                  "length", file=sys.stderr, flush=True)
+                  "follows the new total from the checkpoint on (its value at update k is that of a run of the new "
+                  "length: a rate annealed to 0 rises again), so the run differs from one of either length",
+                  file=sys.stderr, flush=True)
     fresh = run_dir is None
     run_dir = Path(run_dir) if not fresh else Path("runs")
     replace = False if fresh else prepare_run_dir(run_dir, resume, overwrite)

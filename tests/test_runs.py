@@ -79,12 +79,12 @@ def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(run)]) == 0
     # the run's own config (a watchdog's setting may change: it changes no number)
     assert main(["train", "--resume", str(run), "run.total_env_steps=6144", "run.stall_timeout_s=60"]) == 0
-    assert "run.total_env_steps changes from 4,096 to 6,144; anneal_lr's learning rate is stretched to the new " \
+    assert "run.total_env_steps changes from 4,096 to 6,144; anneal_lr's learning rate follows the new " \
         "total" in capsys.readouterr().err
     flat = tmp_path / "flat"
     assert main(["train", CARTPOLE, *SHORT, "algorithm.anneal_lr=false", "--run-dir", str(flat)]) == 0
     assert main(["train", "--resume", str(flat), "run.total_env_steps=6144"]) == 0
-    assert "4,096 to 6,144; any schedule an algorithm of your own builds from it is stretched" \
+    assert "4,096 to 6,144; any schedule an algorithm of your own builds from it follows the new total" \
         in capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["iterations"] == 12
 
