@@ -689,6 +689,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             logger.close(last_return, seed_returns)  # may fail (a full disk): the session closes all the same
         finally:
             session.close()
+    if resume and session.iteration * steps_per_iter == steps0 and (run_dir / "summary.json").is_file():
+        result = TrainResult(json.loads((run_dir / "summary.json").read_text()))  # nothing left to run: as it was
+        result.rows = []
+        return result
     elapsed = time.perf_counter() - start
     summary = {
         "env_steps": session.iteration * steps_per_iter,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -297,7 +298,9 @@ def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path):
 
     with pytest.raises(msrl.ConfigError, match=r"run\.total_env_steps: 2048 is less than the 5120 env steps"):
         train(None, ["run.total_env_steps=2048"], run_dir=tmp_path, resume=True)
+    written = (tmp_path / "summary.json").read_text()
     same = train(None, [], run_dir=tmp_path, resume=True)  # nothing left to do: finishes at once, agreeing
+    assert (tmp_path / "summary.json").read_text() == written and same == json.loads(written)  # (sps, wall_time)
     assert same["iterations"] == 10 and same["env_steps"] == 5120 == checkpoint.load(
         checkpoint.latest(tmp_path))[1]["env_steps"]
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 11
