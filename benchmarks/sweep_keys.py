@@ -6,10 +6,9 @@ For every float key of each example's algorithm: a fused program sweeping the ke
 half of it; ``run.seed_batching=sequential``) runs 2 iterations, and so does a run alone with the second value.
 An off-policy example starts learning early (``learning_starts``: one iteration's transitions; with the example's
 own 1000 or 2000, 2 iterations never reach the learner) and runs until an iteration learned (n-step windows wait
-a few). Prints one JSON line per key: the largest
-difference between the second member's state and the lone run's (0.0: bitwise), whether the last iteration
-learned (``learning``, where the algorithm logs it), or the ConfigError that refused the sweep. Not a test: it
-takes ~15 minutes here.
+a few). Prints one JSON line per key: the largest difference between the second member's state and the lone run's
+(0.0: bitwise), whether the last iteration learned (``learning``, where the algorithm logs it), or the ConfigError
+that refused the sweep. Not a test: it takes ~15 minutes here.
 """
 
 from __future__ import annotations

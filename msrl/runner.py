@@ -20,9 +20,9 @@ from msrl.config import ExperimentConfig, override_list, read_config, validate_c
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError, user_code_error
 from msrl.plot import read_metrics
-from msrl.runtime.session import check_members
 from msrl.registry import ALGORITHMS
 from msrl.replay import TrajectoryBuffer
+from msrl.runtime.session import check_members
 from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
 TARGET_STEPS_PER_DISPATCH = 16_384
@@ -485,18 +485,14 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                   "follows the new total from the checkpoint on (its value at update k is that of a run of the new "
                   "length: a rate annealed to 0 rises again), so the run differs from one of either length",
                   file=sys.stderr, flush=True)
-    fresh = run_dir is None
-    run_dir = Path(run_dir) if not fresh else Path("runs")
-    replace = False if fresh else prepare_run_dir(run_dir, resume, overwrite)
+    made_here = run_dir is None or not Path(run_dir).exists()
+    replace = run_dir is not None and prepare_run_dir(Path(run_dir), resume, overwrite)
     try:
-        if fresh:
-            run_dir = _fresh_run_dir(cfg)
-        elif not run_dir.exists():
-            run_dir.mkdir(parents=True)
-            fresh = True
+        run_dir = _fresh_run_dir(cfg) if run_dir is None else Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError("--run-dir", f"cannot create {run_dir}: {e.strerror}") from None
-    if made is not None and fresh:
+        raise ConfigError("--run-dir", f"cannot create {run_dir or 'runs/'}: {e.strerror}") from None
+    if made is not None and made_here:
         made.append(run_dir)
     resources.check_writable(run_dir)
     if cfg.run.compile_cache:
