@@ -614,7 +614,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         """A failed dispatch (a replica failed, stalled or died, the cluster failed): the error, naming the last
         complete iteration and the checkpoint saved of it, or the last one there is."""
         done, saved = session.iteration, None
-        if session.runtime.at_rest():  # the state is that of the last complete iteration: keep it
+        if session.runtime.at_rest() and done > 0:  # the state is that of the last complete iteration: keep it
             if pending:  # its rows too, so that a resumed run's rows follow on
                 emit()
             try:
@@ -627,7 +627,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 saved = None
         newest = checkpoint.latest(run_dir)
         note = (f"saved a checkpoint of it: {saved}" if saved is not None else
-                "no checkpoint of it could be saved (its state is lost or mid-iteration); " +
+                ("" if done == 0 else "no checkpoint of it could be saved (its state is lost or mid-iteration); ") +
                 (f"the last checkpoint is {newest}" if newest is not None else "there is no checkpoint"))
         text = f"{str(e).rstrip().rstrip('.')}. The last complete iteration is {done} of {iterations}; {note}"
         if signals.received:

@@ -45,6 +45,8 @@ def test_a_host_env_that_changes_midrun_is_named_with_its_step(tmp_path, mode, e
               run_dir=tmp_path)
     assert "environment gymnasium:MsrlShifty-v0 #0 at step 39" in str(info.value)
     assert "Traceback" not in str(info.value)
+    assert str(info.value).endswith("The last complete iteration is 0 of 4; there is no checkpoint")
+    assert not list(tmp_path.glob("checkpoints/*"))  # (it saved iteration 0's, untrained)
 
 
 class PoisonedCartPole(GymnaxEnv):
