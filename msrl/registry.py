@@ -7,6 +7,7 @@ installed plug-ins are found through the entry-point groups ``msrl.algorithms``,
 
 from __future__ import annotations
 
+import importlib
 import operator
 import sys
 from importlib.metadata import entry_points
@@ -16,14 +17,20 @@ from msrl.errors import ConfigError, did_you_mean, quote, user_code_error
 
 
 class Registry:
-    def __init__(self, kind: str, noun: str, key: str):
+    def __init__(self, kind: str, noun: str, key: str, base: str):
         self.kind, self.noun, self.key, self._items = kind, noun, key, {}
+        self.base = base  # "module:Class" every registered class subclasses (imported when one registers)
         self._installed: dict[str, Any] | None = None
 
     def register(self, name: str):
         """A decorator registering its class under ``name``; a name another class holds (registered, or an installed
         entry point) is refused. The same ``module:qualname`` again (a module imported twice) replaces it."""
         def wrap(obj: Any) -> Any:
+            module, _, cls = self.base.partition(":")
+            base = getattr(importlib.import_module(module), cls)
+            if not (isinstance(obj, type) and issubclass(obj, base)):
+                raise ConfigError(self.key, f"register_{self.noun}({quote(name)}) decorates a subclass of msrl.{cls}, "
+                                  f"got {quote(obj, 80)}")
             held = self._items.get(name) or self._entry_point_class(name)
             if held is not None and _path(held) != _path(obj):
                 raise ConfigError(self.key, f"{quote(name)} is already the {self.noun} {_path(held)}; register "
@@ -86,9 +93,9 @@ def _path(obj: Any) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
 
-ALGORITHMS = Registry("algorithms", "algorithm", "algorithm.name")
-POLICIES = Registry("policies", "policy", "policy.name")
-BACKENDS = Registry("backends", "backend", "policy.backend")
+ALGORITHMS = Registry("algorithms", "algorithm", "algorithm.name", "msrl.algorithm:Algorithm")
+POLICIES = Registry("policies", "policy", "policy.name", "msrl.policy:Policy")
+BACKENDS = Registry("backends", "backend", "policy.backend", "msrl.backend:Backend")
 
 register_algorithm = ALGORITHMS.register
 register_policy = POLICIES.register

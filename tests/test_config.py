@@ -178,10 +178,52 @@ def test_a_registered_name_is_not_taken_over_by_another_class():
         msrl.register_algorithm("mine_twice")(Other)
     with pytest.raises(msrl.ConfigError, match=r"'ppo' is already the algorithm msrl.algorithms.ppo.*:PPO"):
         msrl.register_algorithm("ppo")(Other)  # an installed entry point's name
+    class OtherPolicy(msrl.Policy):
+        pass
+
     with pytest.raises(msrl.ConfigError, match=r"'fused' is already the policy msrl.policies.fused.*:Fused"):
-        msrl.register_policy("fused")(Other)
+        msrl.register_policy("fused")(OtherPolicy)
     assert msrl.registry.ALGORITHMS.get("mine_twice") is again
     assert type(load_config(None, ["algorithm.name=ppo"]).algorithm).__module__.startswith("msrl.algorithms.ppo")
+    # what is not a class of its kind is refused, and stays unregistered (a later lookup found the int)
+    for register, what, kind in [(msrl.register_algorithm, 42, "Algorithm"), (msrl.register_algorithm, dict, "Algorithm"),
+                                 (msrl.register_policy, Other, "Policy"), (msrl.register_backend, "x", "Backend")]:
+        with pytest.raises(msrl.ConfigError, match=rf"\('not_mine'\) decorates a subclass of msrl.{kind}, got "):
+            register("not_mine")(what)
+    assert "not_mine" not in msrl.registry.ALGORITHMS.names() + msrl.registry.POLICIES.names()
+
+
+def test_an_env_prefix_is_not_taken_over_and_a_maker_must_make_an_environment():
+    from msrl.envs import make_env, register_env
+
+    def gymnax_of_mine(name, **kwargs):
+        raise AssertionError("never called")
+
+    with pytest.raises(msrl.ConfigError, match=r"^env.id: prefix 'gymnax' is already the maker msrl.envs:_gymnax; "
+                                               r"register test_config:.*gymnax_of_mine under another prefix$"):
+        register_env("gymnax")(gymnax_of_mine)  # (it replaced gymnax: without a word)
+    assert make_env("gymnax:CartPole-v1").spec.id == "gymnax:CartPole-v1"
+    for prefix in ("", "a:b", 3):
+        with pytest.raises(msrl.ConfigError, match="register_env takes the prefix of ids PREFIX:NAME"):
+            register_env(prefix)
+    with pytest.raises(msrl.ConfigError, match=r"register_env\('numbers'\) decorates a function .*, got int"):
+        register_env("numbers")(42)
+
+    import gymnasium
+
+    @register_env("test_config_makers")
+    def maker(name, **kwargs):
+        return None if name == "none" else gymnasium.make("CartPole-v1", **kwargs)
+
+    with pytest.raises(msrl.ConfigError, match=r"^env.id: test_config:.*maker made test_config_makers:none as "
+                                               r"NoneType, not an msrl.Environment$"):
+        make_env("test_config_makers:none")
+    with pytest.raises(msrl.ConfigError, match=r"made test_config_makers:cartpole as a gymnasium.Env: a Gymnasium env "
+                                               r"of your own takes a gymnasium: id"):
+        make_env("test_config_makers:cartpole")  # (PPO said: 'EnvSpec' object has no attribute 'discrete')
+    with pytest.raises(msrl.ConfigError, match=r"^env.kwargs: test_config:.*maker \(test_config_makers:cartpole with "
+                                               r"\{'bogus': 1\}\) raised TypeError: .*bogus"):
+        make_env("test_config_makers:cartpole", bogus=1)
 
 
 def test_a_plugin_registering_the_name_of_its_own_entry_point_loads(tmp_path):

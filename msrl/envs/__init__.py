@@ -6,19 +6,34 @@ from __future__ import annotations
 from typing import Callable
 
 from msrl.components import Environment, MultiAgentSpec, vouched_rowwise
-from msrl.errors import ConfigError, did_you_mean
+from msrl.errors import ConfigError, MsrlError, did_you_mean
 
 _MAKERS: dict[str, Callable[..., Environment]] = {}
 
 
 def register_env(prefix: str):
-    """Register ``maker(name, **kwargs) -> Environment`` for ids ``prefix:name``."""
+    """Register ``maker(name, **kwargs) -> Environment`` for ids ``prefix:name``. A prefix another maker holds
+    (a built-in's too) is refused; the same ``module:qualname`` again (a module imported twice) replaces it."""
+    if not isinstance(prefix, str) or not prefix or ":" in prefix:
+        raise ConfigError("env.id", f"register_env takes the prefix of ids PREFIX:NAME (a non-empty string without "
+                          f"':'), got {prefix!r}")
 
     def wrap(maker):
+        if not callable(maker):
+            raise ConfigError("env.id", f"register_env({prefix!r}) decorates a function maker(name, **kwargs) -> "
+                              f"msrl.Environment, got {type(maker).__name__}")
+        held = _MAKERS.get(prefix)
+        if held is not None and _path(held) != _path(maker):
+            raise ConfigError("env.id", f"prefix {prefix!r} is already the maker {_path(held)}; register "
+                              f"{_path(maker)} under another prefix")
         _MAKERS[prefix] = maker
         return maker
 
     return wrap
+
+
+def _path(obj) -> str:
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
 def make_env(env_id: str, subprocesses: int = 0, xla: bool = False, **kwargs) -> Environment:
@@ -124,7 +139,19 @@ def _make(env_id: str, **kwargs) -> Environment:
             "--import FILE.py`, for eval and --resume too)"
         raise ConfigError("env.id", f"{env_id!r} is not an environment id: no prefix {prefix!r} is registered; "
                           f"{typo}the prefixes: {sorted(_MAKERS)}{own}")
-    return _MAKERS[prefix](name, **kwargs)
+    maker = _MAKERS[prefix]
+    try:
+        env = maker(name, **kwargs)
+    except MsrlError:
+        raise
+    except Exception as e:  # a maker of the user's: its error in one line (--debug: the traceback)
+        raise ConfigError("env.kwargs" if kwargs and isinstance(e, TypeError) else "env.id", f"{_path(maker)} ("
+                          f"{env_id}{f' with {kwargs}' if kwargs else ''}) raised {type(e).__name__}: {e}") from e
+    if not isinstance(env, Environment):
+        what = "a gymnasium.Env: a Gymnasium env of your own takes a gymnasium: id (register it with gymnasium)" \
+            if type(env).__module__.startswith("gymnasium") else f"{type(env).__name__}"
+        raise ConfigError("env.id", f"{_path(maker)} made {env_id} as {what}, not an msrl.Environment")
+    return env
 
 
 @register_env("gymnax")
