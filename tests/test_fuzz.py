@@ -855,6 +855,13 @@ def test_a_metric_that_is_not_a_scalar_is_a_compile_error(tmp_path, cartpole, re
     assert err.line == module_source(LOOP + [ret]).splitlines().index("        " + ret) + 1
 
 
+def test_a_metric_that_is_not_a_number_is_a_compile_error_at_the_return(tmp_path, cartpole):
+    ret = "return {'loss': reward.sum(), 'tag': 'hello'}"  # (jax's "traced for jit returned a value of type str")
+    _, err = compile_source(tmp_path, module_source(LOOP + [ret]), Fused(), cartpole)
+    assert err is not None and "returns metric 'tag' = 'hello' (str); every metric is one number" in str(err), str(err)
+    assert err.line == module_source(LOOP + [ret]).splitlines().index("        " + ret) + 1
+
+
 def test_print_in_train_step_warns_at_compile_time(tmp_path, cartpole):
     body = LOOP + ["print('reward', reward)"] + LEARN
     with pytest.warns(UserWarning, match=r"print\(\) in .*runs only while msrl traces the loop.*jax\.debug\.print"):

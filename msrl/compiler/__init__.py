@@ -497,9 +497,12 @@ class Program:
                 probe_buffer.key = component_keys(0)["buffer"]
             token = SHAPE_PROBE.set(True)
             try:
-                return fn(self.init_states(used, 0, jnp.arange(num_envs), lazy_buffer=True, components=components))
+                states, result = fn(self.init_states(used, 0, jnp.arange(num_envs), lazy_buffer=True,
+                                                     components=components))
             finally:
                 SHAPE_PROBE.reset(token)
+            self._check_metric_types(result)
+            return states, result
 
         try:
             _, result = jax.eval_shape(probe)
@@ -507,6 +510,20 @@ class Program:
             reraise_at_user_line(e, [lowered], "tracing")
         self._check_metrics(result)
         return shapes, probe_buffer.item_spec if probe_buffer else None
+
+    def _check_metric_types(self, result: Any) -> None:
+        """Every metric is a number or an array (a string, say, cannot leave the traced program)."""
+        items = result.items() if isinstance(result, dict) else [("result", result)]
+        for key, value in items:
+            bad = next((x for x in jax.tree.leaves(value) if not isinstance(x, (jax.Array, np.ndarray, np.generic,
+                                                                                int, float, bool))), None)
+            if bad is not None:
+                ret = next((s for s in leaves(self.stmts) if s.kind == "return"), None)
+                raise CompileError(
+                    f"{self.algorithm.__class__.__name__}.train_step returns metric {str(key)!r} = {bad!r:.60} "
+                    f"({type(bad).__name__}); every metric is one number per iteration",
+                    ret.file if ret else None, ret.line if ret else None,
+                    "log text another way (print, or TensorBoard from on_iteration)")
 
     def _check_metrics(self, result: Any) -> None:
         """What the loop returns becomes the iteration's metrics row: each metric must be a scalar (an
