@@ -106,7 +106,8 @@ class EnvStep:
             from msrl.errors import MsrlError
 
             raise MsrlError("this environment does not report the final observation of an episode (its step "
-                            "returns (obs, reward, done)); EnvStep.final_obs needs one that does")
+                            "returns (obs, reward, done), or an EnvStep without final_obs); EnvStep.final_obs needs "
+                            "one that does")
         return self._final_obs
 
     def __iter__(self):
