@@ -90,7 +90,8 @@ def _load(ep: Any, key: str, noun: str) -> Any:
 
 
 def _path(obj: Any) -> str:
-    return f"{obj.__module__}:{obj.__qualname__}"
+    """``module:qualname`` of a class or function (what a registration is known by)."""
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
 ALGORITHMS = Registry("algorithms", "algorithm", "algorithm.name", "msrl.algorithm:Algorithm")

@@ -501,39 +501,32 @@ class Program:
                                                      components=components))
             finally:
                 SHAPE_PROBE.reset(token)
-            self._check_metric_types(result)
+            self._check_metrics(result)
             return states, result
 
         try:
-            _, result = jax.eval_shape(probe)
+            jax.eval_shape(probe)
         except Exception as e:  # noqa: BLE001 - mapped to the user's line
             reraise_at_user_line(e, [lowered], "tracing")
-        self._check_metrics(result)
         return shapes, probe_buffer.item_spec if probe_buffer else None
 
-    def _check_metric_types(self, result: Any) -> None:
-        """Every metric is a number or an array (a string, say, cannot leave the traced program)."""
+    def _check_metrics(self, result: Any) -> None:
+        """What the loop returns (traced) becomes the iteration's metrics row: each metric must be one number (an
+        array would be averaged into one number without a word; a string cannot leave the program)."""
         items = result.items() if isinstance(result, dict) else [("result", result)]
+        ret = next((s for s in leaves(self.stmts) if s.kind == "return"), None)
         for key, value in items:
-            bad = next((x for x in jax.tree.leaves(value) if not isinstance(x, (jax.Array, np.ndarray, np.generic,
-                                                                                int, float, bool))), None)
-            if bad is not None:
-                ret = next((s for s in leaves(self.stmts) if s.kind == "return"), None)
+            text = next((x for x in jax.tree.leaves(value) if not isinstance(x, (jax.Array, np.ndarray, np.generic,
+                                                                                 int, float, bool))), None)
+            if text is not None:
                 raise CompileError(
-                    f"{self.algorithm.__class__.__name__}.train_step returns metric {str(key)!r} = {bad!r:.60} "
-                    f"({type(bad).__name__}); every metric is one number per iteration",
+                    f"{self.algorithm.__class__.__name__}.train_step returns metric {str(key)!r} = {text!r:.60} "
+                    f"({type(text).__name__}); every metric is one number per iteration",
                     ret.file if ret else None, ret.line if ret else None,
                     "log text another way (print, or TensorBoard from on_iteration)")
-
-    def _check_metrics(self, result: Any) -> None:
-        """What the loop returns becomes the iteration's metrics row: each metric must be a scalar (an
-        array would be averaged into one number without a word)."""
-        items = result.items() if isinstance(result, dict) else [("result", result)]
-        for key, value in items:
-            shapes = [tuple(x.shape) for x in jax.tree.leaves(value) if hasattr(x, "shape")]
+            shapes = [np.shape(x) for x in jax.tree.leaves(value)]
             bad = next((shape for shape in shapes if shape != ()), None)
             if bad is not None or len(shapes) > 1:
-                ret = next((s for s in leaves(self.stmts) if s.kind == "return"), None)
                 raise CompileError(
                     f"{self.algorithm.__class__.__name__}.train_step returns metric {str(key)!r} of shape "
                     f"{list(bad) if bad is not None else f'a tree of {len(shapes)} arrays'}; every metric is one "

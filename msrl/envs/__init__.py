@@ -7,6 +7,7 @@ from typing import Callable
 
 from msrl.components import Environment, MultiAgentSpec, vouched_rowwise
 from msrl.errors import ConfigError, MsrlError, did_you_mean
+from msrl.registry import _path
 
 _MAKERS: dict[str, Callable[..., Environment]] = {}
 
@@ -31,9 +32,6 @@ def register_env(prefix: str):
 
     return wrap
 
-
-def _path(obj) -> str:
-    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
 def make_env(env_id: str, subprocesses: int = 0, xla: bool = False, **kwargs) -> Environment:
