@@ -33,7 +33,6 @@ def register_env(prefix: str):
     return wrap
 
 
-
 def make_env(env_id: str, subprocesses: int = 0, xla: bool = False, **kwargs) -> Environment:
     """The environment ``env_id`` made with ``kwargs``. One kwarg is msrl's, for every id: ``mask_obs``, a list of
     (flat) indices of the observation that read as 0 (``[1, 3]`` on CartPole hides the velocities: a partially
