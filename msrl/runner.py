@@ -27,6 +27,7 @@ from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
 TARGET_STEPS_PER_DISPATCH = 16_384
 PLAIN_LOG_S = 10.0  # seconds between progress lines when stdout is not a terminal
+RAY_ONLY = {"ray_address", "ray_dashboard", "max_actor_restarts"}  # policy keys no other backend reads
 
 
 def enable_compile_cache(directory: str | Path) -> None:
@@ -542,6 +543,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         print(f"msrl: note: policy {cfg.policy.name!r} runs env.num_envs={cfg.env.num_envs:,} environments (its "
               f"replicas x envs per replica), not the {cfg._envs_asked:,} the config gives", file=sys.stderr,
               flush=True)
+    unused = sorted(RAY_ONLY & cfg.policy.model_fields_set) if cfg.policy.backend != "ray" else []
+    if unused:
+        print(f"msrl: note: {', '.join(f'policy.{key}' for key in unused)} only apply with policy.backend=ray; "
+              f"ignored under {cfg.policy.backend!r}", file=sys.stderr, flush=True)
     if iterations * steps_per_iter != cfg.run.total_env_steps:
         print(f"msrl: note: run.total_env_steps={cfg.run.total_env_steps:,} rounded down to {iterations:,} whole "
               f"iterations of {steps_per_iter:,} env steps: {iterations * steps_per_iter:,}", file=sys.stderr, flush=True)

@@ -189,3 +189,12 @@ def test_the_saved_config_holds_the_env_count_envs_per_actor_sets(tmp_path):
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert saved["env"]["num_envs"] == 6 and saved["policy"]["actors"] == 2  # not the file's 4
     assert json.loads((tmp_path / "summary.json").read_text())["env_steps"] == 768
+
+
+def test_ray_keys_under_another_backend_are_noted(tmp_path, capsys):
+    assert main(["train", CARTPOLE, "policy={name: single_learner_coarse, backend: threads, actors: 2}",
+                 "policy.ray_address=auto", "policy.max_actor_restarts=5", "run.total_env_steps=1024",
+                 "run.progress=false", "--run-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert ("msrl: note: policy.max_actor_restarts, policy.ray_address only apply with policy.backend=ray; ignored "
+            "under 'threads'\n") in err
