@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msrl.errors import ConfigError, Interrupted, MsrlError, user_code_error
+from msrl.errors import CLI_FLAGS, ConfigError, Interrupted, MsrlError, user_code_error
 
 
 def _graph_text(program: Any) -> str:
@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         import logging
 
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
+    flags = CLI_FLAGS.set(True)  # errors name the flags, not train()'s keywords
     try:
         for module in getattr(args, "imports", None) or []:
             import_user_module(module)
@@ -353,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("msrl: interrupted", file=sys.stderr)
         return 130
+    finally:
+        CLI_FLAGS.reset(flags)
 
 
 if __name__ == "__main__":

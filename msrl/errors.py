@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 import inspect
+from contextvars import ContextVar
 from typing import Any
+
+CLI_FLAGS: ContextVar[bool] = ContextVar("msrl_cli_flags", default=False)  # set while msrl's CLI runs a command
+
+
+def arg(name: str, set_to: Any = None) -> str:
+    """The argument ``name`` of ``train()``/``evaluate()`` as the user gives it: its flag (``--run-dir``) under
+    msrl's CLI, else the keyword (``run_dir``). With ``set_to``, set: ``--resume DIR`` or ``resume=True`` (the
+    keywords such flags set are booleans)."""
+    if CLI_FLAGS.get():
+        return f"--{name.replace('_', '-')}" + (f" {set_to}" if set_to not in (None, "") else "")
+    return name if set_to is None else f"{name}=True"
 
 
 class MsrlError(Exception):

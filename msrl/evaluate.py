@@ -15,7 +15,7 @@ from msrl.algorithm import Context
 from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, arg
 from msrl.policy import prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
 from msrl.sweep import member_config, members
@@ -69,16 +69,16 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
                               f"(its members: {', '.join(names)})")
         i = names.index(member)
         if run_seed is not None and run_seed != each[i].seed:
-            raise ConfigError("--run-seed", f"{run_dir / member} is the folder of seed {each[i].seed}, not "
-                              f"{run_seed}: drop --run-seed, or give the run, {run_dir}, with it")
+            raise ConfigError(arg("run_seed"), f"{run_dir / member} is the folder of seed {each[i].seed}, not "
+                              f"{run_seed}: drop {arg('run_seed')}, or give the run, {run_dir}, with it")
     elif run_seed is not None:
         seeds = sorted({m.seed for m in each})
         found = [j for j, m in enumerate(each) if m.seed == run_seed]
         if not found:
-            raise ConfigError("--run-seed", f"{run_dir} trained seed{'s' if len(seeds) > 1 else ''} "
+            raise ConfigError(arg("run_seed"), f"{run_dir} trained seed{'s' if len(seeds) > 1 else ''} "
                               f"{seeds[0]}{f'..{seeds[-1]}' if len(seeds) > 1 else ''}, not {run_seed}")
         if len(found) > 1:
-            raise ConfigError("--run-seed", f"{run_dir} trained seed {run_seed} with {len(found)} swept values; "
+            raise ConfigError(arg("run_seed"), f"{run_dir} trained seed {run_seed} with {len(found)} swept values; "
                               f"evaluate one member's folder instead (e.g. {run_dir / each[found[0]].name})")
         i = found[0]
     swept, cfg = bool(cfg.run.sweep), member_config(cfg, each[i])  # (a member's config sweeps nothing)
@@ -244,11 +244,11 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     """Mean and std of the greedy policy's return over ``episodes`` (1..MAX_EPISODES) fresh episodes
     (``run_seed``: which seed's policy, for a run of several)."""
     if not 1 <= episodes <= MAX_EPISODES:
-        raise ConfigError("--episodes", f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
+        raise ConfigError(arg("episodes"), f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
     if not 0 <= seed <= SEED_MAX:
-        raise ConfigError("--seed", f"must be between 0 and {SEED_MAX:,}, got {seed}")
+        raise ConfigError(arg("seed"), f"must be between 0 and {SEED_MAX:,}, got {seed}")
     if render is not None and Path(render).exists() and not Path(render).is_dir():
-        raise ConfigError("--render", f"{render} is a file; give a folder for the frames and episode.gif")
+        raise ConfigError(arg("render"), f"{render} is a file; give a folder for the frames and episode.gif")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
@@ -292,7 +292,7 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
     from PIL import Image
 
     if not env_id.startswith("gymnasium:"):
-        raise ConfigError("--render", f"{env_id} has no renderer; --render works for gymnasium: environments "
+        raise ConfigError(arg("render"), f"{env_id} has no renderer; {arg('render')} works for gymnasium: environments "
                           "(train with env.id=gymnasium:..., e.g. examples/ppo_cartpole_threads.yaml)")
     try:
         mask = kwargs.get("mask_obs") or []
@@ -301,7 +301,7 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         obs, _ = env.reset(seed=seed)
         frames = [env.render()]
     except (gymnasium.error.DependencyNotInstalled, ImportError) as e:
-        raise ConfigError("--render", f"{env_id} cannot render here: {e}") from None
+        raise ConfigError(arg("render"), f"{env_id} cannot render here: {e}") from None
     initial_carry, act = policy
     carry, start, done = initial_carry(1), np.ones(1, bool), False
     shift = int(env.action_space.start) if isinstance(env.action_space, gymnasium.spaces.Discrete) else 0

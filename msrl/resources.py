@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from msrl.errors import ConfigError, TrainingError, quote
+from msrl.errors import ConfigError, TrainingError, arg, quote
 
 OOM_HINT = "lower env.num_envs / algorithm.buffer_size"
 
@@ -21,7 +21,7 @@ def check_writable(run_dir: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ConfigError("--run-dir", f"{run_dir} is not writable: {e.strerror}") from None
+        raise ConfigError(arg("run_dir"), f"{run_dir} is not writable: {e.strerror}") from None
 
 
 def _nbytes(tree: Any) -> int:

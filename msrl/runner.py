@@ -18,7 +18,7 @@ from msrl import checkpoint, resources
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, override_list, read_config, validate_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError, MsrlError, TrainingError, user_code_error
+from msrl.errors import ConfigError, MsrlError, TrainingError, arg, user_code_error
 from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
 from msrl.replay import TrajectoryBuffer
@@ -282,25 +282,25 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     cleared (:func:`clear_run_dir`), which waits until the new one has compiled and started, so that a
     config the compiler refuses leaves the old run as it was."""
     if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError("--run-dir", f"{run_dir} is a file, not a directory")
+        raise ConfigError(arg("run_dir"), f"{run_dir} is a file, not a directory")
     run = member_folder_of(run_dir)
     if run is not None:
-        raise ConfigError("--resume" if resume else "--run-dir", f"{run_dir} is one member's folder of the run in "
+        raise ConfigError(arg("resume" if resume else "run_dir"), f"{run_dir} is one member's folder of the run in "
                           f"{run}, which holds every member's checkpoints: "
-                          + (f"resume {run}" if resume else "choose another --run-dir"))
+                          + (f"resume {run}" if resume else f"choose another {arg('run_dir')}"))
     if resume or not run_dir.exists() or not any(run_dir.iterdir()):
         return False
     is_run = any((run_dir / name).exists() for name in RUN_FILES)
     if not overwrite and is_run and not any(run_dir.rglob("ckpt_*.msgpack")):
-        raise ConfigError("--run-dir", f"{run_dir} already holds a run that stopped before its first checkpoint; "
-                          "start it again with --overwrite, or choose another --run-dir")
+        raise ConfigError(arg("run_dir"), f"{run_dir} already holds a run that stopped before its first checkpoint; "
+                          f"start it again with {arg('overwrite', '')}, or choose another {arg('run_dir')}")
     if not is_run:  # (neither resumed nor replaced: someone's own files)
-        raise ConfigError("--overwrite" if overwrite else "--run-dir", f"{run_dir} holds files but no run (none of "
-                          f"{', '.join(RUN_FILES)}): not {'clearing' if overwrite else 'writing into'} it; choose "
-                          "another --run-dir")
+        raise ConfigError(arg("overwrite" if overwrite else "run_dir"), f"{run_dir} holds files but no run (none "
+                          f"of {', '.join(RUN_FILES)}): not {'clearing' if overwrite else 'writing into'} it; choose "
+                          f"another {arg('run_dir')}")
     if not overwrite:
-        raise ConfigError("--run-dir", f"{run_dir} already holds a run; continue it with --resume {run_dir}, or "
-                          "replace it with --overwrite")
+        raise ConfigError(arg("run_dir"), f"{run_dir} already holds a run; continue it with "
+                          f"{arg('resume', run_dir)}, or replace it with {arg('overwrite', '')}")
     return True
 
 
@@ -445,7 +445,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     if cfg is None and saved is not None:
         cfg = saved
         if not cfg.is_file():
-            raise ConfigError("--resume", f"{run_dir} is not a run directory (no config.yaml)")
+            raise ConfigError(arg("resume"), f"{run_dir} is not a run directory (no config.yaml)")
     overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in _dotted(name, value))]
     if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
@@ -464,12 +464,12 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     check_members(cfg.policy.backend, cfg.run)  # (before compiling)
     if resume:  # refuse before building anything
         if run_dir is None:
-            raise ConfigError("--resume", "resuming needs the run's directory (run_dir)")
+            raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
         prepare_run_dir(Path(run_dir), resume, overwrite)
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:
-            raise ConfigError("--resume", f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from"
-                              "; start it again with --overwrite")
+            raise ConfigError(arg("resume"), f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume "
+                              f"from; start it again with {arg('overwrite', '')}")
         path, states, meta = good
         checkpoint.check_same_config(meta["config"], cfg.dump(), path)
         if cfg.run.total_env_steps < meta["env_steps"]:  # its summary would contradict the checkpoint
@@ -492,7 +492,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         run_dir = _fresh_run_dir(cfg) if run_dir is None else Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError("--run-dir", f"cannot create {run_dir or 'runs/'}: {e.strerror}") from None
+        raise ConfigError(arg("run_dir"), f"cannot create {run_dir or 'runs/'}: {e.strerror}") from None
     if made is not None and made_here:
         made.append(run_dir)
     resources.check_writable(run_dir)

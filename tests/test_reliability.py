@@ -216,7 +216,7 @@ def test_a_bad_run_dir_is_refused_before_anything_compiles(tmp_path, capsys):
             continue  # pragma: no cover - no unwritable directory on this machine
         with pytest.raises(msrl.ConfigError, match=text) as info:
             train(EXAMPLES / "ppo_cartpole.yaml", ["run.tensorboard=false"], run_dir=run_dir)
-        assert info.value.key == "--run-dir" and "compiling" not in capsys.readouterr().err
+        assert info.value.key == "run_dir" and "compiling" not in capsys.readouterr().err
     assert cases[2][0] is not None or os.geteuid() != 0
 
 

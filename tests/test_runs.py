@@ -17,6 +17,7 @@ import pytest
 
 import msrl
 from msrl.cli import main
+from msrl.errors import ConfigError
 from msrl.evaluate import evaluate
 
 from helpers import CARTPOLE, EXAMPLES, QUICK, final_leaves
@@ -31,6 +32,10 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run)]) == 2
     assert f"{run} already holds a run; continue it with --resume {run}, or replace it with --overwrite" \
         in capsys.readouterr().err
+    with pytest.raises(ConfigError) as info:  # from Python: train()'s keywords, not the CLI's flags
+        msrl.train(CARTPOLE, SHORT, run_dir=run)
+    assert str(info.value) == f"run_dir: {run} already holds a run; continue it with resume=True, or replace it " \
+        "with overwrite=True"
     # a replacement the compiler refuses leaves the old run as it was
     assert main(["train", CARTPOLE, *SHORT, "algorithm.minibatches=3", "--overwrite", "--run-dir", str(run)]) == 2
     assert "algorithm.minibatches" in capsys.readouterr().err

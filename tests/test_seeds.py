@@ -89,9 +89,9 @@ def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(
     assert policy.act(np.zeros(4, np.float32)).shape == () and policy.act([0.0] * 4).shape == ()  # (a list too)
     with pytest.raises(ValueError, match=r"shaped \(4,\) \(a batch: \(n, 4\)\), got \(5,\)"):
         policy.act(np.zeros(5))  # (not flax's error from inside the network)
-    with pytest.raises(ConfigError, match=r"--run-seed: .* trained seeds 5..7, not 4"):
+    with pytest.raises(ConfigError, match=r"^run_seed: .* trained seeds 5..7, not 4"):
         msrl.load(run, run_seed=4)
-    with pytest.raises(ConfigError, match=r"--run-seed: .*seed_6 is the folder of seed 6, not 5"):
+    with pytest.raises(ConfigError, match=r"^run_seed: .*seed_6 is the folder of seed 6, not 5: drop run_seed, "):
         msrl.load(run / "seed_6", run_seed=5)
     # a seed's folder is the run's: resuming or training into it alone is refused, naming the run
     for args in (["--resume", str(run / "seed_6")], [CARTPOLE, "--overwrite", "--run-dir", str(run / "seed_6")]):

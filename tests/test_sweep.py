@@ -136,7 +136,7 @@ def test_a_sweep_logs_each_member_with_its_config_learns_resumes_and_evaluates_e
     assert "lr=0.001)" in capsys.readouterr().out
     assert main(["eval", str(run), "--episodes", "2"]) == 0  # the run's root: its first member, named as such
     assert "lr=0.0025)" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="--run-seed: .* seed 0 with 2 swept values"):
+    with pytest.raises(ConfigError, match="^run_seed: .* seed 0 with 2 swept values"):
         msrl.load(run, run_seed=0)
     assert main(["plot", str(run), "-o", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 0
