@@ -31,6 +31,7 @@ class Registry:
             if not (isinstance(obj, type) and issubclass(obj, base)):
                 raise ConfigError(self.key, f"register_{self.noun}({quote(name)}) decorates a subclass of msrl.{cls}, "
                                   f"got {quote(obj, 80)}")
+            _check_name_field(obj, name, self.key, self.noun)
             held = self._items.get(name) or self._entry_point_class(name)
             if held is not None and _path(held) != _path(obj):
                 raise ConfigError(self.key, f"{quote(name)} is already the {self.noun} {_path(held)}; register "
@@ -87,6 +88,29 @@ def _load(ep: Any, key: str, noun: str) -> Any:
         where = f"{ep.dist.name}'s " if getattr(ep, "dist", None) is not None else ""
         raise ConfigError(key, f"the {noun} {quote(ep.name)} ({where}entry point {ep.value}) did not load: "
                           f"{user_code_error(e, ep.module, key).message}") from e
+
+
+def _check_name_field(obj: type, name: str, key: str, noun: str) -> None:
+    """A class whose config (an algorithm's ``Config``, a policy itself) could never hold ``name: NAME`` is refused
+    as it registers (a subclass of a built-in keeps its ``Literal["ppo"]``; a config naming it would be refused)."""
+    from pydantic import PydanticUserError, ValidationError
+
+    model = getattr(obj, "Config", obj)
+    field = getattr(model, "model_fields", {}).get("name")
+    if field is None:
+        return
+    try:
+        model.model_validate({"name": name})
+    except PydanticUserError:  # not fully defined yet: its use will say why
+        return
+    except ValidationError as e:
+        if all(error["loc"] != ("name",) for error in e.errors()):
+            return
+        where = f"its own Config, e.g. `class Config({obj.__bases__[0].__name__}.Config): " if model is not obj \
+            else "in it `"
+        raise ConfigError(key, f"register_{noun}({name!r}) of {_path(obj)}, whose config's name is "
+                          f"{field.default!r}: no config could select it; declare {where}name: Literal[{name!r}] = "
+                          f"{name!r}`") from None
 
 
 def _path(obj: Any) -> str:

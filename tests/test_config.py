@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -191,6 +192,34 @@ def test_a_registered_name_is_not_taken_over_by_another_class():
         with pytest.raises(msrl.ConfigError, match=rf"\('not_mine'\) decorates a subclass of msrl.{kind}, got "):
             register("not_mine")(what)
     assert "not_mine" not in msrl.registry.ALGORITHMS.names() + msrl.registry.POLICIES.names()
+
+
+def test_a_subclass_whose_config_keeps_its_parents_name_is_refused_as_it_registers():
+    from msrl.algorithms.ppo import PPO
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    class MyPPO(PPO):  # its Config is PPO's, name: Literal["ppo"]: `algorithm.name: my_ppo` failed only at use
+        pass
+
+    with pytest.raises(msrl.ConfigError, match=r"^algorithm.name: register_algorithm\('my_ppo'\) of test_config:.*MyPPO, "
+                       r"whose config's name is 'ppo': no config could select it; declare its own Config, e.g. "
+                       r"`class Config\(PPO.Config\): name: Literal\['my_ppo'\] = 'my_ppo'`$"):
+        msrl.register_algorithm("my_ppo")(MyPPO)
+
+    class MyCoarse(SingleLearnerCoarse):
+        pass
+
+    with pytest.raises(msrl.ConfigError, match=r"^policy.name: .*MyCoarse, whose config's name is "
+                       r"'single_learner_coarse': .* declare in it `name: Literal\['my_coarse'\] = 'my_coarse'`$"):
+        msrl.register_policy("my_coarse")(MyCoarse)
+    assert "my_ppo" not in msrl.registry.ALGORITHMS.names() and "my_coarse" not in msrl.registry.POLICIES.names()
+
+    class Fixed(PPO):  # as the error says
+        class Config(PPO.Config):
+            name: Literal["my_ppo"] = "my_ppo"
+
+    msrl.register_algorithm("my_ppo")(Fixed)
+    assert type(load_config(None, ["algorithm.name=my_ppo"]).algorithm) is Fixed.Config
 
 
 def test_an_env_prefix_is_not_taken_over_and_a_maker_must_make_an_environment():
