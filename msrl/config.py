@@ -245,8 +245,13 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
                 list(map(_number_or_repr, sweep[key])) == list(map(_number_or_repr, value))
             if key in sweep and not same:  # the same list twice (a sweep's config.yaml and its list again) is one
                 values = lambda v: quote(list(map(_number_or_repr, v)) if isinstance(v, list) else v)
+                reordered = isinstance(sweep[key], list) and \
+                    sorted(map(_number_or_repr, sweep[key]), key=repr) == sorted(map(_number_or_repr, value), key=repr)
                 raise ConfigError(f"algorithm.{key}", f"is swept twice: {values(value)} here and {values(sweep[key])} "
-                                  "in run.sweep (a sweep's config.yaml holds its sweep there); keep one")
+                                  "in run.sweep (a sweep's config.yaml holds its sweep there); "
+                                  + ("the same values in another order are another sweep (its members in another "
+                                     "order): give them in run.sweep's order, or drop the list" if reordered
+                                     else "keep one"))
             sweep[key] = value
     for key, values in sweep.items():
         field = model.model_fields.get(key)

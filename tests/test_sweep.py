@@ -49,6 +49,9 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     assert load_config(cfg.dump(), ["algorithm.gamma=[0.99, 9e-1]"]).run.sweep == cfg.run.sweep
     with pytest.raises(ConfigError, match=r"algorithm.gamma: is swept twice: \[0.99, 0.8\] here and \[0.99, 0.9\]"):
         load_config(cfg.dump(), ["algorithm.gamma=[0.99, 0.8]"])
+    with pytest.raises(ConfigError, match=r"\[0.9, 0.99\] here .* in another order are another sweep .*: give them in "
+                       r"run.sweep's order, or drop the list$"):
+        load_config(cfg.dump(), ["algorithm.gamma=[0.9, 0.99]"])
     refused = {"algorithm.epochs=[1,2]": "algorithm.epochs: one program sweeps float keys only",
                "algorithm.lr=[0.001,-1]": r"algorithm.lr: .*greater than 0",
                "algorithm.lr=[0.001,abc]": r"algorithm.lr: Input should be a valid number.*\(got 'abc'\)",
