@@ -43,6 +43,10 @@ def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, rece
 def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tuple[dict[str, FragmentSpec], dict[str, str]]:
     """The policy's roles and the role of every leaf statement, checked."""
     fragments = {f.name: f for f in policy.fragments()}
+    for f in fragments.values():
+        if f.replicas < 1:
+            raise ConfigError("policy", f"policy {policy.name!r} gives its role {f.name!r} {f.replicas} replicas; a "
+                              "role runs at least 1 (the policy key that counts them must be > 0)")
     assign = policy.assign(Loop(list(leaves(stmts)), fdg))
     for s in leaves(stmts):
         if assign.get(s.id) not in fragments:
