@@ -543,7 +543,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         print(f"msrl: note: policy {cfg.policy.name!r} runs env.num_envs={cfg.env.num_envs:,} environments (its "
               f"replicas x envs per replica), not the {cfg._envs_asked:,} the config gives", file=sys.stderr,
               flush=True)
-    unused = sorted(RAY_ONLY & cfg.policy.model_fields_set) if cfg.policy.backend != "ray" else []
+    unused = [key for key in sorted(RAY_ONLY) if cfg.policy.backend != "ray" and key in type(cfg.policy).model_fields
+              and getattr(cfg.policy, key) != type(cfg.policy).model_fields[key].default]  # (config.yaml has them all)
     if unused:
         print(f"msrl: note: {', '.join(f'policy.{key}' for key in unused)} only apply with policy.backend=ray; "
               f"ignored under {cfg.policy.backend!r}", file=sys.stderr, flush=True)

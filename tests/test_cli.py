@@ -198,3 +198,7 @@ def test_ray_keys_under_another_backend_are_noted(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("msrl: note: policy.max_actor_restarts, policy.ray_address only apply with policy.backend=ray; ignored "
             "under 'threads'\n") in err
+    # the run's config.yaml lists every key: at their defaults they are not noted
+    assert main(["train", str(tmp_path / "config.yaml"), "run.total_env_steps=1024", "run.progress=false",
+                 "policy.ray_address=null", "policy.max_actor_restarts=3", "--overwrite", "--run-dir", str(tmp_path)]) == 0
+    assert "apply with policy.backend=ray" not in capsys.readouterr().err
