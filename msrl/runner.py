@@ -568,6 +568,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                                    ("buffer", not cfg.run.checkpoint_buffer)) if drop)
 
     elapsed0, last_return = 0.0, float("nan")
+    episodes0 = last_episodes = 0.0  # episodes0: those counted before a resume whose envs start afresh (host envs)
     seed_returns = [math.nan] * len(session.members) if len(session.members) > 1 else []  # each member's last return
     try:
         if resume:
@@ -577,6 +578,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 print(f"msrl: note: run.checkpoint_buffer=false: {type(buffer).__name__} starts empty again (the "
                       "checkpoint does not hold its content)", file=sys.stderr, flush=True)
             elapsed0, last_return = meta["wall_time"], meta["episode_return"]
+            episodes0 = last_episodes = meta.get("episodes", 0.0) if "env" in skip else 0.0
             seed_returns = meta.get("episode_return_per_seed", seed_returns)
         if replace:  # (--overwrite) the new run has compiled and started: the old one goes now
             clear_run_dir(run_dir)
@@ -626,7 +628,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             try:
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "config": cfg.dump(),
+                    "episode_return": last_return, "episodes": last_episodes, "config": cfg.dump(),
                     **({"episode_return_per_seed": seed_returns} if seed_returns else {})})
                 saved = checkpoint.latest(run_dir)
             except Exception:  # noqa: BLE001 - the report below says there is none of this iteration
@@ -665,6 +667,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                     _check_finite(r, r["iteration"], cfg.env.id, steps_per_iter, run_dir)
                     if math.isfinite(r["episode_return"]):
                         last_return = r["episode_return"]
+                    if "episodes" in r:
+                        r["episodes"] = last_episodes = r["episodes"] + episodes0
                     for s, each in enumerate(r.get("per_seed", ())):
                         if math.isfinite(each["episode_return"]):
                             seed_returns[s] = each["episode_return"]
@@ -684,7 +688,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 done = session.iteration
                 _save_checkpoint(session, run_dir, cfg, skip, {
                     "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "config": cfg.dump(),
+                    "episode_return": last_return, "episodes": last_episodes, "config": cfg.dump(),
                     **({"episode_return_per_seed": seed_returns} if seed_returns else {})}, on_fault=fault)
     finally:
         try:

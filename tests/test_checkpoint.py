@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import pickle
@@ -71,6 +72,17 @@ def test_threads_coarse_resume_continues(tmp_path):
     # the learner made exactly 80 updates of 4 epochs x 4 minibatches (optimizer step counts)
     counts = {int(x) for x in leaves if x is not None and x.dtype == np.int32 and x.shape == ()}
     assert 80 * 4 * 4 in counts
+
+
+def test_a_resumed_host_env_run_counts_episodes_on(tmp_path):
+    """Gymnasium's envs start afresh on a resume (their simulators are not stored): the cumulative episode count
+    goes on from the checkpoint's (it fell to 0)."""
+    overrides = [*QUIET, "algorithm.rollout_len=32", "run.checkpoint_every_steps=1024"]
+    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*overrides, "run.total_env_steps=2048"], run_dir=tmp_path)
+    train(None, [*overrides, "run.total_env_steps=4096"], run_dir=tmp_path, resume=True)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    episodes = [float(r["episodes"]) for r in rows]
+    assert len(rows) == 16 and episodes[7] > 0 and episodes == sorted(episodes) and episodes[8] > episodes[7]
 
 
 RESUMED = {  # policies whose actors act with parameters of an earlier iteration than the learner's
