@@ -49,7 +49,7 @@ class WandbConfig(BaseModel):
     entity: str | None = None
     name: str | None = Field(None, description="the W&B run's name (default: the run directory's)")
     tags: list[str] = Field(default_factory=list)
-    mode: Literal["online", "offline", "disabled"] = "online"
+    mode: Literal["online", "offline", "disabled"] | None = Field(None, description="default: $WANDB_MODE, else online")
 
 
 class RunConfig(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -169,7 +170,12 @@ class _Logger:
             (d / "config.yaml").write_text(yaml.safe_dump(member_cfg.dump(), sort_keys=False))
         self.wandb = None
         if cfg.run.wandb is not None:
-            self.wandb = _wandb_run(run_dir, cfg, resumed=resume_at is not None)
+            try:
+                self.wandb = _wandb_run(run_dir, cfg, resumed=resume_at is not None)
+            except BaseException:  # its metrics files and TensorBoard writers (threads) close again
+                for table in (self.table, *(t for t, _ in self.members)):
+                    table.close(cfg, math.nan)
+                raise
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
         self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
         if cfg.run.progress and not sys.stdout.isatty():
@@ -252,9 +258,13 @@ def _wandb_run(run_dir: Path, cfg: ExperimentConfig, resumed: bool) -> Any:
         raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'") from None
     w, id_file = cfg.run.wandb, run_dir / "wandb" / "run_id"
     run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
-    run = wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.resolve().name, tags=w.tags,
-                     mode=w.mode, dir=str(run_dir), config=cfg.dump(), reinit="create_new", id=run_id,
-                     resume="allow" if run_id else None)
+    try:
+        run = wandb.init(project=w.project, entity=w.entity, name=w.name or run_dir.resolve().name, tags=w.tags,
+                         mode=w.mode, dir=str(run_dir), config=cfg.dump(), reinit="create_new", id=run_id,
+                         resume="allow" if run_id else None)
+    except Exception as e:  # noqa: BLE001 - wandb's own (no API key, no network...): one line naming the key
+        raise ConfigError("run.wandb", f"Weights & Biases did not start: {type(e).__name__}: {e} (run.wandb.mode="
+                          "offline, or WANDB_MODE=offline, needs no account or network)") from None
     id_file.parent.mkdir(exist_ok=True)
     id_file.write_text(run.id)
     return run
@@ -462,6 +472,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
     check_members(cfg.policy.backend, cfg.run)  # (before compiling)
+    if cfg.run.wandb is not None and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'")
     if resume:  # refuse before building anything
         if run_dir is None:
             raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
@@ -486,6 +498,11 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
                   "follows the new total from the checkpoint on (its value at update k is that of a run of the new "
                   "length: a rate annealed to 0 rises again), so the run differs from one of either length",
                   file=sys.stderr, flush=True)
+        done, summary = meta["iteration"], Path(run_dir) / "summary.json"
+        if done and cfg.run.total_env_steps // (meta["env_steps"] // done) <= done and summary.is_file():
+            result = TrainResult(json.loads(summary.read_text()))  # nothing left to run: as it was, compiling nothing
+            result.rows = []
+            return result
     made_here = run_dir is None or not Path(run_dir).exists()
     replace = run_dir is not None and prepare_run_dir(Path(run_dir), resume, overwrite)
     try:
@@ -695,10 +712,6 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             logger.close(last_return, seed_returns)  # may fail (a full disk): the session closes all the same
         finally:
             session.close()
-    if resume and session.iteration * steps_per_iter == steps0 and (run_dir / "summary.json").is_file():
-        result = TrainResult(json.loads((run_dir / "summary.json").read_text()))  # nothing left to run: as it was
-        result.rows = []
-        return result
     elapsed = time.perf_counter() - start
     summary = {
         "env_steps": session.iteration * steps_per_iter,

@@ -109,3 +109,24 @@ def test_weights_and_biases_offline(tmp_path):
     msrl.train(CARTPOLE, [*loop, "run.total_env_steps=8192"], run_dir=tmp_path, run=wandb, resume=True)
     logs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 2 and len({p.name for p in logs}) == 1, logs
+
+
+def test_weights_and_biases_follows_wandb_mode_and_a_start_that_fails_is_one_line(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    import psutil
+
+    wandb.teardown()  # (wandb reads WANDB_MODE once per process, at its first run)
+    run = {"wandb": {"project": "msrl-tests"}}  # no run.wandb.mode: WANDB_MODE says (msrl passed "online")
+    # online without an account: wandb's UsageError as one line naming the key (it was a bare traceback), and
+    # the run's metrics and TensorBoard files are closed again (their writer threads kept them open)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # (no ~/.netrc holding a key)
+    with pytest.raises(msrl.ConfigError, match=r"^run.wandb: Weights & Biases did not start: UsageError: .*API key.*"
+                       r"\(run.wandb.mode=offline, or WANDB_MODE=offline, needs no account or network\)$"):
+        msrl.train(CARTPOLE, [*QUICK, "run.total_env_steps=1024"], run_dir=tmp_path / "online", run=run)
+    assert not [f.path for f in psutil.Process().open_files() if f.path.startswith(str(tmp_path / "online"))]
+    wandb.teardown()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    msrl.train(CARTPOLE, [*QUICK, "run.total_env_steps=1024"], run_dir=tmp_path / "offline", run=run)
+    assert list((tmp_path / "offline" / "wandb").glob("offline-run-*/run-*.wandb"))
