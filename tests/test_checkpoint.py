@@ -294,7 +294,7 @@ train(None, [], run_dir=sys.argv[1], resume=True)
 """
 
 
-def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path):
+def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path, capsys):
     train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every_steps=2560", "run.compile_cache=false"],
           run_dir=tmp_path)
     (tmp_path / "checkpoints" / "ckpt_000000010.msgpack").unlink()  # resume from 5: rows 6-10 are cut
@@ -311,7 +311,9 @@ def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path):
     with pytest.raises(msrl.ConfigError, match=r"run\.total_env_steps: 2048 is less than the 5120 env steps"):
         train(None, ["run.total_env_steps=2048"], run_dir=tmp_path, resume=True)
     written = (tmp_path / "summary.json").read_text()
-    same = train(None, [], run_dir=tmp_path, resume=True)  # nothing left to do: finishes at once, agreeing
+    capsys.readouterr()
+    same = train(None, ["run.progress=true"], run_dir=tmp_path, resume=True)  # nothing left: done at once, agreeing
+    assert "compiling" not in capsys.readouterr().err  # (nor a Ray cluster, TensorBoard or W&B files)
     assert (tmp_path / "summary.json").read_text() == written and same == json.loads(written)  # (sps, wall_time)
     assert same["iterations"] == 10 and same["env_steps"] == 5120 == checkpoint.load(
         checkpoint.latest(tmp_path))[1]["env_steps"]
