@@ -15,7 +15,7 @@ from msrl.algorithm import Context
 from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError, arg
+from msrl.errors import ConfigError, arg, quote
 from msrl.policy import prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
 from msrl.sweep import member_config, members
@@ -250,6 +250,9 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     if render is not None and Path(render).exists() and not Path(render).is_dir():
         raise ConfigError(arg("render"), f"{render} is a file; give a folder for the frames and episode.gif")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
+    if render is not None and not cfg.env.id.startswith("gymnasium:"):  # (before the episodes are played)
+        raise ConfigError(arg("render"), f"{cfg.env.id} has no renderer; {arg('render')} works for gymnasium: "
+                          "environments (train with env.id=gymnasium:..., e.g. examples/ppo_cartpole_threads.yaml)")
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
     init = env.init if env.host_state else jax.jit(env.init)  # one compile, not dozens
@@ -283,6 +286,15 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     return out
 
 
+def _frame(env: Any, env_id: str) -> np.ndarray:
+    """``env.render()``: an RGB image (H, W, 3), or a ConfigError naming what it gave."""
+    frame = env.render()
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] in (3, 4)):
+        raise ConfigError(arg("render"), f"{env_id}'s render() in render_mode='rgb_array' gave {quote(frame, 80)}, "
+                          "not an RGB image (an array of shape (height, width, 3))")
+    return frame
+
+
 def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed: int) -> int:
     """One greedy episode of a Gymnasium environment as frame_NNNN.png files and episode.gif."""
     for driver in ("SDL_AUDIODRIVER", "SDL_VIDEODRIVER"):  # pygame's init: no sound card or display needed
@@ -291,27 +303,29 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    if not env_id.startswith("gymnasium:"):
-        raise ConfigError(arg("render"), f"{env_id} has no renderer; {arg('render')} works for gymnasium: environments "
-                          "(train with env.id=gymnasium:..., e.g. examples/ppo_cartpole_threads.yaml)")
     try:
         mask = kwargs.get("mask_obs") or []
         kwargs = {k: v for k, v in kwargs.items() if k != "mask_obs"}
         env = gymnasium.make(env_id.split(":", 1)[1], render_mode="rgb_array", **kwargs)
         obs, _ = env.reset(seed=seed)
-        frames = [env.render()]
+        frames = [_frame(env, env_id)]
     except (gymnasium.error.DependencyNotInstalled, ImportError) as e:
         raise ConfigError(arg("render"), f"{env_id} cannot render here: {e}") from None
+    except TypeError as e:  # an env of one's own whose constructor takes no render_mode
+        raise ConfigError(arg("render"), f"{env_id} did not make itself with render_mode='rgb_array': {e}") from None
     initial_carry, act = policy
     carry, start, done = initial_carry(1), np.ones(1, bool), False
-    shift = int(env.action_space.start) if isinstance(env.action_space, gymnasium.spaces.Discrete) else 0
+    space = env.action_space
+    shift = int(space.start) if isinstance(space, gymnasium.spaces.Discrete) else 0
     while not done and len(frames) < MAX_FRAMES:
         seen = np.asarray(obs, np.float32).copy()
         seen.reshape(-1)[mask] = 0.0  # env.kwargs.mask_obs, as in training
         carry, action = act(params, carry, seen[None], start)
         action, start = np.asarray(action)[0], np.zeros(1, bool)
+        if isinstance(space, gymnasium.spaces.Box):  # as training and the score clip it
+            action = np.clip(action, space.low, space.high)
         obs, _, terminated, truncated, _ = env.step(action + shift)
-        frames.append(env.render())
+        frames.append(_frame(env, env_id))
         done = terminated or truncated
     env.close()
     out.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium
 import numpy as np
 import pytest
 import yaml
@@ -208,6 +209,57 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "host"), "--render", str(frames[0])]) == 2  # before playing the episodes
     assert f"msrl: error: --render: {frames[0]} is a file; give a folder" in capsys.readouterr().err
+
+
+class _Bounded(gymnasium.Env):
+    """Actions in [0.5, 0.7]^2 only (an untrained Gaussian's mean, near 0, is outside); a 4x4 picture."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gymnasium.spaces.Box(0.5, 0.7, (2,), np.float32)
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None, picture=True):
+        self.render_mode, self.picture, self.t = render_mode, picture, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, np.float32)), action
+        self.t += 1
+        return np.full(3, self.t / 10, np.float32), float(action[0]), False, self.t >= 5, {}
+
+    def render(self):
+        return np.full((4, 4, 3), 40 * self.t, np.uint8) if self.picture else None
+
+
+class _NoRenderMode(_Bounded):
+    def __init__(self):
+        super().__init__()
+
+
+gymnasium.register("MsrlTestBounded-v0", entry_point=_Bounded)
+gymnasium.register("MsrlTestNoRenderMode-v0", entry_point=_NoRenderMode)
+
+
+def test_render_clips_actions_as_training_does_and_a_bad_renderer_is_one_line(tmp_path, capsys):
+    from msrl.cli import main
+
+    short = [*QUIET, "run.total_env_steps=512", "run.checkpoint_every_steps=512", "algorithm.rollout_len=64"]
+    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*short, "env.id=gymnasium:MsrlTestBounded-v0"], run_dir=tmp_path / "a")
+    assert main(["eval", str(tmp_path / "a"), "--episodes", "2", "--render", str(tmp_path / "frames")]) == 0
+    assert len(list((tmp_path / "frames").glob("frame_*.png"))) == 6  # (it stepped the env with the unclipped mean)
+    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*short, "env.id=gymnasium:MsrlTestBounded-v0",
+                                                   "env.kwargs={picture: false}"], run_dir=tmp_path / "b")
+    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*short, "env.id=gymnasium:MsrlTestNoRenderMode-v0"],
+          run_dir=tmp_path / "c")
+    capsys.readouterr()
+    for run, text in [("b", "MsrlTestBounded-v0's render() in render_mode='rgb_array' gave None, not an RGB image"),
+                      ("c", "MsrlTestNoRenderMode-v0 did not make itself with render_mode='rgb_array': ")]:
+        assert main(["eval", str(tmp_path / run), "--render", str(tmp_path / "frames")]) == 2  # (tracebacks)
+        assert text in capsys.readouterr().err
 
 
 def _spoil(path: Path, how: str) -> None:
