@@ -74,6 +74,12 @@ def test_envpool_bad_ids_and_kwargs_are_config_errors():
         with pytest.raises(msrl.ConfigError, match=rf"env\.kwargs\.max_episode_steps: must be a whole number >= 1, "
                                                    rf"got {steps}"):
             make_env("envpool:CartPole-v1", max_episode_steps=steps)
+    # Atari kwargs EnvPool takes and then crashes the process on (a segfault, an OpenCV abort) or ignores
+    for key, value, text in [("noop_max", 0, "a whole number >= 1"), ("img_height", 0, "a whole number >= 1"),
+                             ("img_width", -3, "a whole number >= 1"),
+                             ("repeat_action_probability", 2.0, r"a probability in \[0, 1\]")]:
+        with pytest.raises(msrl.ConfigError, match=rf"^env\.kwargs\.{key}: must be {text}, got {value}$"):
+            make_env("envpool:Breakout-v5", **{key: value})
     with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*\['num_envs', 'seed'\] are set by msrl"):
         make_env("envpool:CartPole-v1", seed=1, num_envs=3)
     with pytest.raises(msrl.ConfigError, match=r"env\.id.*Discrete observation space"):

@@ -92,10 +92,15 @@ class EnvPoolEnv(Environment):
                 hint += f" (Gymnasium has it: write gymnasium:{name})"
             raise ConfigError("env.id", f"envpool:{name} is not an EnvPool environment{hint} "
                               "(envpool.list_all_envs() lists them)")
-        for key in ("max_episode_steps", "frame_skip", "stack_num"):  # EnvPool takes 0 or less, and then ends
-            value = kwargs.get(key)  # every episode after one step (or steps no frames)
+        # EnvPool takes 0 or less, and then ends every episode after one step, steps no frames, or kills the
+        # process (Atari's noop_max 0 and a 0-pixel image: a segfault, an OpenCV abort)
+        for key in ("max_episode_steps", "frame_skip", "stack_num", "noop_max", "img_height", "img_width"):
+            value = kwargs.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"env.kwargs.{key}", f"must be a whole number >= 1, got {value!r}")
+        p = kwargs.get("repeat_action_probability")  # (sticky actions; EnvPool takes any number)
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1):
+            raise ConfigError("env.kwargs.repeat_action_probability", f"must be a probability in [0, 1], got {p!r}")
         reserved = sorted(set(kwargs) & set(RESERVED))
         if reserved:
             raise ConfigError("env.kwargs", f"{reserved} are set by msrl for envpool:{name} (env.num_envs sets the "
