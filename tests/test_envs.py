@@ -75,6 +75,23 @@ def test_cartpole_episodes_end_and_are_counted():
     assert 5 <= stats["episode_return"] <= 60
 
 
+def test_gymnax_env_parameters_are_env_kwargs_too():
+    """``env.kwargs`` also sets fields of the env's EnvParams (they went to the constructor only: a TypeError)."""
+    env = make_env("gymnax:CartPole-v1", max_steps_in_episode=10)
+    state = env.init(jax.random.PRNGKey(1), jnp.arange(2))
+    step, lengths = jax.jit(env.step), []
+    for _ in range(30):  # pushing left and right in turn keeps the pole up past 10 steps: the limit ends them
+        state, _ = step(state, jnp.asarray([len(lengths) % 2] * 2, jnp.int32))
+        lengths.append(episode_metrics([env.stats(state)])["episode_length"])
+    assert lengths[-1] == 10 and episode_metrics([env.stats(state)])["episodes"] == 6
+    with pytest.raises(msrl.ConfigError, match=r"^env.kwargs.max_steps_in_episode: gymnax:CartPole-v1's parameter "
+                                               r"max_steps_in_episode is int \(default 500\), got 2.5$"):
+        make_env("gymnax:CartPole-v1", max_steps_in_episode=2.5)
+    with pytest.raises(msrl.ConfigError, match=r"rejected \{'nope': 1\}: TypeError: .* \(its parameters, also env"
+                                               r".kwargs: max_steps_in_episode, gravity, "):
+        make_env("gymnax:CartPole-v1", nope=1)
+
+
 def test_env_keys_depend_on_global_index_only():
     """Splitting envs over replicas changes no number: envs [2, 3] alone == envs [0..3] sliced."""
     env = make_env("gymnax:CartPole-v1")

@@ -9,6 +9,7 @@ adapter supplies only the batched ``_reset`` and ``_step`` of its library (gymna
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -200,10 +201,22 @@ class GymnaxEnv(FunctionalEnv):
                 "env.id", f"'gymnax:{name}' is not a gymnax environment; {did_you_mean(name, gymnax.registered_envs)}"
                 f"known: {', '.join(gymnax.registered_envs)}"
             )
+        # env.kwargs: the constructor's, and the fields of its EnvParams (CartPole's max_steps_in_episode)
+        fields = {f.name: f for f in dataclasses.fields(gymnax.make(name)[1])}
+        given = {k: v for k, v in kwargs.items() if k in fields}
         try:
-            self.env, self.params = gymnax.make(name, **kwargs)
+            self.env, self.params = gymnax.make(name, **{k: v for k, v in kwargs.items() if k not in fields})
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
-            raise ConfigError("env.kwargs", f"gymnax:{name} rejected {kwargs}: {type(e).__name__}: {e}") from None
+            raise ConfigError("env.kwargs", f"gymnax:{name} rejected {kwargs}: {type(e).__name__}: {e} (its "
+                              f"parameters, also env.kwargs: {', '.join(fields) or 'none'})") from None
+        for key, value in given.items():
+            default = getattr(self.params, key)
+            number = isinstance(value, bool) if isinstance(default, bool) else \
+                isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or (isinstance(value, float) and np.issubdtype(np.asarray(default).dtype, np.integer)):
+                raise ConfigError(f"env.kwargs.{key}", f"gymnax:{name}'s parameter {key} is "
+                                  f"{type(default).__name__} (default {default!r}), got {value!r}")
+        self.params = self.params.replace(**given)
         space = self.env.action_space(self.params)
         if hasattr(space, "n"):
             action_space = Discrete(int(space.n))
