@@ -387,7 +387,7 @@ class _Signals:
 
 class TrainResult(dict):
     """What :func:`train` returns: the summary (a dict, as written to ``summary.json``) with the run's metric
-    rows, one dict per iteration of this call, as ``.rows``."""
+    rows this call logged (one per ``run.log_every_steps``, as metrics.csv holds them) as ``.rows``."""
 
     rows: list[dict[str, float]]
 
