@@ -177,6 +177,7 @@ class _Logger:
                     table.close(cfg, math.nan)
                 raise
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
+        self.unprinted: dict | None = None  # the last row a plain line did not show
         self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
         if cfg.run.progress and not sys.stdout.isatty():
             self.plain = 0.0
@@ -203,16 +204,22 @@ class _Logger:
         for table in (self.table, *(t for t, _ in self.members)):
             table.csv_file.flush()
         ret = "-" if math.isnan(row["episode_return"]) else f"{row['episode_return']:.1f}"
+        self.unprinted = None
         if self.plain is not None and (time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total):
             self.plain = time.monotonic()
             print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  "
                   f"return {ret}", flush=True)
+        elif self.plain is not None:
+            self.unprinted = row
         if self.progress is not None:
             self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"], ret=ret)
 
     def close(self, final_return: float = math.nan, seed_returns: list[float] = ()) -> None:
         if self.progress is not None:
             self.progress.stop()
+        if self.unprinted is not None:  # a run that stopped early: where it stopped
+            self.plain = -math.inf
+            self.update(self.unprinted)
         try:
             self.table.close(self.cfg, final_return)
             for (table, member_cfg), ret in zip(self.members, seed_returns):

@@ -230,6 +230,14 @@ def test_load_uses_the_config_the_checkpoint_was_trained_with(tmp_path, capsys):
         "trained with (its algorithm.activation differs); using the checkpoint's own" in capsys.readouterr().err
 
 
+def test_piped_progress_ends_with_where_a_stopped_run_stopped(tmp_path, capsys):
+    msrl.train(CARTPOLE, ["run.total_env_steps=4096", "run.tensorboard=false", "run.iterations_per_dispatch=1"],
+               run_dir=tmp_path, on_iteration=lambda row: row["iteration"] == 3)
+    lines = capsys.readouterr().out.splitlines()  # (a line every 10 s: the first row's, then none until the end)
+    end = int(list(csv.DictReader((tmp_path / "metrics.csv").open()))[-1]["env_steps"])
+    assert end < 4096 and lines[-1].startswith(f"ppo [fused] {end:,}/4,096 steps ") and len(lines) == 2, lines
+
+
 def test_feedback_without_a_terminal_and_debug_tracebacks(tmp_path):
     """Piped output (nohup, CI, a notebook) gets stage lines and plain progress lines, not a silent bar."""
     out = subprocess.run([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, "run.total_env_steps=4096",
