@@ -25,11 +25,12 @@ class Benchmark:
     peer_key: str                     # JSON key of the peer's SPS
     peer: str                         # the peer, in words
     needs: tuple[str, ...] = ()       # modules the peer needs; missing -> skipped
+    configs: tuple[str, str] | None = None  # where the result holds "results" per config: their msrl and peer keys
 
 
 BENCHMARKS = (
     Benchmark("ppo_fused", "ppo_fused.py", ("--total-env-steps", "51200", "--repeats", "1"),
-              "msrl_fused_sps", "handwritten_sps", "hand-written"),
+              "msrl_fused_sps", "handwritten_sps", "hand-written", configs=("msrl_sps", "handwritten_sps")),
     Benchmark("ppo_host_threads", "ppo_host_threads.py", ("--env-steps", "10240"),
               "msrl_threads_sps", "sb3_sps", "SB3", needs=("torch", "stable_baselines3")),
     Benchmark("sac_vs_sb3", "sac_vs_sb3.py", ("--env-steps", "3000", "--pairs", "1"),
@@ -139,20 +140,29 @@ def table(records: list[dict[str, Any]], benchmarks: tuple[Benchmark, ...] = BEN
     t.add_column("vs", no_wrap=True)
     for col in ("msrl SPS", "peer SPS", "ratio", "time (s)"):
         t.add_column(col, justify="right")
-    t.add_column("status")
+    t.add_column("status", no_wrap=True)
+    reasons = [f"{r['name']}: {escape(r['reason'])}" for r in records if r["reason"]]
+    if reasons:  # below the table, wrapped, never cut (a skip's says what to install)
+        t.caption, t.caption_justify = "\n".join(reasons), "left"
 
     def num(v: Any, fmt: str = ",.0f") -> str:
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
+    def ratio(ours: Any, peer: Any) -> Any:
+        return ours / peer if isinstance(ours, (int, float)) and isinstance(peer, (int, float)) and peer else None
+
     for r in records:
         b = spec[r["name"]]
         res = r["result"] or {}
-        ours, peer, ratio = res.get(b.msrl_key), res.get(b.peer_key), res.get("ratio")
-        if ratio is None and isinstance(ours, (int, float)) and isinstance(peer, (int, float)) and peer:
-            ratio = ours / peer
         status = {"ok": "[green]ok[/]", "skipped": "[yellow]skipped[/]", "failed": "[red]failed[/]"}[r["status"]]
-        if r["reason"]:
-            status += f" ({escape(r['reason'])})"
-        t.add_row(b.name, b.peer, num(ours), num(peer), num(ratio, ".2f"),
-                  num(r["seconds"], ".0f") if r["status"] == "ok" else "-", status)
+        seconds = num(r["seconds"], ".0f") if r["status"] == "ok" else "-"
+        per_config = res.get("results") if b.configs is not None else None
+        if isinstance(per_config, dict) and per_config:  # a row per config (the top-level figures are the first's)
+            for i, (name, each) in enumerate(per_config.items()):
+                ours, peer = (each.get(k) for k in b.configs)
+                t.add_row(f"{b.name}: {name}", b.peer, num(ours), num(peer), num(ratio(ours, peer), ".2f"),
+                          *((seconds, status) if i == 0 else ("", "")))
+            continue
+        ours, peer = res.get(b.msrl_key), res.get(b.peer_key)
+        t.add_row(b.name, b.peer, num(ours), num(peer), num(res.get("ratio", ratio(ours, peer)), ".2f"), seconds, status)
     return t

@@ -104,7 +104,8 @@ FAKE = textwrap.dedent("""
     ap.add_argument("--steps", type=int, default=1000)
     args = ap.parse_args()
     print("log noise {not json}")
-    print(json.dumps({"steps": args.steps, "ours_sps": 3000.4, "theirs_sps": 1500, "nested": {"a": 1}}, indent=2))
+    print(json.dumps({"steps": args.steps, "ours_sps": 3000.4, "theirs_sps": 1500, "nested": {"a": 1},
+                      "results": {"small": {"o": 10, "t": 40}, "large": {"o": 90, "t": 30}}}, indent=2))
 """)
 
 FAKES = (
@@ -112,6 +113,7 @@ FAKES = (
     Benchmark("crash", "crash.py", (), "ours_sps", "theirs_sps", "a peer"),
     Benchmark("needs_peer", "fake.py", (), "ours_sps", "theirs_sps", "absent peer",
               needs=("msrl_no_such_module_for_tests",)),
+    Benchmark("configs", "fake.py", (), "ours_sps", "theirs_sps", "a peer", configs=("o", "t")),
 )
 
 
@@ -120,7 +122,7 @@ def test_bench_runs_scripts_and_tabulates(tmp_path):
     (tmp_path / "crash.py").write_text("raise SystemExit('peer exploded')\n")
     records = {r["name"]: r for r in run_benchmarks(FAKES, tmp_path, quick=True)}
     assert records["fake"]["status"] == "ok"
-    assert records["fake"]["result"] == {"steps": 7, "ours_sps": 3000.4, "theirs_sps": 1500, "nested": {"a": 1}}
+    assert records["fake"]["result"]["steps"] == 7 and records["fake"]["result"]["nested"] == {"a": 1}
     assert records["crash"]["status"] == "failed" and "peer exploded" in records["crash"]["reason"]
     assert records["needs_peer"]["status"] == "skipped"
     assert "pip install -e '.[bench]'" in records["needs_peer"]["reason"]
@@ -134,7 +136,13 @@ def test_bench_runs_scripts_and_tabulates(tmp_path):
     text = buf.getvalue()
     fake_row = next(line for line in text.splitlines() if "fake" in line)
     assert "3,000" in fake_row and "1,500" in fake_row and "2.00" in fake_row and "ok" in fake_row
-    assert "skipped (pip install -e '.[bench]'" in text and "failed" in text
+    assert "needs_peer: pip install -e '.[bench]'" in text and "failed" in text and "crash: " in text
+    # a benchmark of several configs: a row each (it showed the first's alone); at 80 columns (piped output) the
+    # reason a benchmark was skipped wraps instead of being cut
+    assert [line.split("│")[5].strip() for line in text.splitlines() if "configs: " in line] == ["0.25", "3.00"]
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(table(list(records.values()), FAKES))
+    assert "…" not in buf.getvalue() and "msrl_no_such_module_for_te" in buf.getvalue()
 
 
 def test_bench_cli_json_and_errors(tmp_path, capsys):
