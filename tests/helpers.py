@@ -159,6 +159,8 @@ class UsersEnv(msrl.Environment):
             reward = reward + obs[:, 0].mean()
         elif self.mix == "shared_key":
             reward = reward + jax.random.normal(state["keys"][0], reward.shape)
+        elif self.mix == "nan_constant":  # (per environment: a NaN where an env's observation is out of range)
+            reward = jax.numpy.where(jax.numpy.abs(obs[:, 1]) > 1e30, jax.numpy.nan, reward)
         t, ret = state["t"] + 1, state["ret"] + reward
         done = t >= 10
         where = jax.numpy.where

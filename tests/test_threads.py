@@ -136,6 +136,14 @@ def test_a_users_jitted_env_mixing_environments_is_refused_where_replicas_hold_a
     msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=1), UsersEnv(mix), 4)
 
 
+def test_a_users_jitted_env_with_a_nan_constant_is_not_taken_for_one_mixing_environments():
+    """The row check compares the constants of the env traced at two environment counts: NaN equals NaN there
+    (it was refused as 'a number that depends on how many environments a replica holds')."""
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), UsersEnv("nan_constant"), 4)
+
+
 class MaxRewardCartPole(GymnaxEnv):
     """A user's subclass of msrl's gymnax adapter (vouched rowwise) whose step adds the max over environments."""
 

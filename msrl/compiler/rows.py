@@ -54,7 +54,7 @@ def _dims(sa: tuple, sb: tuple) -> frozenset[int] | None:
 
 def _same(a: Any, b: Any) -> bool:
     try:
-        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+        return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=np.asarray(a).dtype.kind in "fc"))
     except Exception:  # noqa: BLE001 - an opaque constant (a key): compare what can be compared
         return a is b
 
