@@ -216,7 +216,7 @@ class _Bounded(gymnasium.Env):
 
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
     action_space = gymnasium.spaces.Box(0.5, 0.7, (2,), np.float32)
-    metadata = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ("rgb_array",)}  # noqa: RUF012 - gymnasium's own attribute
 
     def __init__(self, render_mode=None, picture=True):
         self.render_mode, self.picture, self.t = render_mode, picture, 0
