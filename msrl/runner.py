@@ -659,6 +659,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 saved = None
         newest = checkpoint.latest(run_dir)
         note = (f"saved a checkpoint of it: {saved}" if saved is not None else
+                f"its checkpoint is {newest}" if newest is not None and newest.name == f"ckpt_{done:09d}.msgpack" else
                 ("" if done == 0 else "no checkpoint of it could be saved (its state is lost or mid-iteration); ") +
                 (f"the last checkpoint is {newest}" if newest is not None else "there is no checkpoint"))
         text = f"{str(e).rstrip().rstrip('.')}. The last complete iteration is {done} of {iterations}; {note}"
