@@ -297,6 +297,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if parts[0] == "policy" and parts[-1] == "name" and len(parts) == 2 and node.get("name") != value:
             # switching policy: keys that belong to the old policy would be unknown to the new one
             dropped = {k: node.pop(k) for k in [k for k in node if k != "name"]}
+            again = {o.partition("=")[0].strip() for o in overrides}
+            dropped = {k: v for k, v in dropped.items() if f"policy.{k}" not in again}  # (noted: those not given)
             if dropped:
                 print(f"msrl: note: {item} replaces policy {quote(node.get('name'))}: its keys "
                       f"{', '.join(f'{k}={quote(v)}' for k, v in dropped.items())} are dropped (give the ones you "

@@ -35,6 +35,13 @@ def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):
     assert cfg.policy.name == "single_learner_fine"
     assert "policy.name=single_learner_fine replaces policy 'single_learner_coarse': its keys " \
            "backend='threads', actors=2" in capsys.readouterr().err
+    # keys given again with the switch are not noted as dropped (it said backend='threads' went, given policy.backend)
+    load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.name=single_learner_fine", "policy.backend=threads"])
+    err = capsys.readouterr().err
+    assert "its keys actors=2, envs_per_actor=4, learner_backend='jax' are dropped (give the ones you want again, " \
+           "e.g. policy.actors=...)" in err and "backend='threads'" not in err, err
+    load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=threads"])
+    assert "replaces policy" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
