@@ -403,9 +403,19 @@ def _connect(policy: Any, program: Any) -> bool:
             except (ConnectionError, ValueError) as e:  # no cluster found ("auto"), a malformed address
                 raise _no_cluster(policy.ray_address, str(e).split(". ")[0].rstrip(".")) from None
     else:
-        need = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values())
-        init_local(max(os.cpu_count() or 1, int(np.ceil(need))), dashboard=policy.ray_dashboard)
+        init_local(local_cpus(policy, program), dashboard=policy.ray_dashboard)
     return True
+
+
+def local_cpus(policy: Any, program: Any) -> int:
+    """The CPUs a private cluster offers: this machine's, or as many as the replicas ask for, so that they all
+    start (sharing the cores); a note says so where ``policy.resources`` asked for more than there are."""
+    need, cores = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values()), os.cpu_count() or 1
+    if need > cores and getattr(policy, "resources", None):
+        print(f"msrl: note: policy.resources asks for {need:g} CPUs in all and this machine has {cores}: the private "
+              f"Ray cluster offers {int(np.ceil(need))} so that every replica starts, and they share the {cores} "
+              "cores (num_cpus places replicas, it reserves no cores)", file=sys.stderr, flush=True)
+    return max(cores, int(np.ceil(need)))
 
 
 LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's local-only mode (node address 127.0.0.1)

@@ -67,6 +67,19 @@ def test_resources_per_role_and_unknown_roles():
                                           "policy.actor_backend=threads"]))
 
 
+def test_a_private_cluster_offers_what_the_replicas_ask_and_notes_more_cpus_than_cores(capsys):
+    from msrl.backends.ray_backend import local_cpus
+
+    cores = os.cpu_count() or 1
+    for resources, cpus, noted in [([], max(cores, 3), False),  # 2 actors + the learner, 1 CPU each by default
+                                   ([f"policy.resources.actor.num_cpus={cores * 10}"], cores * 20 + 1, True)]:
+        cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray", *resources])
+        assert local_cpus(cfg.policy, msrl.build(cfg)) == cpus
+        err = capsys.readouterr().err
+        assert (f"policy.resources asks for {cpus} CPUs in all and this machine has {cores}: the private Ray cluster "
+                f"offers {cpus} so that every replica starts, and they share the {cores} cores" in err) == noted, err
+
+
 def run_script(code: str, timeout: int = 300) -> dict:
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                          timeout=timeout, cwd=ROOT)
