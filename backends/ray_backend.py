@@ -282,9 +282,15 @@ class RayRuntime(ReplicaRuntime):
         """(node id, process id) of every replica."""
         return dict(self.where_)
 
+    def _replicas(self) -> dict[tuple[str, int], Any]:
+        if not self.workers:  # closed: after a failure its replicas were killed
+            raise TrainingError("this session's Ray replicas were stopped after the failure it reported; start a new "
+                                "session (or resume the run from its checkpoint)")
+        return self.workers
+
     def _run(self, iterations: int) -> dict:
         target = self.iteration + iterations
-        running = {w.run.remote(iterations): key for key, w in self.workers.items()}
+        running = {w.run.remote(iterations): key for key, w in self._replicas().items()}
         outputs: dict[tuple[str, int], list] = {}
         try:
             while running:
@@ -327,7 +333,7 @@ class RayRuntime(ReplicaRuntime):
         return found
 
     def _call(self, keys, method: str, *args: Any) -> dict:
-        refs = {k: self.workers[k].call.remote(method, *args) for k in keys}
+        refs = {k: self._replicas()[k].call.remote(method, *args) for k in keys}
         out = {}
         for key, ref in refs.items():
             try:

@@ -45,6 +45,10 @@ def test_a_dead_learner_ends_the_run_with_a_clear_error():
         with pytest.raises(msrl.TrainingError, match="'learner' replica 0 died and cannot be restarted: it holds "
                                                      "the learner"):
             session.run(50)
+        for ask in (session.params, session.snapshot, lambda: session.run(1)):  # (params: KeyError ('learner', 0))
+            with pytest.raises(msrl.TrainingError, match="^this session's Ray replicas were stopped after the failure "
+                                                         "it reported; start a new session"):
+                ask()
 
 
 def test_ppo_cartpole_on_ray_reaches_475(tmp_path):
