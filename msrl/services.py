@@ -24,8 +24,8 @@ class Service:
     """A handle on a shared object: ``make(seed)`` builds it; the backend sets ``target`` (the object, or
     a Ray actor hosting it) before the run and clears it after."""
 
-    def __init__(self, make: Callable[[int], Any]):
-        self.make, self.target = make, None
+    def __init__(self, make: Callable[[int], Any], name: str = "a policy service"):
+        self.make, self.target, self.name = make, None, name  # name: what errors call it
 
     def call(self, method: str, *args: Any) -> Any:
         target = self.target
@@ -37,7 +37,13 @@ class Service:
             import jax
             import ray
 
-            return ray.get(target.call.remote(method, *jax.device_get(args)))  # numpy: Ray ships it out of band
+            try:
+                return ray.get(target.call.remote(method, *jax.device_get(args)))  # numpy: Ray ships it out of band
+            except ray.exceptions.RayActorError as e:  # its process died (Ray's report is dozens of lines)
+                from msrl.errors import TrainingError
+
+                raise TrainingError(f"{self.name} (a Ray actor) died and cannot be restarted: it holds the run's "
+                                    f"shared state ({type(e).__name__})") from None
         return getattr(target, method)(*args)
 
 

@@ -211,4 +211,4 @@ class Async(msrl.DistributedPolicy):
             params = jax.device_get(checked_init(learner, msrl.component_keys(seed)["learner"])["params"])
             return ParameterHolder(learner.tx, params, max_staleness)
 
-        return {msrl.PARAMETERS: msrl.Service(make)}
+        return {msrl.PARAMETERS: msrl.Service(make, name="async's parameter holder")}

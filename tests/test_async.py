@@ -132,3 +132,21 @@ def test_ray_one_worker_matches_threads(ray_cluster):
     assert max_diff(params, remote) <= 1e-6
     assert [r["episodes"] for r in rows] == [r["episodes"] for r in remote_rows]
     assert remote_rows[-1]["grads_applied"] == 6
+
+
+def test_a_dead_parameter_holder_on_ray_ends_the_run_in_one_line(ray_cluster):
+    import os
+    import signal
+
+    import psutil
+
+    cfg = load_config(A2C, [*ONE, "policy.backend=ray", "run.total_env_steps=100000"])
+    with msrl.Session(cfg, iterations_per_dispatch=2) as session:
+        session.run(2)
+        [holder] = [p for p in psutil.process_iter(["cmdline"])
+                    if p.info["cmdline"] and p.info["cmdline"][0].startswith("ray::ServiceHost")]
+        os.kill(holder.pid, signal.SIGKILL)
+        with pytest.raises(msrl.TrainingError) as info:  # (it was Ray's ActorDiedError report: ~45 lines)
+            session.run(20)
+    assert "TrainingError: async's parameter holder (a Ray actor) died and cannot be restarted: it holds the run's " \
+           "shared state (ActorDiedError)" in str(info.value) and len(str(info.value).splitlines()) == 1, str(info.value)
