@@ -582,6 +582,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     replicas = sum(f.spec.replicas for f in program.fragments.values())
     stage(f"starting the {cfg.policy.backend} backend: {replicas} replica{'s' if replicas > 1 else ''} of "
           f"{', '.join(f'{f.name} x{f.spec.replicas}' for f in program.fragments.values())}"
+          + "".join(f", and {s.name}" for s in program.services.values())
           + (" (XLA compiles the program now)" if cfg.policy.backend == "jax" else
              " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
     session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch,
