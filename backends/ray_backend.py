@@ -376,6 +376,9 @@ class RayRuntime(ReplicaRuntime):
                       if c.op == "gather" else replica) for c in comms if c.src_fragment == name}
         resume_at = min(ray.get([self.workers[r].call.remote("received_through", key)
                                  for r in receivers])) + 1
+        print(f"msrl: note: fragment {name!r} replica {replica}'s process died; Ray restarted it (restart "
+              f"{self.restarts.get(key, 0)} of policy.max_actor_restarts={self.policy.max_actor_restarts}), and it "
+              f"rejoins at iteration {resume_at}", file=sys.stderr, flush=True)
         params = next(((self.workers[(c.src_fragment, 0)], c.id) for c in comms
                        if c.dst_fragment == name and c.var == "@params"), None)
         return self.workers[key].resume.remote(self.workers, self.hosts, resume_at, params, target - resume_at)

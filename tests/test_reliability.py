@@ -177,7 +177,7 @@ def test_chaos_random_actor_kills_every_few_seconds():
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_a_killed_actor_rejoins_a_run_whose_actors_act_one_update_behind():
+def test_a_killed_actor_rejoins_a_run_whose_actors_act_one_update_behind(capsys):
     """``sync: false``: the parameters an actor takes in iteration i were sent in i - 1, to the process that died;
     the restarted one gets them (it waited for them until the stall limit before)."""
     from msrl.config import load_config
@@ -189,6 +189,8 @@ def test_a_killed_actor_rejoins_a_run_whose_actors_act_one_update_behind():
         os.kill(session.runtime.where()[("actor", 1)][1], signal.SIGKILL)
         rows += session.run(4)
         assert session.runtime.restarts == {("actor", 1): 1}
+        assert re.search(r"msrl: note: fragment 'actor' replica 1's process died; Ray restarted it \(restart 1 of "
+                         r"policy.max_actor_restarts=3\), and it rejoins at iteration [34]\n", capsys.readouterr().err)
         assert [r["policy_lag"] for r in rows] == [0] + [1] * 6 and all(np.isfinite(r["loss"]) for r in rows)
 
 
