@@ -457,6 +457,11 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
                                  stderr=subprocess.DEVNULL, start_new_session=True)
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    # a Ctrl-C waits until ray.init returns: interrupted inside it, its half-connected core worker crashed the
+    # process's exit (SIGSEGV in its metrics thread, ~1 start in 3); after it, shutdown() stops it cleanly
+    sigint, deferred = (signal.getsignal(signal.SIGINT) if main else None), []
+    if sigint is not None:
+        signal.signal(signal.SIGINT, lambda sig, frame: deferred.append(frame))
     from ray._private import ray_constants  # where Ray keeps the switch (tests/test_ray.py checks the result)
 
     before = (os.environ.get(LOCAL_ONLY), getattr(ray_constants, "ENABLE_RAY_CLUSTER", True))
@@ -482,6 +487,14 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
         ray_constants.ENABLE_RAY_CLUSTER = before[1]
         if main and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+    if deferred and callable(sigint):  # now: its handler (msrl's, Python's: KeyboardInterrupt) stops the start
+        try:
+            sigint(signal.SIGINT, deferred[0])
+        except BaseException:
+            shutdown()
+            raise
     _WATCHDOG.stdin.write(f"{ray.get_runtime_context().get_node_id()}\n".encode())  # the cluster is up
     _WATCHDOG.stdin.flush()
 
