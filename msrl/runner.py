@@ -156,6 +156,11 @@ def member_dirs(run_dir: Path, cfg: ExperimentConfig) -> list[tuple[Path, Experi
     return [(run_dir / m.name, member_config(cfg, m)) for m in each] if len(each) > 1 else []
 
 
+def _shown(row: dict[str, float]) -> str:
+    """A row's return as the progress shows it."""
+    return "-" if math.isnan(row["episode_return"]) else f"{row['episode_return']:.1f}"
+
+
 class _Logger:
     """metrics.csv (one row per logged interval), TensorBoard events, Weights & Biases, and the progress bar.
     A run of several seeds or swept values logs their mean (and ``episode_return_std``) in the run directory and
@@ -203,23 +208,24 @@ class _Logger:
     def update(self, row: dict[str, float]) -> None:
         for table in (self.table, *(t for t, _ in self.members)):
             table.csv_file.flush()
-        ret = "-" if math.isnan(row["episode_return"]) else f"{row['episode_return']:.1f}"
-        self.unprinted = None
-        if self.plain is not None and (time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total):
-            self.plain = time.monotonic()
-            print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  "
-                  f"return {ret}", flush=True)
-        elif self.plain is not None:
+        if self.plain is not None:
             self.unprinted = row
+            if time.monotonic() - self.plain >= PLAIN_LOG_S or row["env_steps"] >= self.total:
+                self._line()
         if self.progress is not None:
-            self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"], ret=ret)
+            self.progress.update(self.task, completed=row["env_steps"], sps=row["sps"], ret=_shown(row))
+
+    def _line(self) -> None:
+        """The plain progress line of the last row :meth:`update` had."""
+        row, self.unprinted, self.plain = self.unprinted, None, time.monotonic()
+        print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  "
+              f"return {_shown(row)}", flush=True)
 
     def close(self, final_return: float = math.nan, seed_returns: list[float] = ()) -> None:
         if self.progress is not None:
             self.progress.stop()
         if self.unprinted is not None:  # a run that stopped early: where it stopped
-            self.plain = -math.inf
-            self.update(self.unprinted)
+            self._line()
         try:
             self.table.close(self.cfg, final_return)
             for (table, member_cfg), ret in zip(self.members, seed_returns):
