@@ -73,7 +73,7 @@ def save(run_dir: Path, snapshot: dict[str, list[dict[str, Any]]], meta: dict[st
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("ckpt_*.tmp"):
         stale.unlink(missing_ok=True)
-    path = folder / f"ckpt_{meta['iteration']:09d}.msgpack"
+    path = of_iteration(run_dir, meta["iteration"])
     payload = serialization.msgpack_serialize({"meta": meta, "states": states})
     write_atomic(path, serialization.msgpack_serialize({
         "format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(),
@@ -81,6 +81,11 @@ def save(run_dir: Path, snapshot: dict[str, list[dict[str, Any]]], meta: dict[st
     for old in sorted(folder.glob("ckpt_*.msgpack"))[:-keep]:
         old.unlink()
     return path
+
+
+def of_iteration(run_dir: Path, iteration: int) -> Path:
+    """The checkpoint file of ``iteration`` (whether there is one or not)."""
+    return Path(run_dir) / "checkpoints" / f"ckpt_{iteration:09d}.msgpack"
 
 
 def latest(run_dir: Path) -> Path | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -262,13 +261,18 @@ def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _wandb_run(run_dir: Path, cfg: ExperimentConfig, resumed: bool) -> Any:
-    """A Weights & Biases run with the config (``run.wandb``), its files under ``RUN_DIR/wandb``. A resumed run
-    goes on in the W&B run it started (its id kept in ``RUN_DIR/wandb/run_id``), not in a second one."""
+def _import_wandb() -> Any:
     try:
         import wandb
     except ImportError:
         raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'") from None
+    return wandb
+
+
+def _wandb_run(run_dir: Path, cfg: ExperimentConfig, resumed: bool) -> Any:
+    """A Weights & Biases run with the config (``run.wandb``), its files under ``RUN_DIR/wandb``. A resumed run
+    goes on in the W&B run it started (its id kept in ``RUN_DIR/wandb/run_id``), not in a second one."""
+    wandb = _import_wandb()
     w, id_file = cfg.run.wandb, run_dir / "wandb" / "run_id"
     run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
     try:
@@ -485,8 +489,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
     check_members(cfg.policy.backend, cfg.run)  # (before compiling)
-    if cfg.run.wandb is not None and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'")
+    if cfg.run.wandb is not None:  # (before compiling)
+        _import_wandb()
     if resume:  # refuse before building anything
         if run_dir is None:
             raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
@@ -649,6 +653,13 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
 
     signals.starting = False
 
+    def meta_now() -> dict:
+        """A checkpoint's meta: the last complete iteration and where the run stands."""
+        done = session.iteration
+        return {"iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
+                "episode_return": last_return, "episodes": last_episodes, "config": cfg.dump(),
+                **({"episode_return_per_seed": seed_returns} if seed_returns else {})}
+
     def fault(e: TrainingError) -> MsrlError:
         """A failed dispatch (a replica failed, stalled or died, the cluster failed): the error, naming the last
         complete iteration and the checkpoint saved of it, or the last one there is."""
@@ -657,16 +668,13 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             if pending:  # its rows too, so that a resumed run's rows follow on
                 emit()
             try:
-                _save_checkpoint(session, run_dir, cfg, skip, {
-                    "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "episodes": last_episodes, "config": cfg.dump(),
-                    **({"episode_return_per_seed": seed_returns} if seed_returns else {})})
+                _save_checkpoint(session, run_dir, cfg, skip, meta_now())
                 saved = checkpoint.latest(run_dir)
             except Exception:  # noqa: BLE001 - the report below says there is none of this iteration
                 saved = None
         newest = checkpoint.latest(run_dir)
         note = (f"saved a checkpoint of it: {saved}" if saved is not None else
-                f"its checkpoint is {newest}" if newest is not None and newest.name == f"ckpt_{done:09d}.msgpack" else
+                f"its checkpoint is {newest}" if newest == checkpoint.of_iteration(run_dir, done) else
                 ("" if done == 0 else "no checkpoint of it could be saved (its state is lost or mid-iteration); ") +
                 (f"the last checkpoint is {newest}" if newest is not None else "there is no checkpoint"))
         text = f"{str(e).rstrip().rstrip('.')}. The last complete iteration is {done} of {iterations}; {note}"
@@ -717,11 +725,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             if stop and pending:  # a stopped run logs the iterations it did after its last row
                 emit()
             if every or signals.received or raised:
-                done = session.iteration
-                _save_checkpoint(session, run_dir, cfg, skip, {
-                    "iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
-                    "episode_return": last_return, "episodes": last_episodes, "config": cfg.dump(),
-                    **({"episode_return_per_seed": seed_returns} if seed_returns else {})}, on_fault=fault)
+                _save_checkpoint(session, run_dir, cfg, skip, meta_now(), on_fault=fault)
     finally:
         try:
             logger.close(last_return, seed_returns)  # may fail (a full disk): the session closes all the same
