@@ -127,6 +127,10 @@ LOOPS: dict[str, Loop] = {loop.name: loop for loop in [
     Loop("ppo_norm", "PPO (built-in) with `normalize_obs` and `normalize_reward` on Pendulum",
          {"name": "ppo", "rollout_len": 16, "epochs": 2, "minibatches": 2, "hidden": [32], "normalize_obs": True,
           "normalize_reward": True}, env={"id": "gymnax:Pendulum-v1"}),
+    Loop("ppo_truncated", "PPO (built-in) bootstrapping truncated episodes from their final observation, on "
+         "CartPole cut at 12 steps", {"name": "ppo", "rollout_len": 16, "epochs": 2, "minibatches": 2, "hidden": [32],
+                                      "bootstrap_truncated": True},
+         env={"id": "gymnax:CartPole-v1", "kwargs": {"max_steps_in_episode": 12}}),
     Loop("sac_norm", "SAC (built-in) with `normalize_obs` and `normalize_reward` on Pendulum",
          {"name": "sac", "rollout_len": 2, "batch_size": 32, "buffer_size": 1024, "learning_starts": 8, "updates": 2,
           "hidden": [32], "normalize_obs": True, "normalize_reward": True}, env={"id": "gymnax:Pendulum-v1"}),

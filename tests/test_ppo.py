@@ -1,4 +1,5 @@
-"""PPO learns: CartPole to >= 475 within 300k steps under `fused`; continuous and image observations run."""
+"""PPO learns: CartPole to >= 475 within 300k steps under `fused`; continuous and image observations run;
+PPO and A2C bootstrap a truncated episode when asked."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 import msrl
 
-from helpers import EXAMPLES, assert_pendulum_run, assert_reaches, reached, max_diff, short_run
+from helpers import EXAMPLES, assert_pendulum_run, assert_reaches, final_params, reached, max_diff, short_run
 
 
 def test_ppo_cartpole_reaches_475_within_300k_steps(tmp_path):
@@ -137,3 +138,75 @@ def test_a_session_run_past_the_total_holds_the_annealed_learning_rate_at_zero(c
         for bad in (-1, 2.5):  # (-1 ran nothing without a word, 2.5 was a bare TypeError)
             with pytest.raises(msrl.ConfigError, match="iterations: a whole number >= 0 of iterations to run"):
                 session.run(bad)
+
+
+class Endless(msrl.Environment):
+    """Reward 1 at every step and always the same observation; a time limit cuts every episode after 10 steps
+    (truncated, never terminated). Its true value is 1 / (1 - gamma) = 10 for gamma 0.9; a return ended at the
+    cut is worth (1 - 0.9^k) / 0.1 with k steps left, 4.14 on average over the episode's steps."""
+
+    spec = msrl.EnvSpec("endless:x", (1,), np.dtype(np.float32), msrl.Discrete(2))
+
+    def init(self, key, env_ids):
+        return {"t": jax.numpy.zeros(env_ids.shape[0]), "episodes": jax.numpy.zeros(env_ids.shape[0])}
+
+    def observe(self, state):
+        return state, jax.numpy.ones((state["t"].shape[0], 1))
+
+    def reset(self, state):
+        return {**state, "t": 0 * state["t"]}, jax.numpy.ones((state["t"].shape[0], 1))
+
+    def step(self, state, action):
+        t = state["t"] + 1
+        cut, obs = t >= 10, jax.numpy.ones((t.shape[0], 1))
+        return ({"t": jax.numpy.where(cut, 0.0, t), "episodes": state["episodes"] + cut},
+                msrl.EnvStep(obs, jax.numpy.ones_like(t), jax.numpy.zeros_like(cut), cut, obs))
+
+    def stats(self, state):
+        ended = (state["episodes"] > 0).sum()
+        return {"return_sum": 10.0 * ended, "finished": ended, "episodes": state["episodes"].sum()}
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "a2c"])
+def test_bootstrap_truncated_learns_the_value_past_a_time_limit(algorithm):
+    """``bootstrap_truncated: true`` adds gamma * V(final observation) to the reward of a truncated step: the
+    value learned on Endless is its true 10, where ending the return at the cut (the default, as PureJaxRL)
+    learns the average 4.14. A2C's coarse and fine splits agree bitwise with fused on CartPole cut at 12 steps,
+    where a truncated step's final observation is not the next one (PPO's: the conformance matrix's
+    ppo_truncated row)."""
+    from msrl.envs import register_env
+    from msrl.rl import ActorCritic
+
+    register_env("endless")(lambda name, **kwargs: Endless())
+    ppo = {"epochs": 4, "minibatches": 2, "clip_eps": 100.0, "anneal_lr": False}  # the value moves freely
+    values = []
+    for bootstrap in (True, False):
+        cfg = {"algorithm": {"name": algorithm, "rollout_len": 20, "gamma": 0.9, "lr": 1e-2, "hidden": [8],
+                             "bootstrap_truncated": bootstrap, **(ppo if algorithm == "ppo" else {})},
+               "env": {"id": "endless:x", "num_envs": 4}, "run": {"seed": 0, "total_env_steps": 10**6}}
+        with msrl.Session(cfg, iterations_per_dispatch=100) as session:
+            session.run(100)
+            net = ActorCritic(action_dim=2, discrete=True, obs_ndim=1, hidden=(8,), activation="tanh")
+            values.append(float(net.apply(session.params(), jax.numpy.ones((1, 1)))[1][0]))
+    assert values[0] == pytest.approx(10.0, abs=0.5) and values[1] == pytest.approx(4.14, abs=0.5), values
+    if algorithm == "ppo":
+        return
+    cut = ["algorithm.bootstrap_truncated=true", 'env.kwargs={"max_steps_in_episode": 12}', "algorithm.hidden=[16]"]
+    example = EXAMPLES / "a2c_cartpole.yaml"
+    fused, rows = final_params(cut, 3, example)
+    assert rows[-1]["episodes"] > 0
+    for policy in ("single_learner_coarse", "single_learner_fine"):
+        split, _ = final_params([*cut, f"policy.name={policy}", "policy.actors=2", "policy.backend=threads"], 3, example)
+        assert max_diff(fused, split) == 0.0, policy
+
+
+def test_bootstrap_truncated_is_refused_where_it_is_not_built():
+    """IMPALA's V-trace and the recurrent algorithms refuse the key; MAPPO on JaxMARL (no final observations)
+    refuses the loop at the line that asks for one."""
+    for name in ("impala", "recurrent_ppo", "recurrent_impala"):
+        with pytest.raises(msrl.ConfigError, match=f"^algorithm.bootstrap_truncated: {name} ends the return"):
+            msrl.Session({"algorithm": {"name": name, "bootstrap_truncated": True}})
+    with pytest.raises(msrl.CompileError, match="does not report the final observation of an episode") as info:
+        msrl.Session({"algorithm": {"name": "mappo", "bootstrap_truncated": True, "rollout_len": 4, "minibatches": 1},
+                      "env": {"id": "jaxmarl:MPE_simple_spread_v3"}})
+    assert info.value.file.endswith("ppo.py")

@@ -41,6 +41,9 @@ class A2CConfig(msrl.AlgorithmConfig):
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
     activation: Literal["tanh", "relu"] = "tanh"
+    bootstrap_truncated: bool = Field(False, description="an episode cut short (truncated: a time limit) is "
+                                      "bootstrapped from the value of its final observation instead of ending its "
+                                      "return (stores each step's final observation)")
 
 
 class Transition(NamedTuple):
@@ -50,6 +53,8 @@ class Transition(NamedTuple):
     action: jax.Array
     reward: jax.Array
     done: jax.Array
+    truncated: jax.Array | None = None  # with bootstrap_truncated: the episode was cut short here,
+    final_obs: jax.Array | None = None  # and the observation it reached
 
 
 def make_optimizer(cfg: A2CConfig, total_steps: int) -> optax.GradientTransformation:
@@ -89,7 +94,11 @@ class A2CLearner(msrl.Learner):
         cfg = self.cfg
         head, value = self.net.apply(params, batch.obs)  # [time, env]
         _, last_value = self.net.apply(params, last_obs)
-        adv, target = gae(batch.reward, batch.done, jax.lax.stop_gradient(value), jax.lax.stop_gradient(last_value),
+        reward = batch.reward
+        if cfg.bootstrap_truncated:  # a cut-short return goes on past its end: reward + gamma * V(final obs)
+            _, final_value = self.net.apply(params, batch.final_obs)
+            reward = reward + cfg.gamma * batch.truncated * jax.lax.stop_gradient(final_value)
+        adv, target = gae(reward, batch.done, jax.lax.stop_gradient(value), jax.lax.stop_gradient(last_value),
                           cfg.gamma, cfg.gae_lambda)
         if cfg.normalize_advantage:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -122,9 +131,12 @@ class A2C(msrl.Algorithm):
         obs = msrl.env_observe()
         for _ in range(self.cfg.rollout_len):
             out = msrl.agent_act(obs)
-            next_obs, reward, done = msrl.env_step(out.action)
-            msrl.buffer_insert(Transition(obs, out.action, reward, done))
-            obs = next_obs
+            step = msrl.env_step(out.action)
+            t = Transition(obs, out.action, step.reward, step.done)
+            if self.cfg.bootstrap_truncated:
+                t = t._replace(truncated=step.truncated, final_obs=step.final_obs)
+            msrl.buffer_insert(t)
+            obs = step.obs
         batch = msrl.buffer_get()
         metrics = msrl.agent_learn(batch, last_obs=obs)
         return metrics

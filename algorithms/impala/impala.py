@@ -126,6 +126,9 @@ class IMPALA(msrl.Algorithm):
 
     def __init__(self, cfg: IMPALAConfig, ctx: msrl.Context):
         super().__init__(cfg, ctx)
+        if cfg.bootstrap_truncated:
+            raise msrl.ConfigError("algorithm.bootstrap_truncated", f"{cfg.name} ends the return at every episode end "
+                                   "(bootstrapping a truncation is not built into V-trace yet): use ppo or a2c for that")
         if ctx.learner_envs % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the "
                                    f"{ctx.learner_envs} environments a learner sees (minibatches are whole "

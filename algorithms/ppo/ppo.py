@@ -39,6 +39,9 @@ class PPOConfig(msrl.AlgorithmConfig):
                                 "statistics of every observation the learner has seen")
     normalize_reward: bool = Field(False, description="divide rewards by the running std of each env's "
                                    "discounted return")
+    bootstrap_truncated: bool = Field(False, description="an episode cut short (truncated: a time limit) is "
+                                      "bootstrapped from the value of its final observation instead of ending its "
+                                      "return (stores each step's final observation; off: PureJaxRL's PPO)")
 
 
 class Transition(NamedTuple):
@@ -48,6 +51,8 @@ class Transition(NamedTuple):
     done: jax.Array
     log_prob: jax.Array
     value: jax.Array
+    truncated: jax.Array | None = None  # with bootstrap_truncated: the episode was cut short here,
+    final_obs: jax.Array | None = None  # and the observation it reached
 
 
 class PPOLearner(msrl.Learner):
@@ -100,7 +105,9 @@ class PPOLearner(msrl.Learner):
         cfg, stats = self.cfg, {}
         if cfg.normalize_obs:  # the statistics the actors acted with; then this batch joins them
             stats["obs_rms"] = update_stats(state["obs_rms"], batch.obs, self.mean_over_replicas)
-            batch = batch._replace(obs=normalize(state["obs_rms"], batch.obs))
+            batch = batch._replace(obs=normalize(state["obs_rms"], batch.obs),
+                                   final_obs=None if batch.final_obs is None else normalize(state["obs_rms"],
+                                                                                            batch.final_obs))
             last_obs = normalize(state["obs_rms"], last_obs)
         if cfg.normalize_reward:  # each env's discounted return runs on from the last batch
             ret = per_env_carry(state["ret"], batch.reward.shape[1])
@@ -108,6 +115,10 @@ class PPOLearner(msrl.Learner):
             stats["ret"] = per_env_carry(ret, state["ret"].shape[0])
             stats["reward_rms"] = update_stats(state["reward_rms"], returns, self.mean_over_replicas)
             batch = batch._replace(reward=scale_reward(stats["reward_rms"], batch.reward))
+        if cfg.bootstrap_truncated:  # a cut-short return goes on past its end: reward + gamma * V(final obs)
+            _, final_value = self.net.apply(state["params"], batch.final_obs)
+            batch = batch._replace(reward=batch.reward + cfg.gamma * batch.truncated * final_value, truncated=None,
+                                   final_obs=None)  # the minibatches need neither
         _, last_value = self.net.apply(state["params"], last_obs)
         adv, targets = self._gae(batch, last_value)
         data = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), (batch, adv, targets))
@@ -156,7 +167,10 @@ class PPO(msrl.Algorithm):
         obs = msrl.env_observe()
         for _ in range(self.cfg.rollout_len):
             out = msrl.agent_act(obs)
-            next_obs, reward, done = msrl.env_step(out.action)
-            msrl.buffer_insert(Transition(obs, out.action, reward, done, out.log_prob, out.value))
-            obs = next_obs
+            step = msrl.env_step(out.action)
+            t = Transition(obs, out.action, step.reward, step.done, out.log_prob, out.value)
+            if self.cfg.bootstrap_truncated:
+                t = t._replace(truncated=step.truncated, final_obs=step.final_obs)
+            msrl.buffer_insert(t)
+            obs = step.obs
         return msrl.agent_learn(msrl.buffer_get(), last_obs=obs)

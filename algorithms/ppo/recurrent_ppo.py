@@ -71,6 +71,9 @@ class RecurrentPPO(PPO):
         for key in ("normalize_obs", "normalize_reward"):
             if getattr(cfg, key):
                 raise msrl.ConfigError(f"algorithm.{key}", "recurrent_ppo does not normalize (yet): use ppo for that")
+        if cfg.bootstrap_truncated:
+            raise msrl.ConfigError("algorithm.bootstrap_truncated", "recurrent_ppo ends the return at every episode end "
+                                   "(bootstrapping a truncation is not built for it yet): use ppo for that")
         if ctx.learner_envs % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the "
                                    f"{ctx.learner_envs} environments a learner sees (minibatches are whole sequences "
