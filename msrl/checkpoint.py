@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import yaml
 
 from msrl.errors import ConfigError, TrainingError
 
@@ -180,24 +181,48 @@ def restore_state(template: Any, states: dict[str, list[Any]], key: str, path: P
     return jax.tree.unflatten(tree, out)
 
 
-def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:
-    """Refuse to resume under a config that changes the training itself (anything but the run keys above)."""
-    def diff(a: Any, b: Any, key: str) -> str | None:
+def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
+                      defaults: dict[str, Any] | None = None) -> None:
+    """Refuse to resume under a config that changes the training itself (anything but the run keys above). A
+    key the checkpoint does not hold (it was saved before msrl had the key) was trained at its value in
+    ``defaults`` (:meth:`ExperimentConfig.defaults`), where given."""
+    def diff(a: Any, b: Any, key: str) -> tuple[str, Any, Any] | None:
         if isinstance(a, dict) and isinstance(b, dict):
             for k in sorted(set(a) | set(b)):
-                if key == "run" and k in RESUMABLE_RUN_KEYS:
+                dotted = f"{key}.{k}" if key else k
+                if key == "run" and k in RESUMABLE_RUN_KEYS or \
+                        k not in a and defaults is not None and b[k] == lookup(defaults, dotted):
                     continue
-                found = diff(a.get(k), b.get(k), f"{key}.{k}" if key else k)
+                found = diff(a.get(k, _ABSENT), b.get(k, _ABSENT), dotted)
                 if found:
                     return found
             return None
-        return None if a == b else key
+        return None if a == b else (key, a, b)
 
-    key = diff(saved, now, "")
-    if key:
-        a, b = (lookup(saved, key), lookup(now, key))
-        raise ConfigError(key, f"the checkpoint {path} was trained with {key}={a!r}, this config has {b!r}; "
-                          "resume with the run's own config (RUN_DIR/config.yaml) or start a new run")
+    found = diff(saved, now, "")
+    if found:
+        key, a, b = found
+        was = f"msrl before {key} was a key" if a is _ABSENT else f"{key}={a!r}"
+        raise ConfigError(key, f"the checkpoint {path} was trained with {was}, this config has "
+                          f"{'no such key' if b is _ABSENT else repr(b)}; resume with the run's own config "
+                          "(RUN_DIR/config.yaml) or start a new run")
+
+
+_ABSENT = object()  # a key one config has and the other does not
+
+
+def sweep_order(meta: dict[str, Any], config_file: Path) -> list[str] | None:
+    """The order of the swept keys of the run whose checkpoint has ``meta`` — its members' order, the first key
+    varying slowest (msgpack stores the config's dicts with their keys sorted). A checkpoint saved before it
+    recorded the order: that of the run's config.yaml, if it sweeps the same keys; None if neither tells."""
+    swept = set((meta.get("config", {}).get("run") or {}).get("sweep") or {})
+    if "sweep_order" in meta:
+        return list(meta["sweep_order"])
+    try:
+        order = list(((yaml.safe_load(config_file.read_text()) or {}).get("run") or {}).get("sweep") or {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return order if set(order) == swept else None
 
 
 def lookup(d: dict, dotted: str) -> Any:

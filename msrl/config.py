@@ -103,6 +103,10 @@ class ExperimentConfig(BaseModel):
             "run": self.run.model_dump(mode="json"),
         }
 
+    def defaults(self) -> dict[str, Any]:
+        """:meth:`dump` of this config's sections (its algorithm's, its policy's) with every key at its default."""
+        return {s: type(getattr(self, s)).model_construct().model_dump(mode="json") for s in _SECTIONS}
+
 
 _SECTIONS = ("algorithm", "env", "policy", "run")
 _NOT_A_MAPPING = f"a config must be a mapping with keys {', '.join(_SECTIONS)}"

@@ -40,7 +40,12 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
         what = f"its {e.key} differs" if isinstance(e, ConfigError) else "it does not read"
         print(f"msrl: note: {file} is not the config the checkpoint {path} was trained with ({what}); using the "
               "checkpoint's own", file=sys.stderr, flush=True)
-    return load_config(meta["config"])
+    saved = meta["config"]
+    order = checkpoint.sweep_order(meta, file)
+    if order:  # the members in the order they were trained
+        sweep = saved["run"]["sweep"]
+        saved = {**saved, "run": {**saved["run"], "sweep": {k: sweep[k] for k in order}}}
+    return load_config(saved)
 
 
 def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, Any, Path, dict]:

@@ -500,7 +500,12 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
             raise ConfigError(arg("resume"), f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume "
                               f"from; start it again with {arg('overwrite', '')}")
         path, states, meta = good
-        checkpoint.check_same_config(meta["config"], cfg.dump(), path)
+        checkpoint.check_same_config(meta["config"], cfg.dump(), path, cfg.defaults())
+        order = checkpoint.sweep_order(meta, Path(run_dir) / "config.yaml")
+        if order is not None and list(cfg.run.sweep) != order:  # the saved states' members are in the run's order
+            raise ConfigError("run.sweep", f"the checkpoint {path} swept {', '.join(order)} in that order (its "
+                              f"members in that order); this config sweeps {', '.join(cfg.run.sweep)}: give the keys "
+                              "in the run's order")
         if cfg.run.total_env_steps < meta["env_steps"]:  # its summary would contradict the checkpoint
             raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than the "
                               f"{meta['env_steps']} env steps the checkpoint {path} already holds; resume with "
@@ -658,6 +663,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         done = session.iteration
         return {"iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
                 "episode_return": last_return, "episodes": last_episodes, "config": cfg.dump(),
+                "sweep_order": list(cfg.run.sweep),  # (the config's dicts are stored with their keys sorted)
                 **({"episode_return_per_seed": seed_returns} if seed_returns else {})}
 
     def fault(e: TrainingError) -> MsrlError:

@@ -150,3 +150,47 @@ def test_members_that_do_not_fit_in_memory_together_are_refused_before_allocatin
                                           r"\([\d.]+ [MG]B each\), but .* are free; train fewer at once"):
         msrl.train(EXAMPLES / "dqn_cartpole.yaml", ["algorithm.buffer_size=2e7", "run.num_seeds=100",
                                                     "algorithm.lr=[0.001,0.0005]", *QUICK], run_dir=tmp_path)
+
+
+def test_members_of_a_sweep_of_two_keys_are_loaded_and_resumed_in_the_order_trained(tmp_path):
+    """A sweep of lr then gamma names its members lr-major (not alphabetically: gamma before lr): each member's
+    folder loads that member's parameters (those of its run alone), also from a checkpoint of an msrl that
+    stored neither its sweep's order nor a key added since (algorithm.bootstrap_truncated), which resumes
+    too. A resume that lists the swept keys in another order (its members in another order) is refused."""
+    import hashlib
+
+    from flax import serialization
+
+    from msrl import checkpoint
+
+    run, cfg = tmp_path / "run", {"algorithm": {"name": "ppo", "rollout_len": 16, "epochs": 1, "minibatches": 2,
+                                                "hidden": [16]},
+                                  "env": {"num_envs": 4}, "run": {"total_env_steps": 128, "progress": False}}
+    sweep = ["algorithm.lr=[0.001,0.0003]", "algorithm.gamma=[0.9,0.99]", "run.tensorboard=false"]
+    assert msrl.train(cfg, sweep, run_dir=run)["members"] == ["lr=0.001,gamma=0.9", "lr=0.001,gamma=0.99",
+                                                              "lr=0.0003,gamma=0.9", "lr=0.0003,gamma=0.99"]
+    msrl.train(cfg, ["algorithm.lr=0.0003", "algorithm.gamma=0.9", "run.tensorboard=false"], run_dir=tmp_path / "alone")
+    alone = msrl.load(tmp_path / "alone").params
+
+    path = checkpoint.latest(run)  # as an msrl before sweep_order and bootstrap_truncated wrote it
+    data = serialization.msgpack_restore(path.read_bytes())
+    inner = serialization.msgpack_restore(data["payload"])
+    inner["meta"].pop("sweep_order", None)
+    inner["meta"]["config"]["algorithm"].pop("bootstrap_truncated", None)
+    data["payload"] = serialization.msgpack_serialize(inner)
+    data["sha256"] = hashlib.sha256(data["payload"]).hexdigest()
+    path.write_bytes(serialization.msgpack_serialize(data))
+    for saved in ("old", "new"):
+        member = msrl.load(run / "lr=0.0003,gamma=0.9")
+        assert (member.config.algorithm.lr, member.config.algorithm.gamma) == (0.0003, 0.9)
+        assert max_diff(member.params, alone) <= 1e-5, saved  # (another member: > 1e-3)
+        assert max_diff(msrl.load(run / "lr=0.001,gamma=0.9").params, alone) > 1e-3
+        if saved == "old":  # both resumed to 192 steps
+            for d in (run, tmp_path / "alone"):
+                msrl.train(d / "config.yaml", ["run.total_env_steps=192"], run_dir=d, resume=True)
+            alone = msrl.load(tmp_path / "alone").params
+    reordered = yaml.safe_load((run / "config.yaml").read_text())
+    reordered["run"]["sweep"] = dict(reversed(reordered["run"]["sweep"].items()))
+    with pytest.raises(ConfigError, match=r"^run.sweep: the checkpoint .* swept lr, gamma in that order .*; this "
+                                          r"config sweeps gamma, lr: give the keys in the run's order"):
+        msrl.train(reordered, ["run.total_env_steps=256"], run_dir=run, resume=True)
