@@ -212,10 +212,16 @@ def test_a_wrong_state_or_item_is_named(env, loop, says):
         msrl.compile(loop(), Fused(), env, NUM_ENVS)
 
 
-def test_a_python_if_on_the_index_of_a_scanned_loop_says_why_at_its_line(env):
+@pytest.mark.parametrize("policy", ["fused", "coarse", "fine"])
+def test_a_python_if_on_the_index_of_a_scanned_loop_says_why_at_its_line(policy):
     """The shape probe runs the loop's body once in Python (the index is a number there); the jitted program
-    scans it (the index is traced): the error comes when it compiles, at the line, with what to do."""
-    program = msrl.compile(loops.IndexIf(), Fused(), env, NUM_ENVS)
+    scans it (the index is traced): the error comes when it compiles, at the line, with what to do. Alike from a
+    split policy's replicas, which trace their fragments on their first step (it was a TrainingError there, with
+    JAX's tracer report and the generated code's frames)."""
+    from msrl.policies.single_learner import SingleLearnerCoarse, SingleLearnerFine
+
+    split = {"fused": Fused(), "coarse": SingleLearnerCoarse(actors=2), "fine": SingleLearnerFine(actors=2)}[policy]
+    program = msrl.compile(loops.IndexIf(), split, make_env("gymnax:CartPole-v1"), 4)
     with pytest.raises(msrl.CompileError, match=r"TracerBoolConversionError .*\n  hint: a Python `if`.* `i` is: "
                                                 r"the loop runs as lax.scan\): select with jnp.where") as info, \
             msrl.Session(program=program, seed=0) as session:

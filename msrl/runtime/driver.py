@@ -32,7 +32,7 @@ from msrl import services
 from msrl.backend import (Runtime, concat_along, gather_receiver, gather_senders, mean_metrics, policy_lag,
                           result_metrics, split_along, stats_fn)
 from msrl.components import episode_metrics
-from msrl.compiler.lower import materialize, user_frames
+from msrl.compiler.lower import materialize, reraise_at_user_line, user_frames
 from msrl.errors import CompileError, ConfigError, TrainingError
 
 POLL_S = 0.05
@@ -253,6 +253,13 @@ class ReplicaDriver:
         the traceback."""
         if isinstance(e, (ConfigError, CompileError)):
             return e
+        if isinstance(e, jax.errors.JAXTypeError):  # raised while the fragment is traced: the loop's error, as
+            try:  # fused reports it when it compiles (that one traces at build; a replica on its first step)
+                reraise_at_user_line(e, [self.frag.lowered], "tracing")
+            except CompileError as compile_error:
+                return compile_error
+            except Exception:  # noqa: BLE001 - not at a line of the user's: reported as any other failure below
+                pass
         frame, inner = user_frames(e, [self.frag.lowered])
         at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
         if inner is not None and frame is not None and inner[:2] != frame[:2]:
