@@ -6,6 +6,7 @@ policy brings its own keys. Unknown keys and bad values raise :class:`ConfigErro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -276,7 +277,14 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested dict, in place.
     ``policy.name=...`` applies first and drops the file's keys of the previous policy (its backend too:
-    each policy has its own default)."""
+    each policy has its own default). A key given twice takes the last value, with a note."""
+    given: dict[str, list[str]] = {}
+    for item in overrides:
+        given.setdefault(item.partition("=")[0].strip(), []).append(item)
+    for key, items in given.items():
+        if len(items) > 1 and len(set(items)) > 1:
+            print(f"msrl: note: {key} is given {len(items)} times ({', '.join(items)}): the last one holds",
+                  file=sys.stderr, flush=True)
     for item in sorted(overrides, key=lambda o: not o.startswith("policy.name=")):
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -388,6 +396,9 @@ def override_list(overrides: Any) -> list[str]:
     """``overrides`` as a list (one string is refused: it was read letter by letter)."""
     if isinstance(overrides, str):
         raise ConfigError("overrides", f"a list of KEY.PATH=VALUE strings, got one string: write [{overrides!r}]")
+    if isinstance(overrides, dict):
+        written = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in overrides.items()]
+        raise ConfigError("overrides", f"a list of KEY.PATH=VALUE strings, got a dict: write {written!r}")
     return list(overrides)
 
 

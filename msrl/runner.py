@@ -468,7 +468,12 @@ def _remove_if_unused(run_dir: Path) -> None:
 def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
            resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
            made: list[Path] | None = None, **sections: Any) -> TrainResult:
-    saved = Path(run_dir) / "config.yaml" if resume and run_dir is not None else None
+    if resume and run_dir is None:
+        raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
+    if resume and overwrite:
+        raise ConfigError(arg("overwrite"), f"a resumed run continues its directory; {arg('overwrite', '')} would "
+                          "clear it")
+    saved = Path(run_dir) / "config.yaml" if resume else None
     if cfg is None and saved is not None:
         cfg = saved
         if not cfg.is_file():
@@ -492,8 +497,6 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     if cfg.run.wandb is not None:  # (before compiling)
         _import_wandb()
     if resume:  # refuse before building anything
-        if run_dir is None:
-            raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
         prepare_run_dir(Path(run_dir), resume, overwrite)
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:

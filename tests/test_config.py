@@ -25,9 +25,24 @@ def test_example_loads_with_overrides():
     assert dumped["algorithm"]["name"] == "ppo" and dumped["run"]["seed"] == 3
     with pytest.raises(ConfigError, match=r"overrides: a list of KEY.PATH=VALUE strings, got one string: write \["):
         load_config(EXAMPLES / "ppo_cartpole.yaml", "run.seed=3")  # (it was read letter by letter)
+    with pytest.raises(ConfigError, match=r"^overrides: a list of KEY.PATH=VALUE strings, got a dict: write "
+                                          r"\['run.seed=3', 'algorithm.hidden=\[8\]'\]$"):
+        msrl.train(EXAMPLES / "ppo_cartpole.yaml", {"run.seed": 3, "algorithm.hidden": [8]})
+    # train()'s resume needs run_dir and does not overwrite (the CLI's --resume/--overwrite say so too)
+    with pytest.raises(ConfigError, match=r"^resume: resuming needs the run's directory \(run_dir\)$"):
+        msrl.train(None, resume=True)
+    with pytest.raises(ConfigError, match=r"^overwrite: a resumed run continues its directory; overwrite=True would"):
+        msrl.train(EXAMPLES / "ppo_cartpole.yaml", run_dir="anywhere", resume=True, overwrite=True)
     # a word ending in ':' is that text (YAML reads `envpool:` as {envpool: null}): the env id's own error follows
     with pytest.raises(ConfigError, match=r"env.id: envpool: is not an EnvPool environment"):
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.id=envpool:"]))
+
+
+def test_a_key_given_twice_takes_the_last_value_with_a_note(capsys):
+    cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=1", "algorithm.hidden=[32]", "run.seed=2",
+                                                       "algorithm.hidden=[32]"])
+    assert cfg.run.seed == 2 and cfg.algorithm.hidden == [32]
+    assert capsys.readouterr().err == "msrl: note: run.seed is given 2 times (run.seed=1, run.seed=2): the last one holds\n"
 
 
 def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):
