@@ -98,6 +98,8 @@ class ParameterHolder:
 
 
 HELD = ("params", "opt_state")  # the learner state the holder carries: all of it, or the policy refuses
+FITS = ("use policy.name=single_learner_coarse or multi_learner (for a loop that samples a replay buffer: replay_server, "
+        "single_learner_fine or multi_learner)")
 
 
 def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, Any]:
@@ -107,14 +109,13 @@ def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, An
     state = (init or learner.init)(key)
     if not isinstance(state, dict) or "params" not in state:
         raise msrl.ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
-                               f"{type(learner).__name__}.init() returns no dict with a 'params' key; use "
-                               "policy.name=single_learner_coarse or multi_learner")
+                               f"{type(learner).__name__}.init() returns no dict with a 'params' key; " + FITS)
     extra = sorted(set(state) - set(HELD))
     if extra:
         raise msrl.ConfigError("policy.name", f"async's parameter holder carries a learner's params and optimizer "
                           f"state only, but {type(learner).__name__}'s state also holds {', '.join(map(repr, extra))}, "
                           "which every worker would compute and throw away (target networks, keys and counters "
-                          "would never advance); use policy.name=single_learner_coarse or multi_learner")
+                          "would never advance); " + FITS)
     return state
 
 
@@ -163,13 +164,13 @@ class RemoteLearner:
         except jax.errors.UnexpectedTracerError:  # the step ran inside a loop of learn(): several steps
             raise msrl.ConfigError("policy.name", "async needs a learner that makes one optimizer step per learn(); "
                               f"{name}.learn() steps inside a loop (minibatches, epochs)"
-                              "; use single_learner_coarse or multi_learner") from None
+                              "; " + FITS) from None
         if not bool(is_step):
             raise msrl.ConfigError("policy.name", f"async's parameter holder applies {name}.optimizer()'s step to "
                                    f"the gradient {name}.learn() computes, and nothing else, but learn() returns "
                                    "other parameters or optimizer state than that step (it changes the update or the "
                                    "new parameters: clipping, scaling, ...); the workers would train something other "
-                                   "than the loop; use policy.name=single_learner_coarse or multi_learner")
+                                   "than the loop; " + FITS)
         params, opt_state, version, staleness = self.holder.call("push", grads, state["param_version"])
         state = {**state, "params": params, "opt_state": opt_state, "param_version": np.int32(version)}
         return state, {**metrics, "policy_lag": staleness}

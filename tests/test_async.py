@@ -121,9 +121,16 @@ def test_a_learner_that_changes_its_optimizer_step_is_refused_and_one_that_reads
 
 
 def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
-    """PPO's learner state holds its shuffling key beside params and opt_state: the holder would drop it."""
+    """PPO's learner state holds its shuffling key beside params and opt_state: the holder would drop it. DQN's
+    holds its target network, and the policies named for it include those that run a loop that samples a replay
+    buffer (single_learner_coarse refuses DQN's)."""
     with pytest.raises(ConfigError, match="policy.name.*PPOLearner's state also holds 'key'.*single_learner_coarse"):
         msrl.build(load_config(CARTPOLE, ["policy.name=async", "policy.workers=2", "env.num_envs=4"]))
+    with pytest.raises(ConfigError, match=r"DQNLearner's state also holds .*'target'.*; use policy.name=.* \(for a loop "
+                                          r"that samples a replay buffer: replay_server, single_learner_fine or "
+                                          r"multi_learner\)$"):
+        msrl.build(load_config(EXAMPLES / "dqn_cartpole.yaml", ["policy.name=async", "policy.workers=2",
+                                                                 "env.num_envs=4"]))
 
 
 def test_ray_one_worker_matches_threads(ray_cluster):
