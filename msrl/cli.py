@@ -19,7 +19,7 @@ def _graph_text(program: Any) -> str:
         lines.append(f"  {f.name}: replicas={f.spec.replicas} backend={f.spec.backend} jit={f.spec.jit} "
                      f"state={','.join(f.state_keys)}")
     lines.append(f"env steps per iteration: {program.env_steps_per_iteration}")
-    lines.append("nodes (program order):")
+    lines.append("nodes (program order; shapes are the whole program's, all replicas of a fragment together):")
 
     def depth(n: str) -> int:
         d, p = 0, g.nodes[n].get("parent")
@@ -146,6 +146,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from msrl.config import load_config
     from msrl.plot import check_image_file
     from msrl.runner import build
+    from msrl.runtime.session import check_members
 
     suffixes = {".png": "png", ".svg": "png", ".pdf": "png", ".json": "json", ".dot": "dot", ".gv": "dot"}
     suffix = Path(args.output).suffix.lower() if args.output else ""
@@ -170,7 +171,9 @@ def cmd_graph(args: argparse.Namespace) -> int:
         if other:
             raise ConfigError("--policy", f"--policy {args.policy} and {other[0]} name different policies; give one")
         overrides.append(f"policy.name={args.policy}")
-    program = build(load_config(args.config, overrides))
+    cfg = load_config(args.config, overrides)
+    check_members(cfg.policy.backend, cfg.run)  # what train refuses (several seeds or a sweep on one backend)
+    program = build(cfg)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     if args.format == "png":

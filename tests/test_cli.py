@@ -31,7 +31,7 @@ def test_graph_json_shows_api_nodes_loop_state_edges_and_shapes(capsys):
     kinds = {e["kind"] for e in g["edges"]}
     assert kinds == {"data", "state", "params"}
     batch = [e for e in g["edges"] if e["kind"] == "data" and e["dtype"] == "Transition"]
-    assert batch and batch[0]["shape"][0] == "float32[128, 4, 4]"  # [rollout, envs, obs]
+    assert {e["shape"][0] for e in batch} == {"float32[4, 4]", "float32[128, 4, 4]"}  # a step's; the batch's
     assert all({"src", "dst", "kind", "name", "shape", "dtype"} <= set(e) for e in g["edges"])
     assert g["fragments"][0] | {"state": None} == {"name": "main", "replicas": 1, "backend": "jax", "device": None,
                                                    "jit": True, "state": None}
@@ -181,6 +181,9 @@ def test_graph_refuses_policy_and_a_different_policy_name_override(capsys):
     assert capsys.readouterr().err == ("msrl: error: --policy: --policy fused and policy.name=single_learner_coarse "
                                        "name different policies; give one\n")
     assert main(["graph", CARTPOLE, "policy.name=fused", "--policy", "fused"]) == 0
+    capsys.readouterr()
+    assert main(["graph", CARTPOLE, "--policy", "single_learner_coarse", "run.num_seeds=2"]) == 2  # as train refuses
+    assert "msrl: error: run.num_seeds: the threads backend runs one seed per program" in capsys.readouterr().err
 
 
 def test_the_saved_config_holds_the_env_count_envs_per_actor_sets(tmp_path):
