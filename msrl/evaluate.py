@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,6 @@ MAX_EPISODES = 100_000  # episodes run side by side: more would not fit in memor
 def trained_config(file: Path, meta: dict, path: Path) -> Any:
     """The config the checkpoint at ``path`` was trained with (its own copy; the run's ``file``, config.yaml,
     for a checkpoint without one). A config.yaml that differs from it (edited by hand) is named in a note."""
-    import sys
-
     import yaml
 
     if "config" not in meta:
@@ -86,6 +85,10 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
             raise ConfigError(arg("run_seed"), f"{run_dir} trained seed {run_seed} with {len(found)} swept values; "
                               f"evaluate one member's folder instead (e.g. {run_dir / each[found[0]].name})")
         i = found[0]
+    elif len(each) > 1:
+        print(f"msrl: note: {run_dir} trained {len(each)} members; this is the first, {each[0].name} (another: give "
+              f"its folder, e.g. {run_dir / each[1].name}" + (f", or {arg('run_seed')}" if not cfg.run.sweep else "")
+              + ")", file=sys.stderr, flush=True)
     swept, cfg = bool(cfg.run.sweep), member_config(cfg, each[i])  # (a member's config sweeps nothing)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),

@@ -152,11 +152,12 @@ def test_members_that_do_not_fit_in_memory_together_are_refused_before_allocatin
                                                     "algorithm.lr=[0.001,0.0005]", *QUICK], run_dir=tmp_path)
 
 
-def test_members_of_a_sweep_of_two_keys_are_loaded_and_resumed_in_the_order_trained(tmp_path):
+def test_members_of_a_sweep_of_two_keys_are_loaded_and_resumed_in_the_order_trained(tmp_path, capsys):
     """A sweep of lr then gamma names its members lr-major (not alphabetically: gamma before lr): each member's
     folder loads that member's parameters (those of its run alone), also from a checkpoint of an msrl that
     stored neither its sweep's order nor a key added since (algorithm.bootstrap_truncated), which resumes
-    too. A resume that lists the swept keys in another order (its members in another order) is refused."""
+    too. The run's root loads its first member, with a note. A resume that lists the swept keys in another order
+    (its members in another order) is refused."""
     import hashlib
 
     from flax import serialization
@@ -189,6 +190,10 @@ def test_members_of_a_sweep_of_two_keys_are_loaded_and_resumed_in_the_order_trai
             for d in (run, tmp_path / "alone"):
                 msrl.train(d / "config.yaml", ["run.total_env_steps=192"], run_dir=d, resume=True)
             alone = msrl.load(tmp_path / "alone").params
+    capsys.readouterr()
+    assert msrl.load(run).config.algorithm.lr == 0.001  # the run's root: its first member, with a note
+    assert f"msrl: note: {run} trained 4 members; this is the first, lr=0.001,gamma=0.9 (another: give its folder, " \
+           f"e.g. {run}/lr=0.001,gamma=0.99)" in capsys.readouterr().err
     reordered = yaml.safe_load((run / "config.yaml").read_text())
     reordered["run"]["sweep"] = dict(reversed(reordered["run"]["sweep"].items()))
     with pytest.raises(ConfigError, match=r"^run.sweep: the checkpoint .* swept lr, gamma in that order .*; this "
