@@ -138,8 +138,18 @@ def lines(run_dirs: list[Path], aggregate: bool = False) -> list[list[Path]]:
     per config (its seeds' mean), any other run its own line; ``aggregate`` joins the folders of every run given
     whose configs differ only under ``run``."""
     groups: dict[tuple, list[Path]] = {}
+    given, seen = set(), set()  # each folder drawn once, though given twice (or on its own and with its run)
     for k, d in enumerate(run_dirs):
+        if d.resolve() in given:
+            print(f"msrl plot: note: {d} is given twice; it is drawn once", file=sys.stderr)
+            continue
+        given.add(d.resolve())
         for member in _members(d) or [d]:
+            if member.resolve() in seen:
+                print(f"msrl plot: note: {member} is given on its own and with its run; it is drawn once",
+                      file=sys.stderr)
+                continue
+            seen.add(member.resolve())
             groups.setdefault((_group_key(member),) if aggregate else (k, _group_key(member)), []).append(member)
     return list(groups.values())
 
@@ -179,8 +189,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
                   f"{max(ends.values()):,}: their mean is drawn up to {ends[shortest]:,}", file=sys.stderr)
         values = {re.sub(r",?seed_\d+$", "", names[d]) for d in group}  # a sweep's members: their value
         parents = {d.parent for d in group}
-        if len(values) == 1 and "" not in values:
+        if len(values) == 1 and "" not in values:  # one swept value's seeds: named with their run's folder
             shown = values.pop()
+            if len(parents) == 1 and "/" not in shown:
+                shown = f"{parents.pop().resolve().name}/{shown}"
         elif values == {""} and len(parents) == 1:  # the seeds of one run: the run's folder
             shown = parents.pop().resolve().name
         else:
