@@ -480,6 +480,25 @@ class CarryChangesDtype(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class LearnFeedsActing(Base):
+    """Two rollouts an iteration; the second's rewards add what the first learn returned: a buffer insert that uses
+    a learner's output (single_learner_coarse would have to put it on the learner's side, away from the buffer)."""
+
+    def rollout(self, obs, bonus):
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward + bonus, done))  # E:fed_insert
+            obs = next_obs
+        return obs
+
+    def train_step(self):
+        obs = self.rollout(msrl.env_observe(), 0.0)
+        first = msrl.agent_learn(msrl.buffer_get())  # E:first_learn
+        self.rollout(obs, 0.1 * first["w"])
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 REJECTED = {
     "while": WhileLoop,
     "data_if": DataIf,

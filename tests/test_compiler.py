@@ -182,6 +182,21 @@ def test_policy_that_splits_component_state_is_rejected(env):
         msrl.compile(loops.Simple(), SplitEnv(), env, NUM_ENVS)
 
 
+def test_a_split_buffer_says_when_a_learners_output_placed_the_insert(env):
+    """A buffer insert that uses what agent_learn returned lands on coarse's learner side: the refusal names the
+    learn that placed it there and the policies that run such a loop (the hint was replay_server's, which does not
+    fit an on-policy loop); single_learner_fine runs it."""
+    from msrl.policies.single_learner import SingleLearnerCoarse, SingleLearnerFine
+
+    learn = f"loops.py:{loops.marked_line('first_learn')}"
+    with pytest.raises(msrl.CompileError, match=rf"'learner' because it uses a value `first = msrl.agent_learn\("
+                                                rf"msrl.buffer_get\(\)\)  # E:first_learn` \(.*{learn}\) computes "
+                                                r"there\n  hint: .* or use single_learner_fine or fused") as info:
+        msrl.compile(loops.LearnFeedsActing(), SingleLearnerCoarse(actors=1), env, NUM_ENVS)
+    assert info.value.line == loops.marked_line("fed_insert")
+    msrl.compile(loops.LearnFeedsActing(), SingleLearnerFine(actors=1), env, NUM_ENVS)
+
+
 def test_a_jax_error_that_introduces_its_detail_keeps_it_in_the_one_line_message(env):
     """JAX's "... but they differ:" is followed by what differs; the error keeps that line (it ended at "differ:")."""
     program = msrl.compile(loops.CarryChangesDtype(), Fused(), env, NUM_ENVS)

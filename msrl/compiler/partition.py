@@ -56,6 +56,24 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
     return fragments, assign
 
 
+def _learned_before(fdg: nx.MultiDiGraph, node: str, fragment: str, by_id: dict[str, Stmt]) -> Stmt | None:
+    """The nearest ``msrl.agent_learn`` in ``fragment`` whose value ``node`` uses (through data edges), if any."""
+    seen, frontier = {node}, [node]
+    while frontier:
+        nxt = []
+        for n in frontier:
+            for p, _, data in fdg.in_edges(n, data=True):
+                if data["kind"] != "data" or p in seen or p not in by_id:
+                    continue
+                seen.add(p)
+                stmt = by_id[p]
+                if stmt.kind == "api" and stmt.api.name == "agent_learn" and fdg.nodes[p]["fragment"] == fragment:
+                    return stmt
+                nxt.append(p)
+        frontier = nxt
+    return None
+
+
 def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments: dict[str, FragmentSpec],
               assign: dict[str, str], services: tuple[str, ...] = (), buffer_shards: int = 1) -> Plan:
     """Split ``fdg`` (annotated with shapes) by the roles: a comm node on every cut edge; the frozen plan."""
@@ -76,10 +94,15 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
             continue
         if data["kind"] == "state":
             s, t = by_id[u], by_id[v]
+            learn = _learned_before(fdg, v, fv, by_id)  # (what placed t on the learner's side, where it is)
             raise CompileError(
                 f"policy {policy.name!r} splits the state of component '{var[1:]}' between fragments {fu!r} "
-                f"(`{s.source}`, {s.where}) and {fv!r} (`{t.source}`, {t.where})", t.file, t.line,
+                f"(`{s.source}`, {s.where}) and {fv!r} (`{t.source}`, {t.where})" + (
+                    f"; {fv!r} because it uses a value `{learn.source}` ({learn.where}) computes there"
+                    if learn else ""), t.file, t.line,
                 "a component's state lives in one fragment; " + (
+                    "compute that value without what the learner returns, or use single_learner_fine or fused, "
+                    "which run the loop whole" if learn else
                     "a replay buffer that actors fill and the learner samples is policy.name=replay_server's job "
                     "(or single_learner_fine, which keeps the buffer central)" if var == "@buffer" else
                     f"the loop calls the {var[1:]} on both sides of this policy's cut: use a policy that keeps "
