@@ -200,7 +200,7 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError("", _NOT_A_MAPPING)
     unknown = [k for k in data if k not in _SECTIONS]
     if unknown:
-        raise ConfigError(_name(unknown[0]), unknown_key(str(unknown[0]), _SECTIONS))
+        raise ConfigError(_name(unknown[0]), unknown_key(str(unknown[0]), _SECTIONS) + _section_of(unknown[0], data))
     for section in _SECTIONS:
         if data.get(section) is not None and not isinstance(data[section], dict):
             raise ConfigError(section, f"must be a mapping of keys, got {quote(data[section])} "
@@ -236,6 +236,16 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     return cfg
 
 
+def _section_of(key: Any, data: dict[str, Any]) -> str:
+    """`` (did you mean algorithm.lr?)`` where a top-level ``key`` is a key of one of the sections."""
+    algo = data.get("algorithm")
+    models = {"run": RunConfig, "env": EnvConfig}
+    if isinstance(algo, dict) and isinstance(algo.get("name"), str) and algo["name"] in ALGORITHMS.names():
+        models["algorithm"] = ALGORITHMS.get(algo["name"]).Config
+    found = [f"{section}.{key}" for section, model in models.items() if key in model.model_fields]
+    return f" (did you mean {' or '.join(found)}?)" if found else ""
+
+
 def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """``run`` with the algorithm's list-valued float keys (``lr: [1e-3, 5e-4]``) moved into ``run.sweep``;
     ``algo`` keeps each swept key's first value. Returns ``run``; refuses keys a sweep cannot vary."""
@@ -261,15 +271,16 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
     for key, values in sweep.items():
         field = model.model_fields.get(key)
         if field is None:
-            raise ConfigError(f"run.sweep.{_name(key)}", f"not a key of algorithm {algo.get('name')}; its float keys: "
-                              + ", ".join(k for k, f in model.model_fields.items() if f.annotation is float))
+            floats = [k for k, f in model.model_fields.items() if f.annotation is float]
+            raise ConfigError(f"run.sweep.{_name(key)}", f"not a key of algorithm {algo.get('name')}; "
+                              f"{did_you_mean(key, floats)}its float keys: " + ", ".join(floats))
         if field.annotation is not float:
             raise ConfigError(f"algorithm.{key}", "one program sweeps float keys only (a count, a size or a choice "
                               "changes the program's shapes): run one program per value")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"run.sweep.{key}", f"must be a non-empty list of values, got {quote(values)}")
         if len(set(map(_number_or_repr, values))) < len(values):  # 1e-3 and 0.001 are one value
-            raise ConfigError(f"run.sweep.{key}", f"lists a value twice: {quote(values)}")
+            raise ConfigError(f"run.sweep.{key}", f"lists a value twice: {quote(list(map(_number_or_repr, values)))}")
         algo[key] = values[0]
     return {**run, "sweep": sweep} if sweep else run
 
@@ -315,6 +326,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 print(f"msrl: note: {item} replaces policy {quote(node.get('name'))}: its keys "
                       f"{', '.join(f'{k}={quote(v)}' for k, v in dropped.items())} are dropped (give the ones you "
                       f"want again, e.g. policy.{next(iter(dropped))}=...)", file=sys.stderr, flush=True)
+        if parts == ["algorithm", "name"] and isinstance(node.get("name"), str) and node["name"] != value and \
+                isinstance(value, str) and value in ALGORITHMS.names():  # switching algorithm: its keys must be
+            fields = ALGORITHMS.get(value).Config.model_fields       # the new one's (unlike policies', not dropped)
+            stale = [k for k in node if k not in fields]
+            if stale:
+                raise ConfigError(f"algorithm.{_name(stale[0])}", f"{value} has no such key: the config gives it for "
+                                  f"{node['name']}, which {item} replaces; drop {', '.join(map(str, stale))} from the "
+                                  f"config, or start from a config of {value}")
         node[parts[-1]] = value
     return data
 
@@ -423,7 +442,10 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> di
             raise ConfigError(e.key, f"{p}: {e.message}") from None
         except _YAML_ERRORS as e:
             raise ConfigError("", f"{p}: not valid YAML: {e}") from None
-        data = {} if data is None else data  # an empty file
+        if data is None and not any(o.partition("=")[0].strip() in ("algorithm.name", "algorithm")
+                                    for o in overrides):  # an empty file, and nothing names an algorithm
+            raise ConfigError("algorithm.name", f"missing: {p} is empty; available: {', '.join(ALGORITHMS.names())}")
+        data = {} if data is None else data
         if not isinstance(data, dict):
             raise ConfigError("", f"{p}: {_NOT_A_MAPPING}, got {type(data).__name__} {quote(data)}")
     data = apply_overrides(data, overrides)

@@ -72,7 +72,9 @@ def did_you_mean(name: object, choices: object) -> str:
     """``"did you mean 'x'? "`` where ``name`` looks like a typo of one of ``choices``, else ``""``."""
     import difflib
 
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1)
+    choices = [str(c) for c in choices]
+    close = [c for c in choices if c.lower() == str(name).lower()] or \
+        difflib.get_close_matches(str(name), choices, n=1)  # (`PPO`: the case alone differs)
     return f"did you mean {close[0]!r}? " if close else ""
 
 

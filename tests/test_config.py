@@ -38,6 +38,24 @@ def test_example_loads_with_overrides():
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.id=envpool:"]))
 
 
+def test_messages_for_slips_say_what_was_meant(tmp_path):
+    """A section left out, a name in capitals, a swept typo, an empty file, another algorithm's keys after a switch."""
+    cases = [(["lr=1e-3"], r"^lr: unknown key; allowed keys: algorithm, env, policy, run \(did you mean algorithm.lr\?\)$"),
+             (["algorithm.name=PPO"], r"^algorithm.name: unknown algorithm 'PPO'; did you mean 'ppo'\? "),
+             (["run.sweep.lrr=[1e-3,2e-3]"], r"^run.sweep.lrr: not a key of algorithm ppo; did you mean 'lr'\? "),
+             (["algorithm.lr=[1e-3,0.001]"], r"^run.sweep.lr: lists a value twice: \[0.001, 0.001\]$"),
+             (["algorithm.name=a2c"], r"^algorithm.epochs: a2c has no such key: the config gives it for ppo, which "
+                                      r"algorithm.name=a2c replaces; drop epochs, minibatches, clip_eps from the "
+                                      r"config, or start from a config of a2c$")]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            load_config(EXAMPLES / "ppo_cartpole.yaml", overrides)
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ConfigError, match=rf"^algorithm.name: missing: {tmp_path / 'empty.yaml'} is empty; available"):
+        load_config(tmp_path / "empty.yaml")
+    assert load_config(tmp_path / "empty.yaml", ["algorithm.name=a2c"]).algorithm.name == "a2c"
+
+
 def test_a_key_given_twice_takes_the_last_value_with_a_note(capsys):
     cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=1", "algorithm.hidden=[32]", "run.seed=2",
                                                        "algorithm.hidden=[32]"])
