@@ -89,6 +89,13 @@ def test_bad_multi_agent_configs_are_errors_naming_the_key():
         load_config(SPREAD, ["algorithm.agent_ids=maybe"])
 
 
+def test_an_env_whose_spaces_give_their_shape_as_a_number_is_read():
+    """Hanabi's observation space says shape 658, not (658,) (it was "TypeError: 'numpy.int64' object is not
+    iterable")."""
+    spec = make_env("jaxmarl:hanabi").spec
+    assert (spec.obs_shape, spec.num_agents, spec.action_space) == ((658,), 2, msrl.Discrete(21))
+
+
 def test_an_mpe_env_is_made_and_unpickled_without_importing_every_jaxmarl_env(tmp_path):
     """JaxMARL's package import imports all its envs (STORM, SMAX, JaxNav, MABrax with Brax and MuJoCo: ~3 s);
     an MPE env is made, and unpickled in a fresh process (as a Ray actor does), with its MPE modules alone. A

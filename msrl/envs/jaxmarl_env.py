@@ -125,7 +125,7 @@ class JaxMarlEnv(FunctionalEnv):
         self.agents = list(self.env.agents)
         if not self.agents:
             raise ConfigError("env.kwargs", f"jaxmarl:{name} made with {kwargs} has no agents")
-        obs_spaces = {tuple(self.env.observation_space(a).shape) for a in self.agents}
+        obs_spaces = {tuple(np.atleast_1d(self.env.observation_space(a).shape).tolist()) for a in self.agents}
         act_spaces = {_describe(self.env.action_space(a)) for a in self.agents}
         if len(obs_spaces) > 1 or len(act_spaces) > 1:
             raise ConfigError("env.id", f"jaxmarl:{name}: its agents have different observation or action spaces "
