@@ -503,8 +503,12 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
             raise ConfigError(arg("resume"), f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume "
                               f"from; start it again with {arg('overwrite', '')}")
         path, states, meta = good
-        checkpoint.check_same_config(meta["config"], cfg.dump(), path, cfg.defaults())
         order = checkpoint.sweep_order(meta, Path(run_dir) / "config.yaml")
+        swept = order or list((meta["config"].get("run") or {}).get("sweep") or {})
+        if set(swept) != set(cfg.run.sweep):  # (before the values a new swept key's first one differs in)
+            raise ConfigError("run.sweep", f"the checkpoint {path} swept {', '.join(swept) or 'nothing'}; this config "
+                              f"sweeps {', '.join(cfg.run.sweep) or 'nothing'}: a resumed run keeps its members")
+        checkpoint.check_same_config(meta["config"], cfg.dump(), path, cfg.defaults())
         if order is not None and list(cfg.run.sweep) != order:  # the saved states' members are in the run's order
             raise ConfigError("run.sweep", f"the checkpoint {path} swept {', '.join(order)} in that order (its "
                               f"members in that order); this config sweeps {', '.join(cfg.run.sweep)}: give the keys "

@@ -199,3 +199,6 @@ def test_members_of_a_sweep_of_two_keys_are_loaded_and_resumed_in_the_order_trai
     with pytest.raises(ConfigError, match=r"^run.sweep: the checkpoint .* swept lr, gamma in that order .*; this "
                                           r"config sweeps gamma, lr: give the keys in the run's order"):
         msrl.train(reordered, ["run.total_env_steps=256"], run_dir=run, resume=True)
+    with pytest.raises(ConfigError, match=r"^run.sweep: the checkpoint .* swept lr, gamma; this config sweeps lr, "
+                                          r"gamma, ent_coef: a resumed run keeps its members$"):
+        msrl.train(run / "config.yaml", ["algorithm.ent_coef=[0.01,0.02]"], run_dir=run, resume=True)
