@@ -470,6 +470,10 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
            made: list[Path] | None = None, **sections: Any) -> TrainResult:
     if resume and run_dir is None:
         raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
+    try:
+        run_dir is None or Path(run_dir).exists()
+    except OSError as e:  # a name too long, say
+        raise ConfigError(arg("run_dir"), f"{run_dir}: {e.strerror}") from None
     if resume and overwrite:
         raise ConfigError(arg("overwrite"), f"a resumed run continues its directory; {arg('overwrite', '')} would "
                           "clear it")

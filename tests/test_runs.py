@@ -27,6 +27,8 @@ SHORT = [*QUICK[:2], "run.total_env_steps=4096"]
 
 def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
     run = tmp_path / "run"
+    with pytest.raises(msrl.ConfigError, match=r"^run_dir: .*/a{300}: File name too long$"):  # (was a bare OSError)
+        msrl.train(CARTPOLE, SHORT, run_dir=tmp_path / ("a" * 300))
     assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=1024", "--run-dir", str(run)]) == 0
     first = json.loads((run / "summary.json").read_text())
     assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run)]) == 2
