@@ -315,6 +315,11 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
         raise ConfigError(arg("resume" if resume else "run_dir"), f"{run_dir} is one member's folder of the run in "
                           f"{run}, which holds every member's checkpoints: "
                           + (f"resume {run}" if resume else f"choose another {arg('run_dir')}"))
+    outer = next((p for p in run_dir.resolve().parents if (p / "config.yaml").is_file() and
+                  ((p / "checkpoints").is_dir() or (p / "metrics.csv").is_file())), None)
+    if outer is not None:  # (its --overwrite would keep this one as the user's files; its plots would not see it)
+        raise ConfigError(arg("run_dir"), f"{run_dir} is inside the run in {outer}: choose a {arg('run_dir')} "
+                          "outside it")
     if resume or not run_dir.exists() or not any(run_dir.iterdir()):
         return False
     is_run = any((run_dir / name).exists() for name in RUN_FILES)

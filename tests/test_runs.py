@@ -36,6 +36,9 @@ def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(tmp_path, capsys):
         in capsys.readouterr().err
     with pytest.raises(ConfigError) as info:  # from Python: train()'s keywords, not the CLI's flags
         msrl.train(CARTPOLE, SHORT, run_dir=run)
+    with pytest.raises(ConfigError, match=rf"^run_dir: {run}/inner is inside the run in {run}: choose a run_dir "
+                                          "outside it$"):  # (--overwrite would keep it as the user's files)
+        msrl.train(CARTPOLE, SHORT, run_dir=run / "inner")
     assert str(info.value) == f"run_dir: {run} already holds a run; continue it with resume=True, or replace it " \
         "with overwrite=True"
     # a replacement the compiler refuses leaves the old run as it was
