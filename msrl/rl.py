@@ -242,6 +242,20 @@ class ActorCriticOutput(NamedTuple):
     value: jax.Array
 
 
+def bootstrap_truncated_field() -> Any:
+    """The ``bootstrap_truncated`` key of an on-policy algorithm's config (off: PureJaxRL's and CleanRL's way)."""
+    return Field(False, description="an episode cut short (truncated: a time limit) is bootstrapped from the value "
+                 "of its final observation instead of ending its return (the buffer keeps each step's final "
+                 "observation)")
+
+
+def truncation(step: Any, wanted: bool) -> dict[str, Any]:
+    """What a transition keeps to bootstrap an episode cut short (``bootstrap_truncated``): ``truncated``, where
+    one was (an end that is terminal too is not), and ``final_obs``, the observation it reached; nothing unless
+    ``wanted``. The learner adds ``gamma * V(final_obs)`` to the reward of such a step."""
+    return {"truncated": step.truncated & ~step.terminated, "final_obs": step.final_obs} if wanted else {}
+
+
 def gae(reward, done, value, last_value, gamma: float, lam: float):
     """Generalized advantage estimation over a time-major rollout (``[time, env]``): returns the advantages
     and the value targets (advantages + values). An episode end (``done``) cuts the bootstrap; the episode

@@ -20,7 +20,7 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import ActorCritic, ActorCriticActor, action_dim, flat, gae, policy
+from msrl.rl import ActorCritic, ActorCriticActor, action_dim, bootstrap_truncated_field, flat, gae, policy, truncation
 
 
 class A2CConfig(msrl.AlgorithmConfig):
@@ -41,9 +41,7 @@ class A2CConfig(msrl.AlgorithmConfig):
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
     activation: Literal["tanh", "relu"] = "tanh"
-    bootstrap_truncated: bool = Field(False, description="an episode cut short (truncated: a time limit) is "
-                                      "bootstrapped from the value of its final observation instead of ending its "
-                                      "return (stores each step's final observation)")
+    bootstrap_truncated: bool = bootstrap_truncated_field()
 
 
 class Transition(NamedTuple):
@@ -132,10 +130,8 @@ class A2C(msrl.Algorithm):
         for _ in range(self.cfg.rollout_len):
             out = msrl.agent_act(obs)
             step = msrl.env_step(out.action)
-            t = Transition(obs, out.action, step.reward, step.done)
-            if self.cfg.bootstrap_truncated:
-                t = t._replace(truncated=step.truncated, final_obs=step.final_obs)
-            msrl.buffer_insert(t)
+            msrl.buffer_insert(Transition(obs, out.action, step.reward, step.done,
+                                          **truncation(step, self.cfg.bootstrap_truncated)))
             obs = step.obs
         batch = msrl.buffer_get()
         metrics = msrl.agent_learn(batch, last_obs=obs)

@@ -11,9 +11,9 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, action_dim, discounted_returns, flat,
-                     gae, minibatch_epochs, normalization_state, normalize, per_env_carry, policy, scale_reward,
-                     update_stats, with_obs_stats)
+from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, action_dim, bootstrap_truncated_field,
+                     discounted_returns, flat, gae, minibatch_epochs, normalization_state, normalize, per_env_carry,
+                     policy, scale_reward, truncation, update_stats, with_obs_stats)
 
 
 class PPOConfig(msrl.AlgorithmConfig):
@@ -39,9 +39,7 @@ class PPOConfig(msrl.AlgorithmConfig):
                                 "statistics of every observation the learner has seen")
     normalize_reward: bool = Field(False, description="divide rewards by the running std of each env's "
                                    "discounted return")
-    bootstrap_truncated: bool = Field(False, description="an episode cut short (truncated: a time limit) is "
-                                      "bootstrapped from the value of its final observation instead of ending its "
-                                      "return (stores each step's final observation; off: PureJaxRL's PPO)")
+    bootstrap_truncated: bool = bootstrap_truncated_field()
 
 
 class Transition(NamedTuple):
@@ -168,9 +166,7 @@ class PPO(msrl.Algorithm):
         for _ in range(self.cfg.rollout_len):
             out = msrl.agent_act(obs)
             step = msrl.env_step(out.action)
-            t = Transition(obs, out.action, step.reward, step.done, out.log_prob, out.value)
-            if self.cfg.bootstrap_truncated:
-                t = t._replace(truncated=step.truncated, final_obs=step.final_obs)
-            msrl.buffer_insert(t)
+            msrl.buffer_insert(Transition(obs, out.action, step.reward, step.done, out.log_prob, out.value,
+                                          **truncation(step, self.cfg.bootstrap_truncated)))
             obs = step.obs
         return msrl.agent_learn(msrl.buffer_get(), last_obs=obs)
