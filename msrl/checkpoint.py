@@ -191,7 +191,7 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
             for k in sorted(set(a) | set(b)):
                 dotted = f"{key}.{k}" if key else k
                 if key == "run" and k in RESUMABLE_RUN_KEYS or \
-                        k not in a and defaults is not None and b[k] == lookup(defaults, dotted):
+                        k not in a and defaults is not None and b[k] == lookup(defaults, dotted, _ABSENT):
                     continue
                 found = diff(a.get(k, _ABSENT), b.get(k, _ABSENT), dotted)
                 if found:
@@ -199,7 +199,9 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
             return None
         return None if a == b else (key, a, b)
 
-    found = diff(saved, now, "")
+    # the names first: another algorithm's (or policy's) keys are not keys msrl added since
+    names = [(k, lookup(saved, k), lookup(now, k)) for k in ("algorithm.name", "policy.name")]
+    found = next((n for n in names if n[1] != n[2]), None) or diff(saved, now, "")
     if found:
         key, a, b = found
         was = f"msrl before {key} was a key" if a is _ABSENT else f"{key}={a!r}"
@@ -215,17 +217,19 @@ def sweep_order(meta: dict[str, Any], config_file: Path) -> list[str] | None:
     """The order of the swept keys of the run whose checkpoint has ``meta`` — its members' order, the first key
     varying slowest (msgpack stores the config's dicts with their keys sorted). A checkpoint saved before it
     recorded the order: that of the run's config.yaml, if it sweeps the same keys; None if neither tells."""
-    swept = set((meta.get("config", {}).get("run") or {}).get("sweep") or {})
     if "sweep_order" in meta:
         return list(meta["sweep_order"])
-    try:
+    swept = set((meta.get("config", {}).get("run") or {}).get("sweep") or {})
+    try:  # (a config.yaml edited by hand would give its own order)
         order = list(((yaml.safe_load(config_file.read_text()) or {}).get("run") or {}).get("sweep") or {})
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return order if set(order) == swept else None
 
 
-def lookup(d: dict, dotted: str) -> Any:
+def lookup(d: dict, dotted: str, missing: Any = None) -> Any:
     for k in dotted.split("."):
-        d = d.get(k) if isinstance(d, dict) else None
+        if not isinstance(d, dict) or k not in d:
+            return missing
+        d = d[k]
     return d

@@ -33,18 +33,19 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
 
     if "config" not in meta:
         return load_config(file)
-    try:
-        checkpoint.check_same_config(meta["config"], yaml.safe_load(file.read_text()) or {}, path)
-    except (ConfigError, yaml.YAMLError, OSError) as e:
-        what = f"its {e.key} differs" if isinstance(e, ConfigError) else "it does not read"
-        print(f"msrl: note: {file} is not the config the checkpoint {path} was trained with ({what}); using the "
-              "checkpoint's own", file=sys.stderr, flush=True)
     saved = meta["config"]
     order = checkpoint.sweep_order(meta, file)
     if order:  # the members in the order they were trained
         sweep = saved["run"]["sweep"]
         saved = {**saved, "run": {**saved["run"], "sweep": {k: sweep[k] for k in order}}}
-    return load_config(saved)
+    cfg = load_config(saved)
+    try:  # (a key msrl added since the checkpoint, at its default in config.yaml, is no difference)
+        checkpoint.check_same_config(saved, yaml.safe_load(file.read_text()) or {}, path, cfg.defaults())
+    except (ConfigError, yaml.YAMLError, OSError) as e:
+        what = f"its {e.key} differs" if isinstance(e, ConfigError) else "it does not read"
+        print(f"msrl: note: {file} is not the config the checkpoint {path} was trained with ({what}); using the "
+              "checkpoint's own", file=sys.stderr, flush=True)
+    return cfg
 
 
 def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, Any, Path, dict]:
