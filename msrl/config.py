@@ -296,6 +296,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if len(items) > 1 and len(set(items)) > 1:
             print(f"msrl: note: {key} is given {len(items)} times ({', '.join(items)}): the last one holds",
                   file=sys.stderr, flush=True)
+    file_algorithm = dict(data["algorithm"]) if isinstance(data.get("algorithm"), dict) else None
     for item in sorted(overrides, key=lambda o: not o.startswith("policy.name=")):
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -326,16 +327,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 print(f"msrl: note: {item} replaces policy {quote(node.get('name'))}: its keys "
                       f"{', '.join(f'{k}={quote(v)}' for k, v in dropped.items())} are dropped (give the ones you "
                       f"want again, e.g. policy.{next(iter(dropped))}=...)", file=sys.stderr, flush=True)
-        if parts == ["algorithm", "name"] and isinstance(node.get("name"), str) and node["name"] != value and \
-                isinstance(value, str) and value in ALGORITHMS.names():  # switching algorithm: its keys must be
-            fields = ALGORITHMS.get(value).Config.model_fields       # the new one's (unlike policies', not dropped)
-            stale = [k for k in node if k not in fields]
-            if stale:
-                raise ConfigError(f"algorithm.{_name(stale[0])}", f"{value} has no such key: the config gives it for "
-                                  f"{node['name']}, which {item} replaces; drop {', '.join(map(str, stale))} from the "
-                                  f"config, or start from a config of {value}")
         node[parts[-1]] = value
+    _check_switched_algorithm(file_algorithm, data.get("algorithm"), overrides)
     return data
+
+
+def _check_switched_algorithm(before: Any, after: Any, overrides: list[str]) -> None:
+    """An override of ``algorithm.name`` to another algorithm: the keys the file gives the old one must be the new
+    one's too (unlike a policy's, they are not dropped: an algorithm's keys change what it computes)."""
+    old, new = (d.get("name") if isinstance(d, dict) else None for d in (before, after))
+    if not isinstance(old, str) or not isinstance(new, str) or old == new or new not in ALGORITHMS.names():
+        return
+    fields, given = ALGORITHMS.get(new).Config.model_fields, {o.partition("=")[0].strip() for o in overrides}
+    stale = [k for k in before if k not in fields and f"algorithm.{k}" not in given]  # (given ones: unknown keys)
+    if stale:
+        raise ConfigError(f"algorithm.{_name(stale[0])}", f"{new} has no such key: the config gives it for {old}, "
+                          f"which algorithm.name={new} replaces; drop {', '.join(map(str, stale))} from the config, "
+                          f"or start from a config of {new}")
 
 
 def _expanded(node: Any, memo: dict[int, int], open_: set[int]) -> int:
@@ -411,12 +419,19 @@ def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> Ex
     return validate_config(read_config(path, overrides))
 
 
+def dotted(prefix: str, value: Any) -> list[str]:
+    """``run={"seed": 1}`` as overrides: ``["run.seed=1"]`` (nested mappings become dotted paths)."""
+    if isinstance(value, dict):
+        return [o for k, v in value.items() for o in dotted(f"{prefix}.{k}", v)]
+    return [f"{prefix}={json.dumps(value) if not isinstance(value, str) else value}"]
+
+
 def override_list(overrides: Any) -> list[str]:
     """``overrides`` as a list (one string is refused: it was read letter by letter)."""
     if isinstance(overrides, str):
         raise ConfigError("overrides", f"a list of KEY.PATH=VALUE strings, got one string: write [{overrides!r}]")
     if isinstance(overrides, dict):
-        written = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in overrides.items()]
+        written = [o for k, v in overrides.items() for o in dotted(str(k), v)]
         raise ConfigError("overrides", f"a list of KEY.PATH=VALUE strings, got a dict: write {written!r}")
     return list(overrides)
 

@@ -16,7 +16,7 @@ import yaml
 
 from msrl import checkpoint, resources
 from msrl.algorithm import Context
-from msrl.config import ExperimentConfig, override_list, read_config, validate_config
+from msrl.config import ExperimentConfig, dotted, override_list, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, MsrlError, TrainingError, arg, user_code_error
 from msrl.plot import read_metrics
@@ -315,8 +315,8 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
         raise ConfigError(arg("resume" if resume else "run_dir"), f"{run_dir} is one member's folder of the run in "
                           f"{run}, which holds every member's checkpoints: "
                           + (f"resume {run}" if resume else f"choose another {arg('run_dir')}"))
-    outer = next((p for p in run_dir.resolve().parents if (p / "config.yaml").is_file() and
-                  ((p / "checkpoints").is_dir() or (p / "metrics.csv").is_file())), None)
+    outer = None if resume else next((p for p in run_dir.resolve().parents if (p / "config.yaml").is_file() and
+                                      ((p / "checkpoints").is_dir() or (p / "metrics.csv").is_file())), None)
     if outer is not None:  # (its --overwrite would keep this one as the user's files; its plots would not see it)
         raise ConfigError(arg("run_dir"), f"{run_dir} is inside the run in {outer}: choose a {arg('run_dir')} "
                           "outside it")
@@ -426,13 +426,6 @@ def summary_json(summary: dict) -> str:
     return json.dumps(clean(summary), indent=2, allow_nan=False)
 
 
-def _dotted(prefix: str, value: Any) -> list[str]:
-    """``run={"seed": 1}`` as overrides: ``["run.seed=1"]`` (nested mappings become dotted paths)."""
-    if isinstance(value, dict):
-        return [o for k, v in value.items() for o in _dotted(f"{prefix}.{k}", v)]
-    return [f"{prefix}={json.dumps(value) if not isinstance(value, str) else value}"]
-
-
 @resources.mapped
 def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
           resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
@@ -475,10 +468,13 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
            made: list[Path] | None = None, **sections: Any) -> TrainResult:
     if resume and run_dir is None:
         raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
-    try:
-        run_dir is None or Path(run_dir).exists()
-    except OSError as e:  # a name too long, say
-        raise ConfigError(arg("run_dir"), f"{run_dir}: {e.strerror}") from None
+    if run_dir is not None:
+        try:
+            os.stat(run_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as e:  # a name too long, say
+            raise ConfigError(arg("run_dir"), f"{run_dir}: {e.strerror or e}") from None
     if resume and overwrite:
         raise ConfigError(arg("overwrite"), f"a resumed run continues its directory; {arg('overwrite', '')} would "
                           "clear it")
@@ -487,7 +483,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         cfg = saved
         if not cfg.is_file():
             raise ConfigError(arg("resume"), f"{run_dir} is not a run directory (no config.yaml)")
-    overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in _dotted(name, value))]
+    overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
     if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
     data = cfg.dump() if isinstance(cfg, ExperimentConfig) else read_config(cfg, overrides)

@@ -50,6 +50,7 @@ def test_messages_for_slips_say_what_was_meant(tmp_path):
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):
             load_config(EXAMPLES / "ppo_cartpole.yaml", overrides)
+    assert load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.name=a2c", "algorithm.name=ppo"]).algorithm.lr
     (tmp_path / "empty.yaml").write_text("")
     with pytest.raises(ConfigError, match=rf"^algorithm.name: missing: {tmp_path / 'empty.yaml'} is empty; available"):
         load_config(tmp_path / "empty.yaml")
