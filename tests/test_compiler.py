@@ -195,6 +195,15 @@ def test_a_split_buffer_says_when_a_learners_output_placed_the_insert(env):
         msrl.compile(loops.LearnFeedsActing(), SingleLearnerCoarse(actors=1), env, NUM_ENVS)
     assert info.value.line == loops.marked_line("fed_insert")
     msrl.compile(loops.LearnFeedsActing(), SingleLearnerFine(actors=1), env, NUM_ENVS)
+    # a replay buffer whose priorities the learner returns: replay_server's job, still
+    from msrl.config import load_config
+
+    from helpers import EXAMPLES
+
+    with pytest.raises(msrl.CompileError, match=r"buffer_update\(sample.indices, priorities\).*'learner' because .*"
+                                                r"agent_learn.*\n  hint: .* is policy.name=replay_server's job"):
+        msrl.build(load_config(EXAMPLES / "dqn_cartpole.yaml", ["algorithm.prioritized=true",
+                                                                "policy.name=single_learner_coarse"]))
 
 
 def test_a_jax_error_that_introduces_its_detail_keeps_it_in_the_one_line_message(env):

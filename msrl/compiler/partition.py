@@ -78,6 +78,7 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
               assign: dict[str, str], services: tuple[str, ...] = (), buffer_shards: int = 1) -> Plan:
     """Split ``fdg`` (annotated with shapes) by the roles: a comm node on every cut edge; the frozen plan."""
     by_id = {s.id: s for s in leaves(stmts)}
+    samples = any(s.kind == "api" and s.api.name == "buffer_sample" for s in by_id.values())  # a replay buffer
 
     # loops belong to every fragment with a statement inside them
     for n, data in fdg.nodes(data=True):
@@ -102,7 +103,7 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
                     if learn else ""), t.file, t.line,
                 "a component's state lives in one fragment; " + (
                     "compute that value without what the learner returns, or use single_learner_fine or fused, "
-                    "which run the loop whole" if learn else
+                    "which run the loop whole" if learn and not samples else
                     "a replay buffer that actors fill and the learner samples is policy.name=replay_server's job "
                     "(or single_learner_fine, which keeps the buffer central)" if var == "@buffer" else
                     f"the loop calls the {var[1:]} on both sides of this policy's cut: use a policy that keeps "
