@@ -138,18 +138,16 @@ def lines(run_dirs: list[Path], aggregate: bool = False) -> list[list[Path]]:
     per config (its seeds' mean), any other run its own line; ``aggregate`` joins the folders of every run given
     whose configs differ only under ``run``."""
     groups: dict[tuple, list[Path]] = {}
-    given, seen = set(), set()  # each folder drawn once, though given twice (or on its own and with its run)
+    members = {d: _members(d) for d in run_dirs}
+    with_run = {m.resolve() for ms in members.values() for m in ms}
+    given: set[Path] = set()  # each folder drawn once, though given twice, or on its own and with its run
     for k, d in enumerate(run_dirs):
-        if d.resolve() in given:
-            print(f"msrl plot: note: {d} is given twice; it is drawn once", file=sys.stderr)
+        if d.resolve() in given or d.resolve() in with_run:
+            print(f"msrl plot: note: {d} is given " + ("twice" if d.resolve() in given else "on its own and with its "
+                  "run") + "; it is drawn once", file=sys.stderr)
             continue
         given.add(d.resolve())
-        for member in _members(d) or [d]:
-            if member.resolve() in seen:
-                print(f"msrl plot: note: {member} is given on its own and with its run; it is drawn once",
-                      file=sys.stderr)
-                continue
-            seen.add(member.resolve())
+        for member in members[d] or [d]:
             groups.setdefault((_group_key(member),) if aggregate else (k, _group_key(member)), []).append(member)
     return list(groups.values())
 

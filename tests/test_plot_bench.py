@@ -243,5 +243,8 @@ def test_a_run_of_several_seeds_is_one_line_and_another_run_its_own_unless_aggre
     # a folder given twice, or on its own and with its run, is one run: drawn once, with a note (it counted twice)
     capsys.readouterr()
     assert lines([seeds, seeds / "seed_1", seeds], aggregate=True) == [[seeds / "seed_0", seeds / "seed_1"]]
+    assert lines([seeds / "seed_1", seeds]) == [[seeds / "seed_0", seeds / "seed_1"]]  # (in either order)
     assert capsys.readouterr().err == (f"msrl plot: note: {seeds / 'seed_1'} is given on its own and with its run; it "
-                                       f"is drawn once\nmsrl plot: note: {seeds} is given twice; it is drawn once\n")
+                                       f"is drawn once\nmsrl plot: note: {seeds} is given twice; it is drawn once\n"
+                                       f"msrl plot: note: {seeds / 'seed_1'} is given on its own and with its run; it "
+                                       f"is drawn once\n")
