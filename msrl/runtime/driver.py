@@ -253,8 +253,8 @@ class ReplicaDriver:
         the traceback."""
         if isinstance(e, (ConfigError, CompileError)):
             return e
-        if isinstance(e, (jax.errors.JAXTypeError, jax.errors.JAXIndexError)):  # raised while the fragment is
-            try:  # traced: the loop's error, as fused reports it when it compiles (a replica traces on its first step)
+        if isinstance(e, jax.errors.JAXTypeError):  # raised while the fragment is traced: the loop's error, as
+            try:  # fused reports it when it compiles (that one traces at build; a replica on its first step)
                 reraise_at_user_line(e, [self.frag.lowered], "tracing")
             except CompileError as compile_error:
                 return compile_error
