@@ -285,7 +285,7 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
     return {**run, "sweep": sweep} if sweep else run
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bool = True) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested dict, in place.
     ``policy.name=...`` applies first and drops the file's keys of the previous policy (its backend too:
     each policy has its own default). A key given twice takes the last value, with a note."""
@@ -328,7 +328,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                       f"{', '.join(f'{k}={quote(v)}' for k, v in dropped.items())} are dropped (give the ones you "
                       f"want again, e.g. policy.{next(iter(dropped))}=...)", file=sys.stderr, flush=True)
         node[parts[-1]] = value
-    _check_switched_algorithm(file_algorithm, data.get("algorithm"), overrides)
+    if switch_check:  # (a resume refuses another algorithm itself, naming the run's)
+        _check_switched_algorithm(file_algorithm, data.get("algorithm"), overrides)
     return data
 
 
@@ -339,7 +340,7 @@ def _check_switched_algorithm(before: Any, after: Any, overrides: list[str]) -> 
     if not isinstance(old, str) or not isinstance(new, str) or old == new or new not in ALGORITHMS.names():
         return
     fields, given = ALGORITHMS.get(new).Config.model_fields, {o.partition("=")[0].strip() for o in overrides}
-    stale = [k for k in before if k not in fields and f"algorithm.{k}" not in given]  # (given ones: unknown keys)
+    stale = [k for k in after if k in before and k not in fields and f"algorithm.{k}" not in given]  # (the file's)
     if stale:
         raise ConfigError(f"algorithm.{_name(stale[0])}", f"{new} has no such key: the config gives it for {old}, "
                           f"which algorithm.name={new} replaces; drop {', '.join(map(str, stale))} from the config, "
@@ -436,7 +437,8 @@ def override_list(overrides: Any) -> list[str]:
     return list(overrides)
 
 
-def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> dict[str, Any]:
+def read_config(path: str | Path | dict | None, overrides: list[str] = (),
+                switch_check: bool = True) -> dict[str, Any]:
     """What :func:`load_config` validates: the file's (or dict's) sections with the overrides applied."""
     overrides = override_list(overrides)
     data: dict[str, Any] = {}
@@ -463,7 +465,7 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = ()) -> di
         data = {} if data is None else data
         if not isinstance(data, dict):
             raise ConfigError("", f"{p}: {_NOT_A_MAPPING}, got {type(data).__name__} {quote(data)}")
-    data = apply_overrides(data, overrides)
+    data = apply_overrides(data, overrides, switch_check)
     sweep = data.get("run", {}).get("sweep") if isinstance(data.get("run"), dict) else None
     for key in {o.partition("=")[0] for o in overrides if o.startswith("algorithm.")} & \
             {f"algorithm.{k}" for k in sweep or ()}:  # one value given for a swept key (a file's own yields)

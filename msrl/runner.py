@@ -486,7 +486,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
     if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
-    data = cfg.dump() if isinstance(cfg, ExperimentConfig) else read_config(cfg, overrides)
+    data = cfg.dump() if isinstance(cfg, ExperimentConfig) else read_config(cfg, overrides, switch_check=saved is None)
     if saved is not None:
         _same_algorithm_and_policy(saved, data)
     if not isinstance(cfg, ExperimentConfig):

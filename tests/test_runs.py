@@ -130,14 +130,15 @@ def test_an_on_iteration_that_raises_stops_the_run_saves_it_then_raises(tmp_path
         if row["iteration"] == 2:
             raise ValueError("my logger failed")
 
+    run = tmp_path / "run"
     with pytest.raises(ValueError, match="my logger failed") as raised:
-        msrl.train(CARTPOLE, [*SHORT, "run.iterations_per_dispatch=1"], run_dir=tmp_path, on_iteration=failing_logger)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+        msrl.train(CARTPOLE, [*SHORT, "run.iterations_per_dispatch=1"], run_dir=run, on_iteration=failing_logger)
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped_early"] and summary["iterations"] in (2, 3)
     assert f"on_iteration raised this at iteration 2; the run stopped after iteration {summary['iterations']} of 8 " \
-        f"and saved its checkpoint and summary in {tmp_path}" in "".join(raised.value.__notes__)
-    assert evaluate(tmp_path, episodes=1)["iteration"] == summary["iterations"]
-    assert msrl.train(None, run_dir=tmp_path, resume=True)["iterations"] == 8
+        f"and saved its checkpoint and summary in {run}" in "".join(raised.value.__notes__)
+    assert evaluate(run, episodes=1)["iteration"] == summary["iterations"]
+    assert msrl.train(None, run_dir=run, resume=True)["iterations"] == 8
     with pytest.raises(ValueError, match="truth value of an array") as raised:  # numpy's error, as one it raised
         msrl.train(CARTPOLE, SHORT, run_dir=tmp_path / "array", on_iteration=lambda row: np.array([1.0, 2.0]))
     assert "on_iteration raised this at iteration 1" in "".join(raised.value.__notes__)
