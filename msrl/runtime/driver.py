@@ -258,7 +258,7 @@ class ReplicaDriver:
                 reraise_at_user_line(e, [self.frag.lowered], "tracing")
             except CompileError as compile_error:
                 return compile_error
-            except Exception:  # noqa: BLE001 - not at a line of the user's: reported as any other failure below
+            except Exception:  # noqa: BLE001, S110 - not at a line of the user's: reported as any other failure below
                 pass
         frame, inner = user_frames(e, [self.frag.lowered])
         at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
