@@ -243,6 +243,12 @@ def _section_of(key: Any, data: dict[str, Any]) -> str:
     if isinstance(algo, dict) and isinstance(algo.get("name"), str) and algo["name"] in ALGORITHMS.names():
         models["algorithm"] = ALGORITHMS.get(algo["name"]).Config
     found = [f"{section}.{key}" for section, model in models.items() if key in model.model_fields]
+    policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
+    name = policy.get("name", "fused")
+    if isinstance(name, str) and name in POLICIES.names() and key in POLICIES.get(name).model_fields:
+        found.append(f"policy.{key}")
+    elif has := [p for p in POLICIES.names() if key in POLICIES.get(p).model_fields and p != "fused"]:
+        found.append(f"policy.{key}, with policy.name {', '.join(has[:-1])}{' or ' if has[1:] else ''}{has[-1]}")
     return f" (did you mean {' or '.join(found)}?)" if found else ""
 
 
