@@ -72,9 +72,12 @@ def did_you_mean(name: object, choices: object) -> str:
     """``"did you mean 'x'? "`` where ``name`` looks like a typo of one of ``choices``, else ``""``."""
     import difflib
 
-    choices = [str(c) for c in choices]
+    import re
+
+    choices, words = [str(c) for c in choices], lambda s: sorted(re.split(r"[-_ ]", s.lower()))
     close = [c for c in choices if c.lower() == str(name).lower()] or \
-        difflib.get_close_matches(str(name), choices, n=1)  # (`PPO`: the case alone differs)
+        [c for c in choices if words(c) == words(str(name))] or \
+        difflib.get_close_matches(str(name), choices, n=1)  # (`PPO`: the case alone differs; MinAtar-Breakout)
     return f"did you mean {close[0]!r}? " if close else ""
 
 

@@ -146,6 +146,8 @@ def test_bad_env_ids_are_config_errors():
         make_env("CartPole-v1")
     with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment; did you mean 'CartPole-v1'"):
         make_env("gymnax:CartPole-v9")
+    with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment; did you mean 'Breakout-MinAtar'"):
+        make_env("gymnax:MinAtar-Breakout")  # its words in another order
     with pytest.raises(msrl.ConfigError, match="env.id.*not an environment id: no prefix 'gymnx' is registered; did "
                                                "you mean 'gymnax'"):
         make_env("gymnx:CartPole-v1")

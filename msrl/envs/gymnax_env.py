@@ -202,10 +202,12 @@ class GymnaxEnv(FunctionalEnv):
                 f"known: {', '.join(gymnax.registered_envs)}"
             )
         # env.kwargs: the constructor's, and the fields of its EnvParams (CartPole's max_steps_in_episode)
-        fields = {f.name: f for f in dataclasses.fields(gymnax.make(name)[1])}
+        self.env, self.params = gymnax.make(name)
+        fields = {f.name: f for f in dataclasses.fields(self.params)}
         given = {k: v for k, v in kwargs.items() if k in fields}
         try:
-            self.env, self.params = gymnax.make(name, **{k: v for k, v in kwargs.items() if k not in fields})
+            if len(given) < len(kwargs):  # the constructor's arguments: make it again with them
+                self.env, self.params = gymnax.make(name, **{k: v for k, v in kwargs.items() if k not in fields})
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
             raise ConfigError("env.kwargs", f"gymnax:{name} rejected {kwargs}: {type(e).__name__}: {e} (its "
                               f"parameters, also env.kwargs: {', '.join(fields) or 'none'})") from None
