@@ -47,6 +47,24 @@ class Dense(nn.Dense):
         return y if bias is None else y + bias
 
 
+class GRUCell(nn.GRUCell):
+    """flax's ``GRUCell`` (its parameters, names and equations) with :class:`Dense` layers: acting gives each
+    environment's hidden state the same bits on any split, for a ``features`` width not a multiple of 32 too."""
+
+    @nn.compact
+    def __call__(self, carry: jnp.ndarray, inputs: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+        h, width = carry, carry.shape[-1]
+        common = dict(features=width, dtype=self.dtype, param_dtype=self.param_dtype, bias_init=self.bias_init)
+        x_side = lambda name: Dense(name=name, kernel_init=self.kernel_init, **common)(inputs)
+        h_side = lambda name, bias=False: Dense(name=name, use_bias=bias, kernel_init=self.recurrent_kernel_init,
+                                                **common)(h)
+        reset = self.gate_fn(x_side("ir") + h_side("hr"))
+        update = self.gate_fn(x_side("iz") + h_side("hz"))
+        candidate = self.activation_fn(x_side("in") + reset * h_side("hn", bias=True))
+        h = (1.0 - update) * candidate + update * h
+        return h, h
+
+
 def _dense(features: int, scale: float, **kwargs) -> Dense:
     return Dense(features, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, **kwargs)
 
@@ -501,7 +519,7 @@ class RecurrentActorCritic(nn.Module):
         h = jnp.where(start[:, None], 0.0, h)
         x = act(_dense(self.hidden[0], np.sqrt(2))(flatten(obs, self.obs_ndim)))
         if self.memory == "gru":
-            h, x = nn.GRUCell(self.memory_size)(h, x)
+            h, x = GRUCell(self.memory_size)(h, x)
         a = c = x
         for width in self.hidden[1:]:
             a, c = act(_dense(width, np.sqrt(2))(a)), act(_dense(width, np.sqrt(2))(c))
