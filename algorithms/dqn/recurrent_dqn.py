@@ -22,7 +22,7 @@ from msrl.algorithms.dqn.dqn import DQN, DQNConfig, DQNLearner, EpsilonGreedy
 from pydantic import Field
 
 import msrl
-from msrl.rl import Dense, action_dim, flatten
+from msrl.rl import Dense, GRUCell, action_dim, flatten
 
 
 class RecurrentDQNConfig(DQNConfig):
@@ -58,7 +58,7 @@ class RecurrentQNetwork(nn.Module):
     def __call__(self, h, obs, start):
         h = jnp.where(start[:, None], 0.0, h)
         x = nn.relu(Dense(self.hidden[0])(flatten(obs, self.obs_ndim)))
-        h, x = nn.GRUCell(self.memory_size)(h, x)
+        h, x = GRUCell(self.memory_size)(h, x)
         for width in self.hidden[1:]:
             x = nn.relu(Dense(width)(x))
         return h, Dense(self.action_dim)(x)
