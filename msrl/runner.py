@@ -695,7 +695,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 f"its checkpoint is {newest}" if newest == checkpoint.of_iteration(run_dir, done) else
                 ("" if done == 0 else "no checkpoint of it could be saved (its state is lost or mid-iteration); ") +
                 (f"the last checkpoint is {newest}" if newest is not None else "there is no checkpoint"))
-        text = f"{str(e).rstrip().rstrip('.')}. The last complete iteration is {done} of {iterations}; {note}"
+        text = f"{str(e).rstrip().rstrip('.')}" + ("\n" if "\n" in str(e).strip() else ". ") + \
+            f"The last complete iteration is {done} of {iterations}; {note}"
         if signals.received:
             from msrl.errors import Interrupted
 

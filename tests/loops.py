@@ -897,7 +897,8 @@ class Slices(msrl.Algorithm):
 # ------------------------------------------------------------------------------------------- host envs
 class Shifty(gymnasium.Env):
     """CartPole-shaped until its 40th step (20th for "explode"), then by ``mode``: a wrong observation shape,
-    a wrong dtype, NaN, or an exception; or a reward that is not one number ("rewards": two, "text": a string)."""
+    a wrong dtype, NaN, or an exception; a reward that is not one number ("rewards": two, "text": a string); or
+    a ``truncated`` that is not a bool ("flag": a string). "slow": each step takes 0.5 s."""
 
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gymnasium.spaces.Discrete(2)
@@ -915,6 +916,10 @@ class Shifty(gymnasium.Env):
         obs = np.zeros(4, np.float32)
         if self.mode == "explode" and self.t > 20:
             raise RuntimeError("environment exploded on purpose")
+        if self.mode == "slow":
+            time.sleep(0.5)
+        if self.t >= 40 and self.mode == "flag":
+            return obs, 1.0, False, "no", {}
         if self.t >= 40 and self.mode in ("rewards", "text"):
             return obs, (np.ones(2) if self.mode == "rewards" else "1.0"), False, False, {}
         if self.t >= 40:

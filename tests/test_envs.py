@@ -209,11 +209,15 @@ def test_gymnasium_corners_a_terminal_time_limit_step_a_shifted_discrete_space_a
     state, out = env.step(state, np.array([0, 1, 2], np.int32))  # (the env raises on an action outside 1..3)
     assert np.asarray(out.reward).tolist() == [1.0] * 3
 
-    with pytest.raises(TypeError, match=r"Quirky.step\(\) returned what Gymnasium's wrappers cannot unpack; .*returns "
-                                        r"\(obs, reward, terminated, truncated, info\) \(an env of the old Gym API"):
+    with pytest.raises(msrl.TrainingError, match=r"^environment gymnasium:MsrlQuirky-v0 #0 at step 0 failed in step: "
+                                                 r"TypeError: Quirky.step\(\) returned what Gymnasium's wrappers cannot "
+                                                 r"unpack; .*returns \(obs, reward, terminated, truncated, info\) \(an "
+                                                 r"env of the old Gym API returns 4\)$"):
         env = make_env("gymnasium:MsrlQuirky-v0", mode="old_step")
         env.step(env.init(jax.random.PRNGKey(0), np.arange(1)), np.zeros(1, np.int32))
-    with pytest.raises(TypeError, match=r"Quirky.reset\(\) returned a ndarray; Gymnasium's API returns \(obs, info\)"):
+    with pytest.raises(msrl.TrainingError, match=r"^environment gymnasium:MsrlQuirky-v0 #0 failed in reset: TypeError: "
+                                                 r"Quirky.reset\(\) returned a ndarray; Gymnasium's API returns \(obs, "
+                                                 r"info\)"):
         make_env("gymnasium:MsrlQuirky-v0", mode="old_reset").init(jax.random.PRNGKey(0), np.arange(1))
 
 

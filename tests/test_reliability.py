@@ -35,6 +35,8 @@ QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_st
     ("nan", r"returned a non-finite observation"),
     ("rewards", r"returned the reward array\(\[1., 1.\]\) \(ndarray\); step\(\) returns one number as its reward"),
     ("text", r"returned the reward '1.0' \(str\); step\(\) returns one number"),
+    ("flag", r"failed in step: TypeError: Shifty.step\(\) returned truncated='no' \(str\); Gymnasium's API returns a "
+             r"bool"),  # (it was read as True: an episode ended at every step)
 ])
 def test_a_host_env_that_changes_midrun_is_named_with_its_step(tmp_path, mode, expect):
     """(A reward of two numbers was numpy's "setting an array element with a sequence", a string one was read as a
@@ -47,6 +49,40 @@ def test_a_host_env_that_changes_midrun_is_named_with_its_step(tmp_path, mode, e
     assert "Traceback" not in str(info.value)
     assert str(info.value).endswith("The last complete iteration is 0 of 4; there is no checkpoint")
     assert not list(tmp_path.glob("checkpoints/*"))  # (it saved iteration 0's, untrained)
+
+
+def test_an_env_that_fails_to_reset_in_process_is_named_with_its_own_frames(tmp_path):
+    """(A threads replica's env that failed its first reset was a bare traceback through msrl's internals.)"""
+    with pytest.raises(msrl.TrainingError, match=r"^environment gymnasium:MsrlQuirky-v0 #0 failed in reset: TypeError: "
+                                                 r"Quirky.reset\(\) returned a ndarray; Gymnasium's API returns \(obs, "
+                                                 r"info\) \(an env of the old Gym API returns the observation alone\)$"):
+        train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "env.id=gymnasium:MsrlQuirky-v0",
+                                                        "env.kwargs.mode=old_reset"], run_dir=tmp_path)
+    with pytest.raises(msrl.TrainingError, match=r"#0 at step 20 failed in step: RuntimeError: environment exploded on "
+                                                 r"purpose\nits traceback:\n  File \".*loops.py\", line \d+, in step\n") \
+            as info:
+        train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "env.id=gymnasium:MsrlShifty-v0",
+                                                        "env.kwargs.mode=explode"], run_dir=tmp_path / "b")
+    assert "msrl/" not in str(info.value) and "gymnasium/" not in str(info.value)  # the env's own frames only
+    assert re.search(r"\nThe last complete iteration is 0 of \d+; there is no checkpoint$", str(info.value))
+
+
+def test_a_slow_env_step_is_progress_until_it_outlasts_the_slowest_before(tmp_path):
+    """A simulator taking 0.5 s a step is not stalled 0.2 s into a step (a stop request gave a 2.5 s one 2 s, then
+    lost the run's iterations since its last checkpoint)."""
+    from msrl.envs import make_env
+
+    env = make_env("gymnasium:MsrlShifty-v0", mode="slow")
+    state = env.init(jax.random.PRNGKey(0), np.arange(1))
+    state, _ = env.step(state, np.zeros(1, np.int32))
+    second = threading.Thread(target=env.step, args=(state, np.zeros(1, np.int32)))
+    second.start()
+    time.sleep(0.2)
+    words, since = env.busy(state)
+    stale = time.monotonic() - since
+    second.join()
+    assert words == "environment gymnasium:MsrlShifty-v0 #0 at step 1 has not returned from step()"
+    assert stale < 0.1, stale  # (about -0.3 s: no progress lacks until the step outlasts 0.5 s; it was 0.2 s)
 
 
 class PoisonedCartPole(GymnaxEnv):

@@ -16,6 +16,8 @@ import sys
 import traceback
 from typing import Any
 
+import numpy as np
+
 
 def step_one(env: Any, action: Any) -> tuple[Any, Any, bool, bool, Any]:
     """One step of one env with msrl's auto-reset in the same step: ``(obs, reward, terminated, truncated,
@@ -32,8 +34,8 @@ def step_one(env: Any, action: Any) -> tuple[Any, Any, bool, bool, Any]:
         raise TypeError(f"{type(env.unwrapped).__name__}.step() returned {got}; Gymnasium's API returns "
                         "(obs, reward, terminated, truncated, info) (an env of the old Gym API returns 4)")
     obs, reward, terminated, truncated, _ = out
-    terminated = bool(terminated)
-    truncated = bool(truncated) and not terminated
+    terminated = _flag(env, "terminated", terminated)
+    truncated = _flag(env, "truncated", truncated) and not terminated
     return obs, reward, terminated, truncated, reset_one(env) if terminated or truncated else None
 
 
@@ -44,6 +46,31 @@ def reset_one(env: Any, seed: int | None = None) -> Any:
         raise TypeError(f"{type(env.unwrapped).__name__}.reset() returned {_count(out)}; Gymnasium's API returns "
                         "(obs, info) (an env of the old Gym API returns the observation alone)")
     return out[0]
+
+
+def _flag(env: Any, name: str, value: Any) -> bool:
+    """``terminated`` or ``truncated`` as a bool: a bool, or a number that is 0 or 1 (numpy's too); else a
+    TypeError (a string or None read as a bool would end episodes the env did not end, or none)."""
+    if value is True or value is False:
+        return value
+    flag = None if isinstance(value, (str, bytes)) or value is None else np.asarray(value)
+    if flag is None or flag.size != 1 or flag.dtype.kind not in "biuf" or flag.reshape(()) not in (0, 1):
+        raise TypeError(f"{type(env.unwrapped).__name__}.step() returned {name}={value!r} "
+                        f"({type(value).__name__}); Gymnasium's API returns a bool")
+    return bool(flag.reshape(()))
+
+
+def env_trace(e: BaseException) -> str:
+    """The traceback of an env's exception, its own frames only: not this package's (msrl's own checks have
+    none) nor Gymnasium's wrappers'."""
+    import os
+
+    skip = [os.path.dirname(os.path.abspath(__file__))]
+    if "gymnasium" in sys.modules:
+        skip.append(os.path.dirname(os.path.abspath(sys.modules["gymnasium"].__file__)))
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not any(os.path.abspath(f.filename).startswith(d + os.sep) for d in skip)]
+    return "".join(traceback.format_list(frames))
 
 
 def _count(out: Any) -> str:
@@ -83,13 +110,19 @@ def serve(conn: Any) -> None:
             else:
                 raise ValueError(f"unknown command {command!r}")
         except Exception as e:  # noqa: BLE001 - the env's own error, reported by the parent with its env's index
-            conn.send(("error", (at, f"{type(e).__name__}: {e}", traceback.format_exc())))
+            conn.send(("error", (at, f"{type(e).__name__}: {e}", env_trace(e))))
             continue
         conn.send(("ok", value))
 
 
 if __name__ == "__main__":
+    import signal
     from multiprocessing.connection import Connection
+
+    # a terminal's Ctrl-C (or `timeout`'s SIGTERM) goes to the whole process group: the parent stops the run
+    # cleanly, and needs its workers for that; they end when it closes their socket
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
     conn = Connection(int(sys.argv[1]))
     sys.path[:] = conn.recv()  # the parent's first message: import what it would (not from this script's folder)

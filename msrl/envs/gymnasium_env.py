@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
-from msrl.envs.gym_worker import reset_one, step_one
+from msrl.envs.gym_worker import env_trace, reset_one, step_one
 from msrl.errors import ConfigError, TrainingError
 
 
@@ -147,7 +147,7 @@ class Workers:
                 hint = (" (an env defined in your script's __main__ is unknown to worker processes: define it in "
                         "an importable module)" if "__main__" in message else "")
                 error = TrainingError(f"environment {self.env_id} {where}, in its worker process, failed in "
-                                      f"{command}: {message}{hint}\nthe worker's traceback:\n{trace}")
+                                      f"{command}: {message}{hint}" + (f"\nits traceback:\n{trace}" if trace else ""))
             elif status == "ok" and value is not None:
                 out.extend(value)
         if error is not None:
@@ -187,6 +187,7 @@ class HostEnvState:
     steps: int = 0
     busy: int | None = None  # the environment inside step() (or its reset) now, by position; -1: the workers
     beat: float = 0.0  # time.monotonic() when the last environment step started or ended
+    slowest: float = 0.0  # seconds the slowest environment step so far took (the workers': a step of them all)
 
 
 class GymnasiumEnv(Environment):
@@ -225,9 +226,9 @@ class GymnasiumEnv(Environment):
                               np.asarray(env_ids))
             first = workers.first
         else:
-            for seed in seed_words(key, env_ids):
+            for i, seed in zip(env_ids, seed_words(key, env_ids)):
                 env = gymnasium.make(self.made_from, disable_env_checker=True, **self.kwargs)
-                first.append(reset_one(env, seed))
+                first.append(self._call(f"#{i}", "reset", reset_one, env, seed))
                 envs.append(env)
         n = len(first)
         state = HostEnvState(envs, np.zeros((n, *self.spec.obs_shape), np.float32), EpisodeCounts.zeros(n),
@@ -243,7 +244,8 @@ class GymnasiumEnv(Environment):
         return state, state.counts.running_length == 0
 
     def reset(self, state: HostEnvState):
-        first = state.workers.call("reset") if state.workers else [reset_one(env) for env in state.envs]
+        first = state.workers.call("reset") if state.workers else \
+            [self._call(f"#{i}", "reset", reset_one, env) for i, env in zip(state.ids, state.envs)]
         state.obs = np.stack(first).astype(np.float32)
         state.counts.restart()
         return state, state.obs
@@ -258,11 +260,13 @@ class GymnasiumEnv(Environment):
         if state.workers is not None:
             state.busy, state.beat = -1, time.monotonic()
             results = state.workers.call("step", state.workers.slices(actions))
+            state.slowest = max(state.slowest, time.monotonic() - state.beat)
         else:
             results = []
             for i, env in enumerate(state.envs):
                 state.busy, state.beat = i, time.monotonic()
-                results.append(step_one(env, actions[i]))
+                results.append(self._call(f"#{state.ids[i]} at step {state.steps}", "step", step_one, env, actions[i]))
+                state.slowest = max(state.slowest, time.monotonic() - state.beat)
         n = len(results)
         obs = np.empty((n, *self.spec.obs_shape), np.float32)
         reward = np.empty(n, np.float32)
@@ -286,13 +290,25 @@ class GymnasiumEnv(Environment):
         return state, EnvStep(state.obs, reward, terminated, truncated, final)
 
     def busy(self, state: HostEnvState) -> tuple[str | None, float]:
-        """For the stall watch: the environment inside a step now, in words (None: none), and when the last
-        environment step started or ended (``time.monotonic()``)."""
+        """For the stall watch: the environment inside a step now, in words (None: none), and since when it
+        makes no progress (``time.monotonic()``): the last environment step started or ended, and a step no
+        slower than the slowest before it is progress still (a simulator taking seconds a step is no hang)."""
         i = state.busy
         if i == -1:
             return (f"the worker processes of environments {self.spec.id} at step {state.steps} have not answered "
-                    "step()"), state.beat
-        return (f"{self._where(state, i)} has not returned from step()" if i is not None else None), state.beat
+                    "step()"), state.beat + state.slowest
+        if i is None:
+            return None, state.beat
+        return f"{self._where(state, i)} has not returned from step()", state.beat + state.slowest
+
+    def _call(self, where: str, what: str, fn: Any, env: Any, *args: Any) -> Any:
+        """``fn(env, *args)``; what the env raises, as a TrainingError naming it (and its own frames)."""
+        try:
+            return fn(env, *args)
+        except Exception as e:  # noqa: BLE001 - the env's own error, named with the environment and its step
+            trace = env_trace(e)
+            raise TrainingError(f"environment {self.spec.id} {where} failed in {what}: {type(e).__name__}: {e}"
+                                + (f"\nits traceback:\n{trace}" if trace else "")) from None
 
     def _where(self, state: HostEnvState, i: int) -> str:
         return f"environment {self.spec.id} #{state.ids[i]} at step {state.steps}"  # counted from 0
