@@ -316,6 +316,9 @@ class RayRuntime(ReplicaRuntime):
             raise
         return outputs
 
+    def collective(self, fragment: Any) -> bool:
+        return spmd(fragment)
+
     def _activities(self, keys: list) -> dict:
         """Each replica's activity; None for one that does not answer within the stall limit (a dead one is
         left out: its ``run`` reference reports it)."""

@@ -214,6 +214,11 @@ def all_reduce_mean() -> Any:
     return optax.GradientTransformation(optax.init_empty_state, _mean_over_replicas)  # picklable: no closure
 
 
+def reduces_over_replicas(transforms: Any) -> bool:
+    """Whether gradient ``transforms`` hold :func:`all_reduce_mean` (a collective of the learner's replicas)."""
+    return any(getattr(t, "update", None) is _mean_over_replicas for t in transforms)
+
+
 def _mean_over_replicas(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
     from jax.lax import pmean
 

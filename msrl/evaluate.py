@@ -17,6 +17,7 @@ from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, arg, quote
+from msrl.policy import answer
 from msrl.policy import prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
 from msrl.sweep import member_config, members
@@ -94,8 +95,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
                   total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
-                  learner_replicas=cfg.policy.learner_plan().learner_replicas)
+                  updates_per_iteration=answer(cfg.policy, "learner_plan").updates_per_iteration,
+                  learner_replicas=answer(cfg.policy, "learner_plan").learner_replicas)
     algorithm = make_algorithm(cfg, ctx)
     check_greedy(algorithm.actor, cfg.algorithm.name)
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)

@@ -107,10 +107,56 @@ class DistributedPolicy(Policy):
         return roles
 
 
+_ANSWERS = {"fragments": "a list of msrl.FragmentSpec (self.role(...))", "assign": "a dict of statement id to role "
+            "name (loop.roles(...))", "link": "an msrl.Link", "learner_plan": "an msrl.LearnerPlan"}
+
+
+def answer(policy: Policy, method: str, *args: Any) -> Any:
+    """``policy.method(*args)`` (one of the four questions), checked: it answers with what the compiler reads, and
+    an error in a policy's own code names the policy, the method and its file:line (a ConfigError)."""
+    import reprlib
+
+    from msrl.errors import ConfigError, MsrlError, raised_at
+
+    try:
+        out = getattr(policy, method)(*args)
+    except MsrlError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the policy's own code: named with its place
+        if isinstance(e, NotImplementedError) and raised_at(e, type(policy).__module__) is None:
+            raise ConfigError("policy.name", f"policy {policy.name!r} ({type(policy).__name__}) defines no {method}(); "
+                              "a policy defines fragments() and assign(loop) (link and learner_plan have defaults)") from None
+        at = raised_at(e, type(policy).__module__)
+        raise ConfigError("policy.name", f"policy {policy.name!r}: its {method}() raised {type(e).__name__}: {e}"
+                          + (f" (at {at})" if at else "")) from None
+    fits = {"fragments": isinstance(out, (list, tuple)) and all(isinstance(f, FragmentSpec) for f in out),
+            "assign": isinstance(out, dict), "link": isinstance(out, Link),
+            "learner_plan": isinstance(out, LearnerPlan)}[method]
+    if not fits:
+        raise ConfigError("policy.name", f"policy {policy.name!r}: its {method}() returned {type(out).__name__} "
+                          f"{reprlib.repr(out)}; it returns {_ANSWERS[method]}")
+    if method == "fragments":
+        names = [f.name for f in out]
+        if len(set(names)) < len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() give the role {twice!r} "
+                              f"{names.count(twice)} times; each role has one name (its replicas count them)")
+    if method == "learner_plan":
+        for key in ("updates_per_iteration", "learner_replicas"):
+            if not isinstance(getattr(out, key), int) or getattr(out, key) < 1:
+                raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() gives {key}="
+                                  f"{getattr(out, key)!r}; it must be a whole number >= 1")
+        for t in out.grad_transforms:
+            if not (callable(getattr(t, "init", None)) and callable(getattr(t, "update", None))):
+                raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() has the gradient transform "
+                                  f"{t!r}; each is an optax.GradientTransformation (msrl.all_reduce_mean(), say)")
+    return out
+
+
 def prepare_learner(policy: Policy, learner: Any) -> tuple[Any, dict[str, Any]]:
     """The learner the fragments call under ``policy`` (its gradient transforms set, maybe wrapped) and the
     policy's services: what the compiler builds, and what ``msrl eval`` restores a checkpoint into."""
-    plan = policy.learner_plan()
+    plan = answer(policy, "learner_plan")
     learner.grad_transforms = tuple(plan.grad_transforms)
     services = plan.services(learner) if plan.services is not None else {}
     return (plan.wrap(learner, services) if plan.wrap is not None else learner), services

@@ -22,6 +22,7 @@ from msrl.errors import ConfigError, MsrlError, TrainingError, arg, user_code_er
 from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
 from msrl.replay import TrajectoryBuffer
+from msrl.policy import answer
 from msrl.runtime.session import check_members
 from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
@@ -45,8 +46,8 @@ def build(cfg: ExperimentConfig):
     env = make_env(cfg.env.id, cfg.env.subprocesses, cfg.env.xla, **cfg.env.kwargs)
     num_envs = cfg.policy.total_envs(cfg.env.num_envs)
     ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=cfg.policy.learner_plan().updates_per_iteration,
-                  learner_replicas=cfg.policy.learner_plan().learner_replicas)
+                  updates_per_iteration=answer(cfg.policy, "learner_plan").updates_per_iteration,
+                  learner_replicas=answer(cfg.policy, "learner_plan").learner_replicas)
     with build_guard(cfg.algorithm, list(cfg.run.sweep)):  # (a swept key used here would hold one value only)
         algorithm = make_algorithm(cfg, ctx)
     return compile_program(algorithm, cfg.policy, env, num_envs)

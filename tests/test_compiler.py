@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import jax
@@ -18,6 +19,7 @@ from msrl.policy import FragmentSpec, Policy
 import loops
 
 NUM_ENVS = 3
+A2C_CARTPOLE = Path(__file__).resolve().parent.parent / "examples" / "a2c_cartpole.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -363,3 +365,84 @@ def test_network_initialization_uses_lapack_without_importing_scipy_linalg():
     assert not runs["default"]["imported_before"], "importing jax and msrl imported scipy.linalg already"
     assert runs["scipy-first"]["linalg_imported"] and not runs["default"]["linalg_imported"]
     assert runs["default"]["params"] == runs["scipy-first"]["params"]
+
+
+@msrl.register_policy("test_yours")
+class _Yours(msrl.DistributedPolicy):
+    """A user's policy, each of whose answers a test may replace with a mistake (``mistake``)."""
+
+    name: Literal["test_yours"] = "test_yours"
+    backend: str = "threads"
+    mistake: str = ""
+    learners: int = 1
+
+    def fragments(self):
+        if self.mistake == "dicts":
+            return [{"name": "actor", "replicas": 2}]
+        if self.mistake == "twice":
+            return [self.role("actor", 2, "backend"), self.role("actor", 4, "backend"), self.role("learner", 1, "backend")]
+        if self.mistake == "learners":
+            return [self.role("learner", self.learners, "backend")]
+        return [self.role("actor", 2, "backend"), self.role("learner", self.learners, "backend")]
+
+    def assign(self, loop):
+        if self.mistake == "typo":
+            return {s.id: "actor" for s in loop.statments}
+        if self.mistake == "learners":
+            return loop.roles(lambda s: "learner")
+        learner = loop.downstream_of(loop.calls("agent_learn"))
+        return loop.roles(lambda s: "learner" if s.id in learner else "actor")
+
+    def link(self, var, src, dst):
+        if self.mistake == "tuple":
+            return ("gather", "env")
+        if var != "@params" and self.mistake in ("batch", "lag"):
+            return msrl.Link(axis="batch") if self.mistake == "batch" else msrl.Link(lag=1)
+        return super().link(var, src, dst)
+
+    def learner_plan(self):
+        if self.mistake == "updates":
+            return msrl.LearnerPlan(updates_per_iteration=0)
+        if self.mistake == "transform":
+            return msrl.LearnerPlan(grad_transforms=(lambda g: g,))
+        if self.learners > 1 and self.mistake != "apart":
+            return msrl.LearnerPlan(grad_transforms=(msrl.all_reduce_mean(),), learner_replicas=self.learners)
+        return msrl.LearnerPlan()
+
+
+@pytest.mark.parametrize("mistake, error, message", [
+    ("dicts", msrl.ConfigError, r"^policy.name: policy 'test_yours': its fragments\(\) returned list \[\{'name': "
+                                r"'actor', 'replicas': 2\}\]; it returns a list of msrl.FragmentSpec"),
+    ("twice", msrl.ConfigError, r"its fragments\(\) give the role 'actor' 2 times; each role has one name"),
+    ("typo", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) raised AttributeError: 'Loop' "
+                               r"object has no attribute 'statments' \(at .*test_compiler.py:\d+\)$"),
+    ("tuple", msrl.ConfigError, r"its link\(\) returned tuple \('gather', 'env'\); it returns an msrl.Link$"),
+    ("updates", msrl.ConfigError, r"its learner_plan\(\) gives updates_per_iteration=0; it must be a whole number >= 1"),
+    ("transform", msrl.ConfigError, r"its learner_plan\(\) has the gradient transform <function .*>; each is an "
+                                    r"optax.GradientTransformation"),
+    ("batch", msrl.CompileError, r"policy 'test_yours' sends `obs` from 'actor' to 'learner' along axis 'batch', but it "
+                                 r"is not a replay buffer's sample: its replicas' rows would be interleaved"),
+    ("lag", msrl.ConfigError, r"gives `obs` \(actor -> learner\) lag=1: only the parameters \(@params\) may arrive late"),
+])
+def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, message):
+    """(A wrong answer was an AttributeError deep in the compiler or optax; declaring per-environment values
+    'batch' interleaved the replicas' rows, a lag on them was a KeyError mid-run; a zero update count changed the
+    learning-rate schedule; a role given twice took its last replica count without a word.)"""
+    with pytest.raises(error, match=message):
+        msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours",
+                                                                          f"policy.mistake={mistake}"]))
+
+
+def test_learners_on_several_replicas_must_average_their_gradients_together():
+    """Replicas that each run agent_learn on their own environments end apart (2 threads replicas of the whole
+    loop reported one replica's parameters, 0.0045 from fused); msrl.all_reduce_mean() on the threads backend,
+    which has no collectives, averaged nothing."""
+    config = A2C_CARTPOLE
+    with pytest.raises(msrl.CompileError, match=r"a2c.py:\d+: policy 'test_yours' runs `metrics = msrl.agent_learn\(.*\)` "
+                                                r"on the 2 replicas of its role 'learner', but its learner_plan\(\) "
+                                                r"declares 1 learner replica: each replica would learn alone"):
+        msrl.build(msrl.load_config(config, ["policy.name=test_yours", "policy.learners=2", "policy.mistake=apart"]))
+    with pytest.raises(msrl.ConfigError, match=r"^policy.backend: policy 'test_yours' averages the gradients of its 2 "
+                                               r"'learner' replicas \(msrl.all_reduce_mean\(\)\), but the threads "
+                                               r"backend runs them apart"):
+        msrl.Session(config, ["policy.name=test_yours", "policy.learners=2", "policy.mistake=learners"])

@@ -9,7 +9,7 @@ import networkx as nx
 from msrl.compiler.ir import Stmt, leaves
 from msrl.errors import CompileError, ConfigError
 from msrl.plan import AXES, COMM_OPS, CommSpec, FragmentSpec, Loop, Plan
-from msrl.policy import Policy
+from msrl.policy import Policy, answer
 
 
 def default_op(var: str, senders: int, receivers: int) -> str:
@@ -38,22 +38,48 @@ def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, rece
     if link.every < 1 or link.lag < 0:
         raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` every={link.every}, lag={link.lag}: "
                           "every must be >= 1 and lag >= 0")
+    if link.lag and var != "@params":
+        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) lag={link.lag}: only the "
+                          "parameters (@params) may arrive late (an iteration's value from before the first does "
+                          "not exist); a value of the loop crosses in its own iteration")
 
 
 def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tuple[dict[str, FragmentSpec], dict[str, str]]:
     """The policy's roles and the role of every leaf statement, checked."""
-    fragments = {f.name: f for f in policy.fragments()}
+    fragments = {f.name: f for f in answer(policy, "fragments")}
     for f in fragments.values():
         if f.replicas < 1:
             raise ConfigError("policy", f"policy {policy.name!r} gives its role {f.name!r} {f.replicas} replicas; a "
                               "role runs at least 1 (the policy key that counts them must be > 0)")
-    assign = policy.assign(Loop(list(leaves(stmts)), fdg))
+    assign = answer(policy, "assign", Loop(list(leaves(stmts)), fdg))
     for s in leaves(stmts):
         if assign.get(s.id) not in fragments:
             raise CompileError(
                 f"policy {policy.name!r} placed `{s.source}` in fragment {assign.get(s.id)!r}, "
                 f"which is not one of its fragments ({', '.join(fragments)})", s.file, s.line)
+    learners = answer(policy, "learner_plan").learner_replicas
+    for s in leaves(stmts):
+        f = fragments[assign[s.id]]
+        if s.kind == "api" and s.api.name == "agent_learn" and f.replicas > 1 and f.replicas != learners:
+            raise CompileError(
+                f"policy {policy.name!r} runs `{s.source}` on the {f.replicas} replicas of its role {f.name!r}, but "
+                f"its learner_plan() declares {learners} learner replica{'s' if learners > 1 else ''}: each replica "
+                "would learn alone on its own environments and end with other parameters (the run would report "
+                "one replica's)", s.file, s.line,
+                "replicas that learn together average their gradients: LearnerPlan(learner_replicas=N, "
+                "grad_transforms=(msrl.all_reduce_mean(),)), as multi_learner; else give the learner's role 1 replica")
     return fragments, assign
+
+
+def _sampled(fdg: nx.MultiDiGraph, by_id: dict[str, Stmt]) -> set[str]:
+    """The statements that sample a replay buffer (msrl.buffer_sample) and those computed from a sample."""
+    found = [n for n, s in by_id.items() if s.kind == "api" and s.api.name == "buffer_sample"]
+    seen = set(found)
+    while found:
+        found = [v for u in found for _, v, data in fdg.out_edges(u, data=True)
+                 if data["kind"] == "data" and v in by_id and v not in seen]
+        seen.update(found)
+    return seen
 
 
 def _learned_before(fdg: nx.MultiDiGraph, node: str, fragment: str, by_id: dict[str, Stmt]) -> Stmt | None:
@@ -79,6 +105,7 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
     """Split ``fdg`` (annotated with shapes) by the roles: a comm node on every cut edge; the frozen plan."""
     by_id = {s.id: s for s in leaves(stmts)}
     samples = any(s.kind == "api" and s.api.name == "buffer_sample" for s in by_id.values())  # a replay buffer
+    sampled = _sampled(fdg, by_id)  # (before the cut edges below go through comm nodes)
 
     # loops belong to every fragment with a statement inside them
     for n, data in fdg.nodes(data=True):
@@ -114,9 +141,16 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
         key = (point, var, fv)
         if key not in comms:
             src, dst = fragments[fu], fragments[fv]
-            link = policy.link(var, src, dst)
+            link = answer(policy, "link", var, src, dst)
             op = link.op or default_op(var, src.replicas, dst.replicas)
             _check_link(policy, var, op, link, src.replicas, dst.replicas, fu, fv)
+            if link.axis == "batch" and u not in sampled:
+                s = by_id[u]
+                raise CompileError(
+                    f"policy {policy.name!r} sends `{var}` from {fu!r} to {fv!r} along axis 'batch', but it is not a "
+                    "replay buffer's sample: its replicas' rows would be interleaved, not joined by environment",
+                    s.file, s.line, "only a sample (msrl.buffer_sample) and what is computed from it has a batch "
+                    "axis; a value of the environments crosses along 'env' (the default)")
             comms[key] = c = CommSpec(f"c{len(comms) + 1}", op, var, u, fu, fv, point, link.axis, link.every,
                                       link.lag)
             fdg.add_node(c.id, kind="comm", op=c.op, fragment=f"{fu}->{fv}", parent=fdg.nodes[point]["parent"],

@@ -30,8 +30,9 @@ import numpy as np
 
 from msrl import services
 from msrl.backend import (Runtime, concat_along, gather_receiver, gather_senders, mean_metrics, policy_lag,
-                          result_metrics, split_along, stats_fn)
+                          reduces_over_replicas, result_metrics, split_along, stats_fn)
 from msrl.components import episode_metrics
+from msrl.compiler.ir import walk
 from msrl.compiler.lower import materialize, reraise_at_user_line, user_frames
 from msrl.errors import CompileError, ConfigError, TrainingError
 
@@ -389,6 +390,18 @@ class ReplicaRuntime(Runtime):
         self.program, self.seed, self.iteration = program, seed, 0
         self.keys = replica_keys(program)
         self.stopping: Any = lambda: False  # the caller's stop request (see stream)
+        transforms = getattr(program.components.get("learner"), "grad_transforms", ())
+        for name, frag in program.fragments.items():
+            learns = any(s.kind == "api" and s.api.name == "agent_learn" for s in walk(frag.stmts))
+            if learns and frag.spec.replicas > 1 and reduces_over_replicas(transforms) and not self.collective(frag):
+                raise ConfigError("policy.backend", f"policy {program.policy.name!r} averages the gradients of its "
+                                  f"{frag.spec.replicas} {name!r} replicas (msrl.all_reduce_mean()), but the "
+                                  f"{frag.spec.backend} backend runs them apart, with no collective between them: "
+                                  "use policy.backend=jax (devices) or ray, for a role that communicates with no other")
+
+    def collective(self, fragment: Any) -> bool:
+        """Whether the replicas of ``fragment`` run as one program whose collectives reduce over them."""
+        return False
 
     def stream(self, iterations: int, chunk: int, stop: Any = lambda: False) -> Any:
         self.stopping = stop  # a replica that makes no progress after a stop request ends the wait early
