@@ -42,19 +42,27 @@ class Context:
                               f"holds ({INT32_MAX:,}): fewer env steps per run")
         return count
 
-    def check_learning_starts(self, learning_starts: int, buffer_size: int) -> None:
-        """A ConfigError if an off-policy warm-up of ``learning_starts`` transitions would never end: more than the
-        buffer holds, or than one learner's buffer receives in the run."""
+    def check_learning_starts(self, learning_starts: int, buffer: Any, rollout_len: int) -> None:
+        """A ConfigError if an off-policy warm-up of ``learning_starts`` transitions would never end: more than
+        one learner's replay ``buffer`` can offer a sample (its whole steps of the learner's environments, less an
+        n-step window's last steps), or than it offers after the run's whole iterations of ``rollout_len`` steps."""
         from msrl.errors import ConfigError
 
-        if learning_starts > buffer_size:
-            raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than buffer_size "
-                              f"{buffer_size:,}: learning would never start")
-        received = self.total_env_steps // self.learner_replicas
-        if learning_starts > received:
+        width, window = self.learner_envs, getattr(buffer, "window", 1)
+        rows = buffer.capacity // width
+        offered = lambda steps: max(min(steps, rows) - (window - 1), 0) * width  # noqa: E731 - as buffer.size counts
+        if learning_starts > offered(rows):
+            less = f", less the last {window - 1} of a window of {window}" if window > 1 else ""
+            raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the {offered(rows):,} "
+                              f"transitions buffer_size {buffer.capacity:,} offers a sample ({rows:,} whole steps of "
+                              f"{width:,} envs{less}): learning would never start")
+        iterations = self.total_env_steps // (self.num_envs * rollout_len)
+        if learning_starts > offered(iterations * rollout_len):
             per = f" per learner ({self.learner_replicas} learners)" if self.learner_replicas > 1 else ""
-            raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the {received:,} "
-                              f"transitions the run collects{per} (run.total_env_steps): learning would never start")
+            raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the "
+                              f"{offered(iterations * rollout_len):,} transitions the run collects{per} in its "
+                              f"{iterations:,} whole iterations (run.total_env_steps={self.total_env_steps:,}): "
+                              "learning would never start")
 
     @property
     def learner_envs(self) -> int:

@@ -107,3 +107,28 @@ def test_bad_config_names_the_key(override, key):
     with pytest.raises(msrl.ConfigError) as err:
         msrl.build(load_config(EXAMPLE, [override]))
     assert err.value.key == key
+
+
+@pytest.mark.parametrize("config, overrides, message", [
+    # 256 entries of 8 envs are 32 steps; 3-step returns' windows of 4 leave 29 steps whose windows are whole: 232
+    ("dqn", ["algorithm.buffer_size=256", "algorithm.learning_starts=256"],
+     r"^algorithm.learning_starts: 256 is more than the 232 transitions buffer_size 256 offers a sample \(32 whole "
+     r"steps of 8 envs, less the last 3 of a window of 4\): learning would never start$"),
+    # 2,000 steps are 62 whole iterations of 4 x 8: 248 steps of 8 envs, whose windows offer 245 x 8 = 1,960
+    ("dqn", ["algorithm.buffer_size=200000", "algorithm.learning_starts=2000", "run.total_env_steps=2000",
+             "algorithm.rollout_len=4"],
+     r"^algorithm.learning_starts: 2,000 is more than the 1,960 transitions the run collects in its 62 whole "
+     r"iterations \(run.total_env_steps=2,000\): learning would never start$"),
+    ("dqn", ["algorithm.rollout_len=1", "algorithm.n_step=1", "algorithm.buffer_size=16", "algorithm.learning_starts=8"],
+     r"^algorithm.buffer_size: 16 transitions are 2 steps of 8 envs; it must hold 3 steps"),  # (a ValueError mid-trace)
+    ("sac", ["algorithm.buffer_size=100", "algorithm.learning_starts=100", "run.total_env_steps=1600"],
+     r"^algorithm.learning_starts: 100 is more than the 96 transitions buffer_size 100 offers a sample"),
+    ("sac", ["algorithm.buffer_size=8", "algorithm.learning_starts=8"],
+     r"^algorithm.buffer_size: 8 transitions are 1 steps of 8 envs; it must hold at least 2 steps$"),
+])
+def test_a_warm_up_the_buffer_never_reaches_is_refused(config, overrides, message):
+    """(Each ran to its end with learning 0 in every row, or failed mid-trace inside the replay buffer: the
+    checks compared learning_starts with buffer_size and run.total_env_steps, not with what a sample can draw.)"""
+    path = EXAMPLE if config == "dqn" else EXAMPLE.parent / "sac_pendulum.yaml"
+    with pytest.raises(msrl.ConfigError, match=message):
+        msrl.build(load_config(path, ["env.num_envs=8", *overrides]))

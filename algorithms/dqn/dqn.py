@@ -174,12 +174,11 @@ class DQN(msrl.Algorithm):
         if isinstance(spec, msrl.MultiAgentSpec) or not spec.discrete:
             raise msrl.ConfigError("algorithm.name", f"DQN needs one agent with discrete actions; {spec.id} has "
                                    f"{'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'continuous actions'}")
-        rows = cfg.buffer_size // ctx.num_envs
-        if rows < cfg.rollout_len + cfg.n_step:
+        rows, needed = cfg.buffer_size // ctx.num_envs, max(cfg.rollout_len + cfg.n_step, cfg.n_step + 2)
+        if rows < needed:
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions are {rows} steps of "
-                                   f"{ctx.num_envs} envs; it must hold rollout_len + n_step = "
-                                   f"{cfg.rollout_len + cfg.n_step} steps")
-        ctx.check_learning_starts(cfg.learning_starts, cfg.buffer_size)
+                                   f"{ctx.num_envs} envs; it must hold {needed} steps (rollout_len + n_step, and at "
+                                   "least n_step + 2)")
         net = QNetwork(action_dim(spec), len(spec.obs_shape), tuple(cfg.hidden))
         updates = ctx.per_run(ctx.num_envs * cfg.rollout_len, cfg.updates)
         self.actor = EpsilonGreedy(net, cfg, ctx.num_envs)
@@ -188,6 +187,7 @@ class DQN(msrl.Algorithm):
         self.buffer = (msrl.PrioritizedBuffer(cfg.buffer_size, cfg.per_alpha, cfg.per_beta, 1.0,
                                               updates, sequence_length=window)
                        if cfg.prioritized else msrl.UniformBuffer(cfg.buffer_size, sequence_length=window))
+        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len)
 
     def train_step(self):
         obs = msrl.env_observe()

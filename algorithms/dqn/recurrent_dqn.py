@@ -173,6 +173,7 @@ class RecurrentDQN(DQN):
         self.buffer = (msrl.PrioritizedBuffer(cfg.buffer_size, cfg.per_alpha, cfg.per_beta, 1.0,
                                               self.learner.num_updates, sequence_length=window)
                        if cfg.prioritized else msrl.UniformBuffer(cfg.buffer_size, sequence_length=window))
+        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len)
 
     def train_step(self):
         obs, start = msrl.env_observe(), msrl.env_starts()
