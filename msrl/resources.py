@@ -62,6 +62,17 @@ def memory_estimate(program: Any) -> dict[str, int]:
     return out
 
 
+def _sampled(program: Any) -> bool:
+    """Whether the largest value the loop computes is a replay buffer's sample."""
+    from msrl.compiler.ir import leaves
+
+    if not program.shapes:
+        return False
+    (stmt, _), _ = max(program.shapes.items(), key=lambda kv: _nbytes(kv[1]))
+    found = [s for s in leaves(program.stmts) if s.id == stmt]
+    return bool(found) and found[0].kind == "api" and found[0].api.name == "buffer_sample"
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1024 or unit == "TB":
@@ -84,9 +95,11 @@ def check_memory(program: Any, cfg: Any) -> None:
         key = "run.sweep" if cfg.run.sweep else "run.num_seeds"
         raise ConfigError(key, f"{runs} members (seeds x swept values) need about {_size(need)} ({_size(need // runs)} "
                           f"each), but {_size(free)} are free; train fewer at once")
-    key = "algorithm.buffer_size" if parts.get("buffer", 0) * 2 >= need and "buffer_size" in type(
-        cfg.algorithm).model_fields else "env.num_envs"
-    value = cfg.algorithm.buffer_size if key == "algorithm.buffer_size" else cfg.env.num_envs
+    fields = type(cfg.algorithm).model_fields
+    key = "algorithm.buffer_size" if parts.get("buffer", 0) * 2 >= need and "buffer_size" in fields else \
+        "algorithm.batch_size" if parts["values"] * 2 >= need and "batch_size" in fields and _sampled(program) else \
+        "env.num_envs"
+    value = getattr(cfg.algorithm, key.split(".")[1]) if key.startswith("algorithm.") else cfg.env.num_envs
     raise ConfigError(key, f"{value:,} needs about {_size(need)} ({need:,} bytes: "
                       + ", ".join(f"{k} {_size(v)}" for k, v in parts.items() if v)
                       + f"), but {_size(free)} are free; lower {key}")

@@ -262,6 +262,8 @@ def test_a_bad_run_dir_is_refused_before_anything_compiles(tmp_path, capsys):
     ("dqn_cartpole.yaml", ["env.id=gymnax:Breakout-MinAtar", "algorithm.buffer_size=2e9"], "algorithm.buffer_size"),
     ("ppo_cartpole.yaml", ["env.id=gymnax:Breakout-MinAtar", "env.num_envs=10000000", "run.total_env_steps=2e9"],
      "env.num_envs"),
+    ("sac_pendulum.yaml", ["algorithm.batch_size=1000000000", "algorithm.updates=4"], "algorithm.batch_size"),  # (it
+    # named env.num_envs: the sample was the largest part)
 ])
 def test_a_program_larger_than_memory_is_refused_before_allocating(tmp_path, capsys, example, overrides, key):
     with pytest.raises(msrl.ConfigError, match=r"needs about [\d.,]+ [GT]B \([\d,]+ bytes: .*are free; lower") as info:

@@ -309,9 +309,13 @@ class Program:
         if hasattr(buffer, "shards"):
             buffer.shards = shards
         elif shards > 1 and any(s.api.name == "buffer_sample" for s in calls):
+            shardable = ("msrl.UniformBuffer or msrl.PrioritizedBuffer, or give yours `shards` (each replica then "
+                         "holds capacity / shards entries and samples batch_size / shards)")
             raise ConfigError("policy.name", f"policy {self.policy.name!r} splits the replay buffer over {shards} "
-                              f"replicas, but {type(buffer).__name__} cannot be split (it has no `shards`); use "
-                              "msrl.UniformBuffer or msrl.PrioritizedBuffer")
+                              f"replicas, but {type(buffer).__name__} cannot be split (it has no `shards`); " + (
+                                  f"use {shardable}" if self.policy.name == "replay_server" else
+                                  "a buffer that actors fill and the learner samples is policy.name=replay_server's "
+                                  f"job, with {shardable}; single_learner_fine and fused keep the buffer whole"))
         return shards
 
     def _check_cuts(self) -> None:
