@@ -82,6 +82,10 @@ def __getattr__(name):
         from msrl.runtime import session
 
         return getattr(session, name)
+    if name in ("rl", "envs", "replay"):  # submodules a user's code names (msrl.rl.Dense) after `import msrl`
+        import importlib
+
+        return importlib.import_module(f"msrl.{name}")
     raise AttributeError(f"module 'msrl' has no attribute {name!r}")
 
 

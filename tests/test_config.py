@@ -323,3 +323,13 @@ def test_a_config_of_another_type_is_a_config_error(tmp_path, config):
         msrl.train(config, run_dir=tmp_path / "run")
     with pytest.raises(msrl.ConfigError, match=r"run_dir: a run directory's path, got NoneType None"):
         msrl.load(None)
+
+
+def test_the_submodules_a_users_code_names_are_reached_from_import_msrl_alone():
+    """(`import msrl` then `msrl.rl.Dense`, as the README writes it, was an AttributeError in a fresh process.)"""
+    import subprocess
+    import sys
+
+    code = "import msrl; print(msrl.rl.Dense.__name__, msrl.envs.register_env.__name__, msrl.replay.UniformBuffer.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.stdout.split() == ["Dense", "register_env", "UniformBuffer"], out.stderr[-2000:]
