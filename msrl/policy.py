@@ -136,6 +136,11 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
         raise ConfigError("policy.name", f"policy {policy.name!r}: its {method}() returned {type(out).__name__} "
                           f"{reprlib.repr(out)}; it returns {_ANSWERS[method]}")
     if method == "fragments":
+        for f in out:
+            if f.backend not in ("jax", policy.backend):
+                raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() place the role {f.name!r} "
+                                  f"on backend {f.backend!r}, but the policy runs on policy.backend={policy.backend!r} "
+                                  f"(a role runs there, or as a jitted program there: 'jax')")
         names = [f.name for f in out]
         if len(set(names)) < len(names):
             twice = next(n for n in names if names.count(n) > 1)

@@ -383,6 +383,8 @@ class _Yours(msrl.DistributedPolicy):
             return [self.role("actor", 2, "backend"), self.role("actor", 4, "backend"), self.role("learner", 1, "backend")]
         if self.mistake == "learners":
             return [self.role("learner", self.learners, "backend")]
+        if self.mistake == "elsewhere":
+            return [self.role("actor", 2, "backend"), msrl.FragmentSpec(name="learner", backend="ray")]
         return [self.role("actor", 2, "backend"), self.role("learner", self.learners, "backend")]
 
     def assign(self, loop):
@@ -414,6 +416,8 @@ class _Yours(msrl.DistributedPolicy):
     ("dicts", msrl.ConfigError, r"^policy.name: policy 'test_yours': its fragments\(\) returned list \[\{'name': "
                                 r"'actor', 'replicas': 2\}\]; it returns a list of msrl.FragmentSpec"),
     ("twice", msrl.ConfigError, r"its fragments\(\) give the role 'actor' 2 times; each role has one name"),
+    ("elsewhere", msrl.ConfigError, r"its fragments\(\) place the role 'learner' on backend 'ray', but the policy runs "
+                                    r"on policy.backend='threads'"),  # (it ran on threads without a word)
     ("typo", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) raised AttributeError: 'Loop' "
                                r"object has no attribute 'statments' \(at .*test_compiler.py:\d+\)$"),
     ("tuple", msrl.ConfigError, r"its link\(\) returned tuple \('gather', 'env'\); it returns an msrl.Link$"),
