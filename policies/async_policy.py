@@ -98,8 +98,8 @@ class ParameterHolder:
 
 
 HELD = ("params", "opt_state")  # the learner state the holder carries: all of it, or the policy refuses
-FITS = ("use policy.name=single_learner_coarse or multi_learner (for a loop that samples a replay buffer: replay_server, "
-        "single_learner_fine or multi_learner)")
+FITS = ("use policy.name=single_learner_coarse or multi_learner for an on-policy loop (msrl.buffer_get), "
+        "replay_server, single_learner_fine or multi_learner for one that samples a replay buffer")
 
 
 def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, Any]:
@@ -204,7 +204,7 @@ class Async(msrl.DistributedPolicy):
     def _services(self, learner: Any) -> dict[str, msrl.Service]:
         if getattr(type(learner), "optimizer", msrl.Learner.optimizer) is msrl.Learner.optimizer:
             raise msrl.ConfigError("policy.name", f"async applies the learner's optimizer() at a parameter holder; "
-                              f"{type(learner).__name__} defines none")
+                                   f"{type(learner).__name__} defines none; " + FITS)
         max_staleness = self.max_staleness
         checked_init(learner, jax.random.PRNGKey(0), partial(jax.eval_shape, learner.init))  # refuse it now
 

@@ -126,10 +126,13 @@ def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
     buffer (single_learner_coarse refuses DQN's)."""
     with pytest.raises(ConfigError, match="policy.name.*PPOLearner's state also holds 'key'.*single_learner_coarse"):
         msrl.build(load_config(CARTPOLE, ["policy.name=async", "policy.workers=2", "env.num_envs=4"]))
-    with pytest.raises(ConfigError, match=r"DQNLearner's state also holds .*'target'.*; use policy.name=.* \(for a loop "
-                                          r"that samples a replay buffer: replay_server, single_learner_fine or "
-                                          r"multi_learner\)$"):
+    with pytest.raises(ConfigError, match=r"DQNLearner's state also holds .*'target'.*; use policy.name=.* for an "
+                                          r"on-policy loop \(msrl.buffer_get\), replay_server, single_learner_fine or "
+                                          r"multi_learner for one that samples a replay buffer$"):
         msrl.build(load_config(EXAMPLES / "dqn_cartpole.yaml", ["policy.name=async", "policy.workers=2",
+                                                                 "env.num_envs=4"]))
+    with pytest.raises(ConfigError, match=r"SACLearner defines none; use policy.name=.*replay_server"):  # (it named none)
+        msrl.build(load_config(EXAMPLES / "sac_pendulum.yaml", ["policy.name=async", "policy.workers=2",
                                                                  "env.num_envs=4"]))
 
 
