@@ -62,7 +62,16 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
     good = checkpoint.latest_good(run_dir)
     if good is None:
-        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (train with run.checkpoint_every_steps > 0)")
+        import yaml
+
+        try:
+            every = ((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("run") or {}).get(
+                "checkpoint_every_steps")
+        except (yaml.YAMLError, OSError, AttributeError):
+            every = None
+        why = ("train with run.checkpoint_every_steps > 0" if every == 0 else
+               "it stopped before its first checkpoint" + (f", due every {every:,} env steps" if every else ""))
+        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint ({why})")
     path, states, meta = good
     meta = {**meta, "checkpoint": str(path)}
     cfg = trained_config(run_dir / "config.yaml", meta, path)

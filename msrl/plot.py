@@ -62,7 +62,8 @@ def read_curve(run_dir: str | Path) -> dict[str, np.ndarray]:
     table = np.array([[number(r[c]) for c in _COLUMNS] for r in rows], dtype=float).reshape(-1, len(_COLUMNS))
     table = table[np.isfinite(table).all(axis=1)]
     if not len(table):
-        raise ConfigError(str(run_dir), "metrics.csv has no row with a finished episode (episode_return is empty)")
+        raise ConfigError(str(run_dir), "metrics.csv has no row with a finished episode (its episode_return is "
+                          "empty or NaN in every row: no episode ended yet)")
     return {c: table[:, i] for i, c in enumerate(_COLUMNS)}
 
 

@@ -121,6 +121,19 @@ def test_eval_refuses_a_seed_a_prng_key_cannot_hold(tmp_path, capsys):
         assert f"--seed: must be between 0 and 4,294,967,295, got {seed}" in capsys.readouterr().err
 
 
+def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsys):
+    """(A run that stopped before its first checkpoint was told to train with checkpoint_every_steps > 0.)"""
+    for every, why in [(None, r"it stopped before its first checkpoint\)"),
+                       (5000, r"it stopped before its first checkpoint, due every 5,000 env steps\)"),
+                       (0, r"train with run.checkpoint_every_steps > 0\)")]:
+        text = Path(CARTPOLE).read_text()
+        if every is not None:
+            text = text.replace("run:\n", f"run:\n  checkpoint_every_steps: {every}\n", 1)
+        (tmp_path / "config.yaml").write_text(text)
+        assert main(["eval", str(tmp_path)]) == 2
+        assert re.search(rf"RUN_DIR: {tmp_path} holds no checkpoint \({why}", capsys.readouterr().err)
+
+
 def test_plot_and_graph_refuse_an_unknown_image_suffix_up_front_and_graph_makes_folders(tmp_path, capsys):
     for args in (["plot", str(tmp_path / "no-run")], ["graph", str(tmp_path / "no.yaml"), "--format", "png"]):
         assert main([*args, "-o", str(tmp_path / "out.xyz")]) == 2

@@ -83,8 +83,9 @@ def test_plot_reports_missing_or_empty_metrics(tmp_path, capsys):
     (empty / "metrics.csv").write_text("")
     with pytest.raises(ConfigError, match="empty"):
         plot_runs([empty], tmp_path / "x.png")
-    (empty / "metrics.csv").write_text("iteration,env_steps,episode_return,sps,wall_time\n1,512,,1,1\n")
-    with pytest.raises(ConfigError, match="no row with a finished episode"):
+    (empty / "metrics.csv").write_text("iteration,env_steps,episode_return,sps,wall_time\n1,512,,1,1\n2,1024,nan,1,1\n")
+    with pytest.raises(ConfigError, match=r"no row with a finished episode \(its episode_return is empty or NaN in every "
+                                          r"row: no episode ended yet\)"):  # (it said empty where the CSV held nan)
         plot_runs([empty], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
     # a row cut short by a kill is left out; a binary file, and an output that is a folder, are errors that say so
