@@ -17,6 +17,11 @@ class AlgorithmConfig(BaseModel):
 
     name: str
 
+    def inert(self) -> dict[str, str]:
+        """Keys that change nothing under this config's other values, each with the setting that gives it effect
+        (a run notes those given a value other than their default)."""
+        return {}
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:

@@ -600,6 +600,13 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     if unused:
         print(f"msrl: note: {', '.join(f'policy.{key}' for key in unused)} only apply with policy.backend=ray; "
               f"ignored under {cfg.policy.backend!r}", file=sys.stderr, flush=True)
+    inert: dict[str, list[str]] = {}
+    for key, needs in cfg.algorithm.inert().items():
+        if getattr(cfg.algorithm, key) != type(cfg.algorithm).model_fields[key].default:
+            inert.setdefault(needs, []).append(f"algorithm.{key}")
+    for needs, keys in inert.items():
+        print(f"msrl: note: {', '.join(keys)} only {'apply' if len(keys) > 1 else 'applies'} with {needs}; ignored "
+              "here", file=sys.stderr, flush=True)
     if iterations * steps_per_iter != cfg.run.total_env_steps:
         print(f"msrl: note: run.total_env_steps={cfg.run.total_env_steps:,} rounded down to {iterations:,} whole "
               f"iterations of {steps_per_iter:,} env steps: {iterations * steps_per_iter:,}", file=sys.stderr, flush=True)

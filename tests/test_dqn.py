@@ -132,3 +132,21 @@ def test_a_warm_up_the_buffer_never_reaches_is_refused(config, overrides, messag
     path = EXAMPLE if config == "dqn" else EXAMPLE.parent / "sac_pendulum.yaml"
     with pytest.raises(msrl.ConfigError, match=message):
         msrl.build(load_config(path, ["env.num_envs=8", *overrides]))
+
+
+def test_keys_the_config_makes_inert_are_noted(tmp_path, capsys):
+    """(per_alpha without prioritized replay, the linear schedule's keys under Ape-X exploration, SAC's temperature
+    keys with a fixed alpha: each was taken without a word and changed nothing.)"""
+    msrl.train(EXAMPLE, ["algorithm.per_alpha=0.7", "algorithm.exploration=apex", "run.total_env_steps=64",
+                         "algorithm.learning_starts=8", "run.progress=false", "run.tensorboard=false"],
+               run_dir=tmp_path / "dqn")
+    err = capsys.readouterr().err
+    assert "msrl: note: algorithm.per_alpha only applies with algorithm.prioritized=true; ignored here\n" in err
+    assert ("msrl: note: algorithm.eps_end, algorithm.eps_decay_steps only apply with algorithm.exploration=linear; "
+            "ignored here\n") in err  # (the example's eps_start is the default: no word of it)
+    msrl.train(EXAMPLE.parent / "sac_pendulum.yaml", ["algorithm.alpha=0.2", "algorithm.target_entropy=-2",
+                                                      "run.total_env_steps=64", "algorithm.learning_starts=8",
+                                                      "run.progress=false", "run.tensorboard=false"],
+               run_dir=tmp_path / "sac")
+    assert ("msrl: note: algorithm.alpha_lr, algorithm.target_entropy only apply with a learned temperature "
+            "(algorithm.alpha=null); ignored here\n") in capsys.readouterr().err  # (the example sets alpha_lr)

@@ -51,6 +51,12 @@ class DQNConfig(msrl.AlgorithmConfig):
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
 
+    def inert(self) -> dict[str, str]:
+        keys = {} if self.prioritized else dict.fromkeys(("per_alpha", "per_beta"), "algorithm.prioritized=true")
+        other = "linear" if self.exploration == "apex" else "apex"
+        return {**keys, **dict.fromkeys(("eps_start", "eps_end", "eps_decay_steps") if other == "linear" else
+                                        ("apex_eps", "apex_alpha"), f"algorithm.exploration={other}")}
+
 
 class Transition(NamedTuple):
     """One step of every environment. The buffer keeps them time-major and samples windows of n_step + 1

@@ -52,6 +52,10 @@ class SACConfig(OffPolicyConfig):
     alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (None: learned)")
     target_entropy: float | None = Field(None, description="of the learned temperature (None: -action size)")
 
+    def inert(self) -> dict[str, str]:
+        learned = "a learned temperature (algorithm.alpha=null)"
+        return {} if self.alpha is None else {"alpha_lr": learned, "target_entropy": learned}
+
 
 class Transition(NamedTuple):
     obs: jax.Array
