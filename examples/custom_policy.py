@@ -29,6 +29,10 @@ class InferenceServer(msrl.DistributedPolicy):  # DistributedPolicy: per-role re
     name: Literal["inference_server"] = "inference_server"
     backend: Literal["threads", "ray"] = "threads"
     env_workers: int = Field(2, gt=0, description="replicas that step environments (env.num_envs split evenly)")
+    envs_per_worker: int | None = Field(None, gt=0, description="environments per worker (default: shared evenly)")
+
+    def total_envs(self, num_envs: int) -> int:  # checked with the config: a count the workers cannot share is refused
+        return self.shard_envs(num_envs, "env_workers", "envs_per_worker")
 
     def fragments(self) -> list[msrl.FragmentSpec]:
         return self.check_roles([self.role("env", self.env_workers, "backend"),
