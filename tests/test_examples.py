@@ -145,6 +145,9 @@ def test_custom_policy_registers_compiles_and_runs_from_config(fused):
     params, rows = run(cfg)
     check_rows(rows)
     assert max_diff(fused[0], params) <= 1e-5
+    with pytest.raises(msrl.ConfigError, match=r"^policy.env_workers: 3 env_workers cannot share env.num_envs=\d+ "
+                                               r"environments evenly; set policy.envs_per_worker$"):
+        example_config(POLICY_LINES["fused"], ["policy.name=inference_server", "policy.env_workers=3"])
 
 
 def test_cli_imports_user_modules(capsys):
