@@ -144,6 +144,8 @@ class _Table:
         if self.tb is not None:
             # (a sweep's root averages members of different values: not one trial, so no hparams session)
             if math.isfinite(final_return) and not cfg.run.sweep:
+                for old in (Path(self.tb.file_writer.get_logdir()) / "hparams").glob("events.out.tfevents.*"):
+                    old.unlink()  # the session an interrupted call of this run wrote: one run, one hparams session
                 self.tb.add_hparams(_flat(cfg.dump()), {"hparam/episode_return": final_return}, name="hparams")
             self.tb.close()
         self.csv_file.close()

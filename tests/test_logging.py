@@ -78,6 +78,9 @@ def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
     assert b"name: ppo" in text.tensor.string_val[0] and b"total_env_steps: 4096" in text.tensor.string_val[0]
     hparams = list((tmp_path / "tb" / "hparams").glob("events.out.tfevents.*"))
     assert hparams and b"algorithm.lr" in hparams[0].read_bytes() and b"[64, 64]" in hparams[0].read_bytes()
+    msrl.train(None, ["run.progress=false", "run.total_env_steps=8192"], run_dir=tmp_path, resume=True)
+    (resumed,) = (tmp_path / "tb" / "hparams").glob("events.out.tfevents.*")  # one session for the run (there were
+    assert b"total_env_steps" in resumed.read_bytes()  # two: TensorBoard listed both)
 
 
 def test_tensorboard_loads_without_pytorch_or_boto3_and_leaves_them_importable():
