@@ -55,7 +55,7 @@ class Context:
 
         width, window = self.learner_envs, getattr(buffer, "window", 1)
         rows = buffer.capacity // width
-        offered = lambda steps: max(min(steps, rows) - (window - 1), 0) * width  # noqa: E731 - as buffer.size counts
+        offered = lambda steps: max(min(steps, rows) - (window - 1), 0) * width  # as the buffer's size counts them
         if learning_starts > offered(rows):
             less = f", less the last {window - 1} of a window of {window}" if window > 1 else ""
             raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the {offered(rows):,} "
