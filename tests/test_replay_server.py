@@ -16,9 +16,8 @@ import pytest
 from helpers import max_diff
 
 import msrl
-from msrl.algorithms.dqn import DQN as DQNAlgorithm
-from msrl.algorithms.dqn.dqn import Transition
 from msrl.config import load_config
+from msrl.conformance_loops import ConformanceSAC
 from msrl.errors import CompileError, ConfigError
 from msrl.resources import memory_estimate
 
@@ -171,7 +170,7 @@ class _Unsplit(msrl.ReplayBuffer):
     """A user's replay buffer with no ``shards``: msrl.UniformBuffer's storage, behind its own methods."""
 
     def __init__(self, capacity: int):
-        self.inner = msrl.UniformBuffer(capacity, sequence_length=4)
+        self.inner = msrl.UniformBuffer(capacity, sequence_length=2)
 
     def init(self, key, item_spec):
         return self.inner.init(key, item_spec)
@@ -182,28 +181,17 @@ class _Unsplit(msrl.ReplayBuffer):
     def sample(self, state, batch_size=None):
         return self.inner.sample(state, batch_size)
 
-    def update(self, state, indices, priorities):
-        return state
 
+@msrl.register_algorithm("test_unsplit_sac")
+class _UnsplitSAC(ConformanceSAC):
+    """The conformance matrix's discrete SAC (a loop that samples its buffer and updates no priorities)."""
 
-@msrl.register_algorithm("test_unsplit_dqn")
-class _UnsplitDQN(DQNAlgorithm):
-    class Config(DQNAlgorithm.Config):
-        name: Literal["test_unsplit_dqn"] = "test_unsplit_dqn"
+    class Config(ConformanceSAC.Config):
+        name: Literal["test_unsplit_sac"] = "test_unsplit_sac"
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
         self.buffer = _Unsplit(cfg.buffer_size)
-
-    def train_step(self):  # DQN's, without the priorities' update
-        obs = msrl.env_observe()
-        for _ in range(self.cfg.rollout_len):
-            out = msrl.agent_act(obs)
-            next_obs, reward, done = msrl.env_step(out.action)
-            msrl.buffer_insert(Transition(obs, out.action, reward, done))
-            obs = next_obs
-        metrics, _ = msrl.agent_learn(msrl.buffer_sample(self.cfg.batch_size))
-        return metrics
 
 
 @pytest.mark.parametrize("policy, hint", [
@@ -212,8 +200,7 @@ class _UnsplitDQN(DQNAlgorithm):
                               r"with msrl.UniformBuffer"),  # (it said: use msrl.UniformBuffer, which coarse refuses)
 ])
 def test_a_buffer_of_yours_that_cannot_be_split_says_which_policy_splits_one(policy, hint):
-    overrides = [*SMALL[1:5], "algorithm.name=test_unsplit_dqn", f"policy.name={policy}", "policy.backend=threads",
-                 "policy.actors=2"]
+    overrides = ["algorithm.name=test_unsplit_sac", f"policy.name={policy}", "policy.backend=threads", "policy.actors=2"]
     with pytest.raises(ConfigError, match=rf"^policy.name: policy '{policy}' splits the replay buffer over 2 replicas, "
                                           rf"but _Unsplit cannot be split \(it has no `shards`\){hint}"):
-        msrl.build(load_config(DQN, overrides + (["policy.shards=2"] if policy == "replay_server" else [])))
+        msrl.build(load_config(None, overrides + (["policy.shards=2"] if policy == "replay_server" else [])))
