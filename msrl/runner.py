@@ -602,6 +602,11 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     if unused:
         print(f"msrl: note: {', '.join(f'policy.{key}' for key in unused)} only apply with policy.backend=ray; "
               f"ignored under {cfg.policy.backend!r}", file=sys.stderr, flush=True)
+    holders = [f.spec.replicas for f in program.fragments.values() if "env" in f.state_keys]
+    if cfg.env.subprocesses and holders and cfg.env.subprocesses > program.num_envs // holders[0]:
+        per = program.num_envs // holders[0]
+        print(f"msrl: note: env.subprocesses={cfg.env.subprocesses}, but each replica steps {per} environment"
+              f"{'s' if per > 1 else ''}: {per} worker process{'es' if per > 1 else ''} each", file=sys.stderr, flush=True)
     inert: dict[str, list[str]] = {}
     for key, needs in cfg.algorithm.inert().items():
         if getattr(cfg.algorithm, key) != type(cfg.algorithm).model_fields[key].default:

@@ -135,3 +135,11 @@ def test_an_env_defined_in_main_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120).stdout
     assert "MsrlMine-v0 #0, in its worker process, failed in make" in out
     assert "defined in your script's __main__ is unknown to worker processes" in out
+
+
+def test_more_workers_than_a_replicas_envs_is_noted(tmp_path, capsys):
+    """(3 worker processes for a replica's 2 environments started 2 without a word.)"""
+    msrl.train(EXAMPLES / "ppo_cartpole_threads.yaml", ["env.subprocesses=6", "run.total_env_steps=1024",
+                                                        "run.progress=false", "run.tensorboard=false"], run_dir=tmp_path)
+    assert "msrl: note: env.subprocesses=6, but each replica steps 4 environments: 4 worker processes each\n" in \
+        capsys.readouterr().err
