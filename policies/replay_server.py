@@ -54,9 +54,9 @@ class ReplayServer(msrl.DistributedPolicy):
     def link(self, var: str, src: msrl.FragmentSpec, dst: msrl.FragmentSpec) -> msrl.Link:
         """Transitions are gathered to the shards along their environments; samples are gathered to the
         learner and priorities scattered back along their batch axis; parameters are pulled every
-        ``param_sync_every`` iterations."""
+        ``param_sync_every`` iterations; anything else the actors hand the learner is per-environment."""
         if var == "@params":
             return msrl.Link(axis="replicated", every=self.param_sync_every)
-        if "learner" in (src.name, dst.name):
+        if {src.name, dst.name} == {"learner", "replay"}:
             return msrl.Link(op="scatter" if src.name == "learner" else "gather", axis="batch")
-        return msrl.Link(op="gather")
+        return msrl.Link(op="gather") if dst.name in ("replay", "learner") else msrl.Link()

@@ -16,6 +16,8 @@ import pytest
 from helpers import max_diff
 
 import msrl
+from msrl.algorithms.dqn import DQN as DQNAlgorithm
+from msrl.algorithms.dqn.dqn import Transition
 from msrl.config import load_config
 from msrl.conformance_loops import ConformanceSAC
 from msrl.errors import CompileError, ConfigError
@@ -51,6 +53,32 @@ def test_one_shard_is_the_fused_program():
     one, _, one_rows = run(server(2, 1), 12)
     assert max_diff(fused[12], one[12]) <= 1e-6
     assert [r["loss"] for r in fused_rows] == pytest.approx([r["loss"] for r in one_rows], rel=1e-5)
+
+
+@msrl.register_algorithm("test_dqn_env_metric")
+class _DQNWithEnvMetric(DQNAlgorithm):
+    """DQN's loop returning a value of one environment that the actors hand the learner's side."""
+
+    class Config(DQNAlgorithm.Config):
+        name: Literal["test_dqn_env_metric"] = "test_dqn_env_metric"
+
+    def train_step(self):  # one step an iteration
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        step = msrl.env_step(out.action)
+        msrl.buffer_insert(Transition(obs, out.action, step.reward, step.done))
+        sample = msrl.buffer_sample(self.cfg.batch_size)
+        metrics, priorities = msrl.agent_learn(sample)
+        msrl.buffer_update(sample.indices, priorities)
+        return {**metrics, "second_env": step.obs[1, 0]}
+
+
+def test_what_the_actors_hand_the_learner_besides_samples_joins_by_environment():
+    """replay_server gave every value crossing to the learner the sample's batch axis: obs of 2 actors x 4 envs
+    joined interleaved, so obs[1] was env 4's, not env 1's (fused's) — now refused for a policy of your own."""
+    fused, server_ = ([r["second_env"] for r in run(("algorithm.name=test_dqn_env_metric", *more), 3)[2]]
+                      for more in ((), server(2, 1)))
+    assert fused == server_ and len(set(fused)) > 1
 
 
 @msrl.register_policy("buffer_with_learner")
