@@ -124,12 +124,19 @@ def test_bad_config_names_the_key(override, key):
     ("sac", ["algorithm.buffer_size=100", "algorithm.learning_starts=100", "run.total_env_steps=1600"],
      r"^algorithm.learning_starts: 100 is more than the 96 transitions buffer_size 100 offers a sample"),
     ("sac", ["algorithm.buffer_size=8", "algorithm.learning_starts=8"],
-     r"^algorithm.buffer_size: 8 transitions are 1 steps of 8 envs; it must hold at least 2 steps$"),
+     r"^algorithm.buffer_size: 8 transitions are 1 steps of 8 envs; it must hold 2 steps \(rollout_len, and at least "
+     r"2\)$"),
+    ("sac", ["algorithm.buffer_size=24", "algorithm.learning_starts=8", "algorithm.rollout_len=4"],
+     r"^algorithm.buffer_size: 24 transitions are 3 steps of 8 envs; it must hold 4 steps"),  # (a replica inserts 4
+    # rows at once where its envs run on the host: "inserting 4 rows at once into UniformBuffer of 3 rows" mid-run)
+    ("recurrent_dqn", ["algorithm.buffer_size=400", "algorithm.learning_starts=390"],
+     r"^algorithm.learning_starts: 390 is more than the 280 transitions buffer_size 400 offers a sample \(50 whole "
+     r"steps of 8 envs, less the last 15 of a window of 16\)"),  # (it counted DQN's n-step window: 376)
 ])
 def test_a_warm_up_the_buffer_never_reaches_is_refused(config, overrides, message):
     """(Each ran to its end with learning 0 in every row, or failed mid-trace inside the replay buffer: the
     checks compared learning_starts with buffer_size and run.total_env_steps, not with what a sample can draw.)"""
-    path = EXAMPLE if config == "dqn" else EXAMPLE.parent / "sac_pendulum.yaml"
+    path = EXAMPLE if config == "dqn" else EXAMPLE.parent / f"{config}_{'pendulum' if config == 'sac' else 'cartpole'}.yaml"
     with pytest.raises(msrl.ConfigError, match=message):
         msrl.build(load_config(path, ["env.num_envs=8", *overrides]))
 

@@ -189,11 +189,15 @@ class DQN(msrl.Algorithm):
         updates = ctx.per_run(ctx.num_envs * cfg.rollout_len, cfg.updates)
         self.actor = EpsilonGreedy(net, cfg, ctx.num_envs)
         self.learner = DQNLearner(net, cfg, spec.example_obs(), updates)
-        window = cfg.n_step + 1  # an entry is n + 1 consecutive steps of one environment
-        self.buffer = (msrl.PrioritizedBuffer(cfg.buffer_size, cfg.per_alpha, cfg.per_beta, 1.0,
-                                              updates, sequence_length=window)
-                       if cfg.prioritized else msrl.UniformBuffer(cfg.buffer_size, sequence_length=window))
+        self.buffer = self.replay(cfg, updates, window=cfg.n_step + 1)  # n + 1 consecutive steps of one env
         ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len)
+
+    @staticmethod
+    def replay(cfg: DQNConfig, updates: int, window: int) -> msrl.ReplayBuffer:
+        """The replay buffer: entries of ``window`` consecutive steps of one environment."""
+        return (msrl.PrioritizedBuffer(cfg.buffer_size, cfg.per_alpha, cfg.per_beta, 1.0, updates,
+                                       sequence_length=window)
+                if cfg.prioritized else msrl.UniformBuffer(cfg.buffer_size, sequence_length=window))
 
     def train_step(self):
         obs = msrl.env_observe()

@@ -159,21 +159,21 @@ class RecurrentDQN(DQN):
         if cfg.burn_in + cfg.n_step >= cfg.sequence_length:
             raise msrl.ConfigError("algorithm.sequence_length", f"{cfg.sequence_length} steps leave no step with a "
                                    f"loss after burn_in {cfg.burn_in} and before the last n_step {cfg.n_step}")
-        super().__init__(cfg, ctx)
-        spec = ctx.env_spec
         rows = cfg.buffer_size // ctx.num_envs
         if rows < cfg.rollout_len + cfg.sequence_length:
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions are {rows} steps of "
                                    f"{ctx.num_envs} envs; it must hold rollout_len + sequence_length = "
                                    f"{cfg.rollout_len + cfg.sequence_length} steps")
+        super().__init__(cfg, ctx)
+        spec = ctx.env_spec
         net = RecurrentQNetwork(action_dim(spec), len(spec.obs_shape), tuple(cfg.hidden), cfg.memory_size)
         self.actor = RecurrentEpsilonGreedy(net, cfg, ctx.num_envs)
         self.learner = RecurrentDQNLearner(net, cfg, spec.example_obs(), self.learner.num_updates)
-        window = cfg.sequence_length
-        self.buffer = (msrl.PrioritizedBuffer(cfg.buffer_size, cfg.per_alpha, cfg.per_beta, 1.0,
-                                              self.learner.num_updates, sequence_length=window)
-                       if cfg.prioritized else msrl.UniformBuffer(cfg.buffer_size, sequence_length=window))
-        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len)
+
+    @staticmethod
+    def replay(cfg: RecurrentDQNConfig, updates: int, window: int) -> msrl.ReplayBuffer:
+        """DQN's replay buffer, of whole sequences (``sequence_length`` steps) rather than n-step windows."""
+        return DQN.replay(cfg, updates, cfg.sequence_length)
 
     def train_step(self):
         obs, start = msrl.env_observe(), msrl.env_starts()

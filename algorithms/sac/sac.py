@@ -242,10 +242,10 @@ class ContinuousOffPolicy(msrl.Algorithm):
             raise msrl.ConfigError("env.id", f"{spec.id}'s actions are unbounded (low {space.low}, high {space.high}); "
                                    f"{name} squashes its actions into finite bounds: give the env's action space "
                                    "finite bounds (gymnasium's RescaleAction wrapper, say), or use ppo")
-        if cfg.buffer_size // ctx.num_envs < 2:
+        if cfg.buffer_size // ctx.num_envs < max(cfg.rollout_len, 2):
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions are "
-                                   f"{cfg.buffer_size // ctx.num_envs} steps of {ctx.num_envs} envs; it must hold at "
-                                   "least 2 steps")
+                                   f"{cfg.buffer_size // ctx.num_envs} steps of {ctx.num_envs} envs; it must hold "
+                                   f"{max(cfg.rollout_len, 2)} steps (rollout_len, and at least 2)")
         self.random_steps = -(-cfg.learning_starts // ctx.num_envs)  # acting steps of uniformly random actions
         self.buffer = msrl.UniformBuffer(cfg.buffer_size)
         ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len)
