@@ -87,6 +87,12 @@ def test_bad_multi_learner_configs_name_the_key():
         load_config(CARTPOLE, ["policy.name=multi_learner", "policy.backend=threads"])
     cfg = load_config(CARTPOLE, ["policy.name=multi_learner", "policy.learners=3", "policy.envs_per_learner=2"])
     assert msrl.build(cfg).num_envs == 6
+    # a Gymnasium env makes the learners' role a host fragment: Ray ran its replicas apart, averaging nothing (each
+    # learned alone and the run reported one's parameters); refused before any Ray process starts
+    with pytest.raises(msrl.ConfigError, match=r"^policy.backend: policy 'multi_learner' averages the gradients of its 2 "
+                                               r"'learner' replicas .*but the ray backend runs a role as one program "
+                                               r"over its replicas only when the role is jitted whole"):
+        msrl.Session(CARTPOLE, ["policy.name=multi_learner", "policy.backend=ray", "env.id=gymnasium:CartPole-v1"])
 
 
 @pytest.mark.usefixtures("ray_cluster")

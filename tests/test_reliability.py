@@ -71,18 +71,22 @@ def test_a_slow_env_step_is_progress_until_it_outlasts_the_slowest_before(tmp_pa
     """A simulator taking 0.5 s a step is not stalled 0.2 s into a step (a stop request gave a 2.5 s one 2 s, then
     lost the run's iterations since its last checkpoint)."""
     from msrl.envs import make_env
+    from msrl.runtime.driver import stall_report
 
     env = make_env("gymnasium:MsrlShifty-v0", mode="slow")
     state = env.init(jax.random.PRNGKey(0), np.arange(1))
     state, _ = env.step(state, np.zeros(1, np.int32))
     second = threading.Thread(target=env.step, args=(state, np.zeros(1, np.int32)))
     second.start()
+    while state.busy is None:  # (the thread has started its step)
+        time.sleep(0.01)
     time.sleep(0.2)
-    words, since = env.busy(state)
-    stale = time.monotonic() - since
+    words, since, slowest = env.busy(state)
+    found = {("actor", 0): ("env", time.monotonic() - since, words, 1, slowest)}
     second.join()
     assert words == "environment gymnasium:MsrlShifty-v0 #0 at step 1 has not returned from step()"
-    assert stale < 0.1, stale  # (about -0.3 s: no progress lacks until the step outlasts 0.5 s; it was 0.2 s)
+    assert slowest >= 0.5 and found[("actor", 0)][1] > 0.15  # (the seconds it has been in the step, all of them)
+    assert stall_report(found, 0.1, [("actor", 0)]) is None  # 0.2 s in, with a limit of 0.1 s: it may take 0.6 s
 
 
 class PoisonedCartPole(GymnaxEnv):

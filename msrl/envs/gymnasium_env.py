@@ -289,17 +289,15 @@ class GymnasiumEnv(Environment):
         state.obs = obs.astype(np.float32)
         return state, EnvStep(state.obs, reward, terminated, truncated, final)
 
-    def busy(self, state: HostEnvState) -> tuple[str | None, float]:
-        """For the stall watch: the environment inside a step now, in words (None: none), and since when it
-        makes no progress (``time.monotonic()``): the last environment step started or ended, and a step no
-        slower than the slowest before it is progress still (a simulator taking seconds a step is no hang)."""
+    def busy(self, state: HostEnvState) -> tuple[str | None, float, float]:
+        """For the stall watch: the environment inside a step now, in words (None: none), when the last
+        environment step started or ended (``time.monotonic()``), and the seconds of the slowest step so far: a
+        step no slower is progress still (a simulator taking seconds a step is no hang)."""
         i = state.busy
         if i == -1:
             return (f"the worker processes of environments {self.spec.id} at step {state.steps} have not answered "
-                    "step()"), state.beat + state.slowest
-        if i is None:
-            return None, state.beat
-        return f"{self._where(state, i)} has not returned from step()", state.beat + state.slowest
+                    "step()"), state.beat, state.slowest
+        return (None if i is None else f"{self._where(state, i)} has not returned from step()"), state.beat, state.slowest
 
     def _call(self, where: str, what: str, fn: Any, env: Any, *args: Any) -> Any:
         """``fn(env, *args)``; what the env raises, as a TrainingError naming it (and its own frames)."""

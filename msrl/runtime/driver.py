@@ -52,10 +52,10 @@ class Stalled(TrainingError):
     """A replica, a host environment's step or a collective made no progress for ``run.stall_timeout_s``."""
 
 
-def stall_report(found: dict[Key, tuple[str, float, str, int]], limit: float, order: list[Key]) -> str | None:
+def stall_report(found: dict[Key, tuple[str, float, str, int, float]], limit: float, order: list[Key]) -> str | None:
     """Words for a stall among the replicas' activities ``found`` (:meth:`ReplicaDriver.activity`; a replica
     missing from it did not answer), or None. A replica computing (in its step or a host environment's step)
-    with no progress for ``limit`` seconds is named first; else, if every running replica has waited that
+    with no progress for ``limit`` seconds (plus the slack its activity gives) is named first; else, if every running replica has waited that
     long, they are named together. A replica's first step (XLA compiles it) is not timed, except for its
     host environments' steps."""
     def name(k: Key) -> str:
@@ -64,9 +64,9 @@ def stall_report(found: dict[Key, tuple[str, float, str, int]], limit: float, or
     silent = [k for k in order if k in found and found[k] is None]
     if silent:
         return f"{name(silent[0])} did not answer for {limit:g} s (its process is stuck)"
-    stuck = [k for k in order if k in found and found[k][0] in ("step", "env") and found[k][1] > limit]
+    stuck = [k for k in order if k in found and found[k][0] in ("step", "env") and found[k][1] > limit + found[k][4]]
     if stuck:
-        _, stale, words, iteration = found[stuck[0]]
+        _, stale, words, iteration, _ = found[stuck[0]]
         return f"{name(stuck[0])} made no progress for {stale:.0f} s in iteration {iteration}: {words}"
     running = [k for k in order if k in found and found[k][0] != "idle"]
     if running and all(found[k][0] == "wait" and found[k][1] > limit for k in running):
@@ -229,24 +229,25 @@ class ReplicaDriver:
     def _doing(self, what: str) -> None:
         self.doing, self.since = what, time.monotonic()
 
-    def activity(self) -> tuple[str, float, str, int]:
+    def activity(self) -> tuple[str, float, str, int, float]:
         """What this replica does ("idle", "compile", "step", "wait", or "env": inside a host environment's
         step), for how many seconds it has made no progress at it, in words (naming the environment and its
-        step, or what it waits for), and the iteration it is in (counted from 1)."""
+        step, or what it waits for), the iteration it is in (counted from 1), and the seconds it may take beyond
+        the limit (inside a host environment's step: as long as its slowest step so far)."""
         doing, stale, words = self.doing, time.monotonic() - self.since, ""
         busy = getattr(self.program.env, "busy", None)
         env = self.state.get("env") if isinstance(self.state, dict) else None
         if doing in ("compile", "step") and busy is not None and env is not None:
-            words, last = busy(env)  # a host env: each of its environments' steps is progress
+            words, last, slowest = busy(env)  # a host env: each of its environments' steps is progress
             if words:
-                return "env", time.monotonic() - last, words, self.iteration + 1
+                return "env", time.monotonic() - last, words, self.iteration + 1, slowest
             stale = min(stale, time.monotonic() - last)
         if doing == "wait":
             words = self.waiting_for
         elif doing in ("compile", "step"):
             words = "its step has not finished" + (" (a collective of its replicas' group, or its own "
                                                   "computation)" if self.frag.mode == "scan" else "")
-        return doing, stale, words, self.iteration + 1
+        return doing, stale, words, self.iteration + 1, 0.0
 
     def failure(self, e: BaseException) -> BaseException:
         """What the caller is told of an error in this replica: bad input as itself, anything else a
@@ -394,10 +395,13 @@ class ReplicaRuntime(Runtime):
         for name, frag in program.fragments.items():
             learns = any(s.kind == "api" and s.api.name == "agent_learn" for s in walk(frag.stmts))
             if learns and frag.spec.replicas > 1 and reduces_over_replicas(transforms) and not self.collective(frag):
+                why = ("the threads backend has no collectives" if frag.spec.backend == "threads" else
+                       f"the {frag.spec.backend} backend runs a role as one program over its replicas only when the "
+                       "role is jitted whole (no host environment) and exchanges nothing with another role")
                 raise ConfigError("policy.backend", f"policy {program.policy.name!r} averages the gradients of its "
-                                  f"{frag.spec.replicas} {name!r} replicas (msrl.all_reduce_mean()), but the "
-                                  f"{frag.spec.backend} backend runs them apart, with no collective between them: "
-                                  "use policy.backend=jax (devices) or ray, for a role that communicates with no other")
+                                  f"{frag.spec.replicas} {name!r} replicas (msrl.all_reduce_mean()), but {why}: "
+                                  "nothing would average them. Use a jitted environment (gymnax, Brax) with "
+                                  "policy.backend=jax or ray, or a policy of one learner (single_learner_coarse)")
 
     def collective(self, fragment: Any) -> bool:
         """Whether the replicas of ``fragment`` run as one program whose collectives reduce over them."""
@@ -410,7 +414,7 @@ class ReplicaRuntime(Runtime):
         finally:
             self.stopping = lambda: False
 
-    def _activities(self, keys: list[Key]) -> dict[Key, tuple[str, float, str, int]]:
+    def _activities(self, keys: list[Key]) -> dict[Key, tuple[str, float, str, int, float]]:
         """:meth:`ReplicaDriver.activity` of the replicas ``keys`` (a backend may answer for fewer)."""
         return self._call(keys, "activity")
 
