@@ -17,8 +17,7 @@ from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import make_env
 from msrl.errors import ConfigError, arg, quote
-from msrl.policy import answer
-from msrl.policy import prepare_learner
+from msrl.policy import answer, prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
 from msrl.sweep import member_config, members
 
@@ -69,8 +68,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
                 "checkpoint_every_steps")
         except (yaml.YAMLError, OSError, AttributeError):
             every = None
-        why = ("train with run.checkpoint_every_steps > 0" if every == 0 else
-               "it stopped before its first checkpoint" + (f", due every {every:,} env steps" if every else ""))
+        why = ("train with run.checkpoint_every_steps > 0" if every == 0 else "it stopped before its first checkpoint"
+               + (f", due every {every:,} env steps" if isinstance(every, int) and every > 0 else ""))
         raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint ({why})")
     path, states, meta = good
     meta = {**meta, "checkpoint": str(path)}
@@ -102,10 +101,10 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
               + ")", file=sys.stderr, flush=True)
     swept, cfg = bool(cfg.run.sweep), member_config(cfg, each[i])  # (a member's config sweeps nothing)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
+    plan = answer(cfg.policy, "learner_plan")
     ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
                   total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=answer(cfg.policy, "learner_plan").updates_per_iteration,
-                  learner_replicas=answer(cfg.policy, "learner_plan").learner_replicas)
+                  updates_per_iteration=plan.updates_per_iteration, learner_replicas=plan.learner_replicas)
     algorithm = make_algorithm(cfg, ctx)
     check_greedy(algorithm.actor, cfg.algorithm.name)
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)

@@ -114,6 +114,7 @@ _ANSWERS = {"fragments": "a list of msrl.FragmentSpec (self.role(...))", "assign
 def answer(policy: Policy, method: str, *args: Any) -> Any:
     """``policy.method(*args)`` (one of the four questions), checked: it answers with what the compiler reads, and
     an error in a policy's own code names the policy, the method and its file:line (a ConfigError)."""
+    import numbers
     import reprlib
 
     from msrl.errors import ConfigError, MsrlError, raised_at
@@ -122,13 +123,15 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
         out = getattr(policy, method)(*args)
     except MsrlError:
         raise
-    except Exception as e:  # noqa: BLE001 - the policy's own code: named with its place
-        if isinstance(e, NotImplementedError) and raised_at(e, type(policy).__module__) is None:
+    except Exception as e:
+        at = raised_at(e, type(policy).__module__)
+        if isinstance(e, NotImplementedError) and at is None:
             raise ConfigError("policy.name", f"policy {policy.name!r} ({type(policy).__name__}) defines no {method}(); "
                               "a policy defines fragments() and assign(loop) (link and learner_plan have defaults)") from None
-        at = raised_at(e, type(policy).__module__)
+        if at is None:  # not raised in the policy's code: msrl's own error, with its traceback
+            raise
         raise ConfigError("policy.name", f"policy {policy.name!r}: its {method}() raised {type(e).__name__}: {e}"
-                          + (f" (at {at})" if at else "")) from None
+                          f" (at {at})") from None
     fits = {"fragments": isinstance(out, (list, tuple)) and all(isinstance(f, FragmentSpec) for f in out),
             "assign": isinstance(out, dict), "link": isinstance(out, Link),
             "learner_plan": isinstance(out, LearnerPlan)}[method]
@@ -148,7 +151,7 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
                               f"{names.count(twice)} times; each role has one name (its replicas count them)")
     if method == "learner_plan":
         for key in ("updates_per_iteration", "learner_replicas"):
-            if not isinstance(getattr(out, key), int) or getattr(out, key) < 1:
+            if not isinstance(getattr(out, key), numbers.Integral) or getattr(out, key) < 1:
                 raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() gives {key}="
                                   f"{getattr(out, key)!r}; it must be a whole number >= 1")
         for t in out.grad_transforms:

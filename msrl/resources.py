@@ -62,7 +62,7 @@ def memory_estimate(program: Any) -> dict[str, int]:
     return out
 
 
-def _sampled(program: Any) -> bool:
+def _largest_is_a_sample(program: Any) -> bool:
     """Whether the largest value the loop computes is a replay buffer's sample."""
     from msrl.compiler.ir import leaves
 
@@ -97,7 +97,7 @@ def check_memory(program: Any, cfg: Any) -> None:
                           f"each), but {_size(free)} are free; train fewer at once")
     fields = type(cfg.algorithm).model_fields
     key = "algorithm.buffer_size" if parts.get("buffer", 0) * 2 >= need and "buffer_size" in fields else \
-        "algorithm.batch_size" if parts["values"] * 2 >= need and "batch_size" in fields and _sampled(program) else \
+        "algorithm.batch_size" if parts["values"] * 2 >= need and "batch_size" in fields and _largest_is_a_sample(program) else \
         "env.num_envs"
     value = getattr(cfg.algorithm, key.split(".")[1]) if key.startswith("algorithm.") else cfg.env.num_envs
     raise ConfigError(key, f"{value:,} needs about {_size(need)} ({need:,} bytes: "

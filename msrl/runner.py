@@ -45,9 +45,9 @@ def build(cfg: ExperimentConfig):
 
     env = make_env(cfg.env.id, cfg.env.subprocesses, cfg.env.xla, **cfg.env.kwargs)
     num_envs = cfg.policy.total_envs(cfg.env.num_envs)
+    plan = answer(cfg.policy, "learner_plan")
     ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=answer(cfg.policy, "learner_plan").updates_per_iteration,
-                  learner_replicas=answer(cfg.policy, "learner_plan").learner_replicas)
+                  updates_per_iteration=plan.updates_per_iteration, learner_replicas=plan.learner_replicas)
     with build_guard(cfg.algorithm, list(cfg.run.sweep)):  # (a swept key used here would hold one value only)
         algorithm = make_algorithm(cfg, ctx)
     return compile_program(algorithm, cfg.policy, env, num_envs)

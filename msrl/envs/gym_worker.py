@@ -65,11 +65,11 @@ def env_trace(e: BaseException) -> str:
     none) nor Gymnasium's wrappers'."""
     import os
 
-    skip = [os.path.dirname(os.path.abspath(__file__))]
-    if "gymnasium" in sys.modules:
-        skip.append(os.path.dirname(os.path.abspath(sys.modules["gymnasium"].__file__)))
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not any(os.path.abspath(f.filename).startswith(d + os.sep) for d in skip)]
+    skip = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    if "gymnasium" in sys.modules:  # its wrappers (TimeLimit, OrderEnforcing ...): not its own envs
+        home = os.path.dirname(os.path.abspath(sys.modules["gymnasium"].__file__))
+        skip += [os.path.join(home, "wrappers") + os.sep, os.path.join(home, "core.py")]
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not os.path.abspath(f.filename).startswith(tuple(skip))]
     return "".join(traceback.format_list(frames))
 
 
