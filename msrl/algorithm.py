@@ -56,14 +56,14 @@ class Context:
         width, window = self.learner_envs, getattr(buffer, "window", 1)
         rows = buffer.capacity // width
         offered = lambda steps: max(min(steps, rows) - (window - 1), 0) * width  # as the buffer's size counts them
+        per = f" per learner ({self.learner_replicas} learners)" if self.learner_replicas > 1 else ""
         if learning_starts > offered(rows):
             less = f", less the last {window - 1} of a window of {window}" if window > 1 else ""
             raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the {offered(rows):,} "
-                              f"transitions buffer_size {buffer.capacity:,} offers a sample ({rows:,} whole steps of "
-                              f"{width:,} envs{less}): learning would never start")
+                              f"transitions buffer_size {buffer.capacity:,} offers a sample{per} ({rows:,} whole steps "
+                              f"of {width:,} envs{less}): learning would never start")
         iterations = self.total_env_steps // (self.num_envs * rollout_len)
         if learning_starts > offered(iterations * rollout_len):
-            per = f" per learner ({self.learner_replicas} learners)" if self.learner_replicas > 1 else ""
             raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the "
                               f"{offered(iterations * rollout_len):,} transitions the run collects{per} in its "
                               f"{iterations:,} whole iterations (run.total_env_steps={self.total_env_steps:,}): "
