@@ -41,8 +41,8 @@ def test_example_loads_with_overrides():
 def test_messages_for_slips_say_what_was_meant(tmp_path):
     """A section left out, a name in capitals, a swept typo, an empty file, another algorithm's keys after a switch."""
     cases = [(["lr=1e-3"], r"^lr: unknown key; allowed keys: algorithm, env, policy, run \(did you mean algorithm.lr\?\)$"),
-             (["actors=2"], r"\(did you mean policy.actors, with policy.name replay_server, single_learner_coarse or "
-                            r"single_learner_fine\?\)$"),
+             (["actors=2"], r"\(did you mean policy.actors, with policy.name [^?]*replay_server, single_learner_coarse "
+                            r"or single_learner_fine\?\)$"),  # (other tests register policies of their own)
              (["backend=ray"], r"\(did you mean policy.backend\?\)$"),
              (["algorithm.name=PPO"], r"^algorithm.name: unknown algorithm 'PPO'; did you mean 'ppo'\? "),
              (["run.sweep.lrr=[1e-3,2e-3]"], r"^run.sweep.lrr: not a key of algorithm ppo; did you mean 'lr'\? "),

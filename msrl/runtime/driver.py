@@ -238,9 +238,9 @@ class ReplicaDriver:
         busy = getattr(self.program.env, "busy", None)
         env = self.state.get("env") if isinstance(self.state, dict) else None
         if doing in ("compile", "step") and busy is not None and env is not None:
-            words, last, slowest = busy(env)  # a host env: each of its environments' steps is progress
-            if words:
-                return "env", time.monotonic() - last, words, self.iteration + 1, slowest
+            words, last, *slack = busy(env)  # a host env: each of its environments' steps is progress (a third
+            if words:  # value: the seconds a step may take, Gymnasium's slowest so far)
+                return "env", time.monotonic() - last, words, self.iteration + 1, (slack or [0.0])[0]
             stale = min(stale, time.monotonic() - last)
         if doing == "wait":
             words = self.waiting_for
