@@ -228,7 +228,7 @@ class GymnasiumEnv(Environment):
         else:
             for i, seed in zip(env_ids, seed_words(key, env_ids)):
                 env = gymnasium.make(self.made_from, disable_env_checker=True, **self.kwargs)
-                first.append(self._call(f"#{i}", "reset", reset_one, env, seed))
+                first.append(self._call(i, None, "reset", reset_one, env, seed))
                 envs.append(env)
         n = len(first)
         state = HostEnvState(envs, np.zeros((n, *self.spec.obs_shape), np.float32), EpisodeCounts.zeros(n),
@@ -245,7 +245,7 @@ class GymnasiumEnv(Environment):
 
     def reset(self, state: HostEnvState):
         first = state.workers.call("reset") if state.workers else \
-            [self._call(f"#{i}", "reset", reset_one, env) for i, env in zip(state.ids, state.envs)]
+            [self._call(i, None, "reset", reset_one, env) for i, env in zip(state.ids, state.envs)]
         state.obs = np.stack(first).astype(np.float32)
         state.counts.restart()
         return state, state.obs
@@ -265,7 +265,7 @@ class GymnasiumEnv(Environment):
             results = []
             for i, env in enumerate(state.envs):
                 state.busy, state.beat = i, time.monotonic()
-                results.append(self._call(f"#{state.ids[i]} at step {state.steps}", "step", step_one, env, actions[i]))
+                results.append(self._call(state.ids[i], state.steps, "step", step_one, env, actions[i]))
                 state.slowest = max(state.slowest, time.monotonic() - state.beat)
         n = len(results)
         obs = np.empty((n, *self.spec.obs_shape), np.float32)
@@ -299,12 +299,13 @@ class GymnasiumEnv(Environment):
                     "step()"), state.beat, state.slowest
         return (None if i is None else f"{self._where(state, i)} has not returned from step()"), state.beat, state.slowest
 
-    def _call(self, where: str, what: str, fn: Any, env: Any, *args: Any) -> Any:
-        """``fn(env, *args)``; what the env raises, as a TrainingError naming it (and its own frames)."""
+    def _call(self, index: int, step: int | None, what: str, fn: Any, env: Any, *args: Any) -> Any:
+        """``fn(env, *args)``; what the env raises, as a TrainingError naming it (global ``index``, ``step``) and
+        its own frames. (Its words are made only then: this runs for every environment's every step.)"""
         try:
             return fn(env, *args)
         except Exception as e:  # noqa: BLE001 - the env's own error, named with the environment and its step
-            trace = env_trace(e)
+            trace, where = env_trace(e), f"#{index}" + ("" if step is None else f" at step {step}")
             raise TrainingError(f"environment {self.spec.id} {where} failed in {what}: {type(e).__name__}: {e}"
                                 + (f"\nits traceback:\n{trace}" if trace else "")) from None
 
