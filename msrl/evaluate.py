@@ -19,6 +19,7 @@ from msrl.envs import make_env
 from msrl.errors import ConfigError, arg, quote
 from msrl.policy import answer, prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
+from msrl.services import PARAMETERS, SNAPSHOT_KEY
 from msrl.sweep import member_config, members
 
 MAX_STEPS = 100_000
@@ -110,10 +111,16 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:
         raise ConfigError("RUN_DIR", f"{path} holds no learner state")
+    learner, services = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
+    held = f"{SNAPSHOT_KEY}/0/{PARAMETERS}" if PARAMETERS in services else None  # (async's parameter holder)
     if len(each) > 1:  # every saved array has a leading member axis
-        states = {**states, key: [None if x is None else np.asarray(x)[i] for x in states[key]]}
+        states = {**states, **{k: [None if x is None else np.asarray(x)[i] for x in states[k]]
+                               for k in (key, held) if k in states}}
         meta = {**meta, "run_seed": each[i].seed, **({"member": each[i].name} if swept or member else {})}
-    learner, _ = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
+    if held is not None:  # the run's parameters are the service's, not a replica's copy (maybe some updates old)
+        holder = services[PARAMETERS].make(cfg.run.seed)
+        holder.set_state(checkpoint.restore_state(holder.get_state(), states, held, path))
+        return cfg, env, algorithm, learner.policy_params(holder.learner_state()), meta
     state = checkpoint.restore_state(_template(learner.init, states[key]), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
 

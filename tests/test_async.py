@@ -82,6 +82,28 @@ def test_resume_restores_the_holder_exactly(tmp_path):
     assert evaluate(tmp_path / "resumed", episodes=2)["episodes"] == 2  # msrl eval reads the async checkpoint
 
 
+def test_eval_and_load_act_with_the_holders_parameters_not_a_workers_copy(tmp_path):
+    """A worker's copy is the holder's as of its last push: with several workers, some updates old. (Which
+    worker's copy is older varies; the test makes worker 0's plainly different, as it would be after a run.)"""
+    overrides = ["policy.name=async", "policy.workers=2", "run.progress=false", "run.tensorboard=false",
+                 "run.total_env_steps=1600", "run.checkpoint_every_steps=1600"]
+    train(A2C, overrides, run_dir=tmp_path)
+    path, states, meta = msrl.checkpoint.latest_good(tmp_path)
+    held = states["_services/0/parameters"]  # {dropped, opt_state, params, version}: its leaves in that order
+    n = len(jax.tree.leaves(msrl.load(tmp_path).params))
+    stale = states["worker/0/learner"]  # {opt_state, param_version, params}
+    states = {**states, "worker/0/learner": stale[:-n] + [x - 1.0 for x in stale[-n:]]}
+    by_fragment: dict = {}  # back to a snapshot (fragment -> replicas -> component -> state) to save it again
+    for key, leaves in states.items():
+        fragment, replica, component = key.split("/")
+        by_fragment.setdefault(fragment, {}).setdefault(int(replica), {})[component] = leaves
+    snapshot = {f: [replicas[r] for r in sorted(replicas)] for f, replicas in by_fragment.items()}
+    assert msrl.checkpoint.save(tmp_path, snapshot, meta) == path
+    loaded = jax.tree.leaves(msrl.load(tmp_path).params)
+    assert all(np.array_equal(a, b) for a, b in zip(loaded, held[-1 - n:-1], strict=True))
+    assert evaluate(tmp_path, episodes=1)["episodes"] == 1
+
+
 class ClippedConfig(A2CConfig):
     name: Literal["a2c_clipped"] = "a2c_clipped"
     clip: float = 0.3  # 0: no clipping
