@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib
 import json
@@ -323,7 +324,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
     if outer is not None:  # (its --overwrite would keep this one as the user's files; its plots would not see it)
         raise ConfigError(arg("run_dir"), f"{run_dir} is inside the run in {outer}: choose a {arg('run_dir')} "
                           "outside it")
-    if resume or not run_dir.exists() or not any(run_dir.iterdir()):
+    if resume or not run_dir.exists() or not any(p.name != LOCK for p in run_dir.iterdir()):
         return False
     is_run = any((run_dir / name).exists() for name in RUN_FILES)
     if not overwrite and is_run and not any(run_dir.rglob("ckpt_*.msgpack")):
@@ -337,6 +338,36 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
         raise ConfigError(arg("run_dir"), f"{run_dir} already holds a run; continue it with "
                           f"{arg('resume', run_dir)}, or replace it with {arg('overwrite', '')}")
     return True
+
+
+LOCK = ".msrl.lock"  # in a run directory: locked by the process writing the run, which it names
+
+
+def lock_run_dir(run_dir: Path, key: str) -> Any:
+    """Hold ``run_dir`` for this process until the returned file is closed: a second run started into the same
+    directory meanwhile (a new one before the first wrote anything, or a second resume) is refused, naming
+    ``key``, instead of the two interleaving their files."""
+    try:
+        import fcntl
+    except ImportError:  # (not on Windows: no lock)
+        return open(os.devnull)
+    try:
+        held = open(run_dir / LOCK, "a+")
+    except OSError:  # (a resume of a directory that is not there or is read-only: refused on reading it)
+        return open(os.devnull)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        held.seek(0)
+        pid = held.read().strip()
+        held.close()
+        raise ConfigError(key, f"{run_dir} is in use by another run (process {pid or '?'}) writing into it; wait "
+                          f"for it to end, or choose another {arg('run_dir')}") from None
+    held.seek(0)
+    held.truncate()
+    held.write(f"{os.getpid()}\n")
+    held.flush()
+    return held
 
 
 def clear_run_dir(run_dir: Path) -> None:
@@ -466,9 +497,15 @@ def _remove_if_unused(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
-           resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
-           made: list[Path] | None = None, **sections: Any) -> TrainResult:
+def _train(*args: Any, **kwargs: Any) -> TrainResult:
+    with contextlib.ExitStack() as hold:  # the run directory's lock (lock_run_dir), held until the run ends
+        return _train_holding(hold, *args, **kwargs)
+
+
+def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Path, overrides: list[str] = (),
+                   run_dir: str | Path | None = None, resume: bool = False,
+                   on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
+                   made: list[Path] | None = None, **sections: Any) -> TrainResult:
     if resume and run_dir is None:
         raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
     if run_dir is not None:
@@ -506,6 +543,7 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
         _import_wandb()
     if resume:  # refuse before building anything
         prepare_run_dir(Path(run_dir), resume, overwrite)
+        hold.enter_context(lock_run_dir(Path(run_dir), arg("resume")))  # (before reading its checkpoint)
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:
             raise ConfigError(arg("resume"), f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume "
@@ -550,6 +588,8 @@ def _train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_di
     if made is not None and made_here:
         made.append(run_dir)
     resources.check_writable(run_dir)
+    if not resume:
+        hold.enter_context(lock_run_dir(run_dir, arg("run_dir")))
     if cfg.run.compile_cache:
         cache = os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache")
         try:

@@ -308,6 +308,30 @@ def test_runs_started_together_without_a_run_dir_each_get_their_own(tmp_path, mo
     assert sorted((tmp_path / "runs").iterdir()) == sorted([tmp_path / first, tmp_path / second])  # its own went
 
 
+def test_a_run_dir_another_run_is_writing_is_refused(tmp_path):
+    """Two runs into one directory at once (the second started while the first compiles, before it wrote a
+    file; or two resumes) would interleave their metrics, checkpoints and events: the second is refused."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *SHORT, "run.total_env_steps=10000000",
+                             "--run-dir", str(run)], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (run / ".msrl.lock").is_file() or not (run / ".msrl.lock").read_text().strip():
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        in_use = rf"{run} is in use by another run \(process {proc.pid}\) writing into it; wait for it to end, or " \
+                 "choose another run_dir$"
+        with pytest.raises(ConfigError, match=rf"^run_dir: {in_use}"):
+            msrl.train(CARTPOLE, SHORT, run_dir=run)
+        with pytest.raises(ConfigError, match=rf"^resume: {in_use}"):
+            msrl.train(CARTPOLE, SHORT, run_dir=run, resume=True)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run), "--overwrite"]) == 0  # (its lock went with it)
+
+
 def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):
     """act() hands back what the environment's own step takes, as msrl's adapters hand actions on: a Gymnasium
     ``Discrete(3, start=1)``'s 1..3 (it returned msrl's 0..2, which the env refuses or takes as other actions),
