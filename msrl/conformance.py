@@ -507,8 +507,13 @@ def run_matrix(loops: list[str] | None = None, columns: list[str] | None = None,
     """Run the reference and every selected cell. Returns the cells (in loop, column order) and, by loop, the
     reference's facts (seconds, how far its parameters moved, its episodes) and the columns it skips."""
     loops = list(loops or LOOPS)
-    columns = [c for c in COLUMNS if (columns is None or c.id in columns)
-               and (ray or c.where != "ray") and (devices or c.where != "devices")]
+    asked = [c for c in COLUMNS if columns is None or c.id in columns]
+    columns = [c for c in asked if (ray or c.where != "ray") and (devices or c.where != "devices")]
+    if not columns:
+        raise ValueError(f"no cell to run: the columns asked for ({', '.join(c.id for c in asked)}) are Ray or "
+                         "JAX-devices cells, which --fast, --no-ray and --no-devices leave out")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"--k: iterations per cell must be a whole number >= 1, got {k!r}")
     unknown = [n for n in loops if n not in LOOPS]
     if unknown:
         raise ValueError(f"unknown loop(s) {unknown}; the corpus: {', '.join(LOOPS)}")

@@ -71,3 +71,16 @@ def test_verdicts_of_made_up_outcomes():
     assert "internals" in conformance.verdict(None, refusal, col)[2]
     crash = conformance.Outcome("error", exc_type="KeyError", message="'x'", phase="run")
     assert conformance.verdict(None, crash, col)[0] == conformance.ERROR
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--only", "a2c", "--columns", "coarse/threads", "--k", "0"], "--k: iterations per cell must be a whole number "
+                                                                   ">= 1, got 0"),  # (was judged bitwise)
+    (["--only", "a2c", "--columns", "coarse/ray", "--no-ray"], "no cell to run: the columns asked for (coarse/ray) "
+                                                               "are Ray or JAX-devices cells"),  # (was an empty report)
+])
+def test_options_that_judge_nothing_are_refused(argv, error, capsys, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        conformance.main([*argv, "--out", str(tmp_path / "report.md")])
+    assert info.value.code == 2 and error in capsys.readouterr().err
+    assert not (tmp_path / "report.md").exists()
