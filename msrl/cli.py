@@ -16,7 +16,9 @@ def _graph_text(program: Any) -> str:
     g = program.fdg
     lines = ["fragments:"]
     for f in program.fragments.values():
-        lines.append(f"  {f.name}: replicas={f.spec.replicas} backend={f.spec.backend} jit={f.spec.jit} "
+        where = (f" devices={','.join(map(str, f.spec.devices))}" if f.spec.devices is not None else "") + \
+            (f" num_cpus={f.spec.num_cpus:g} num_gpus={f.spec.num_gpus:g}" if f.spec.backend == "ray" else "")
+        lines.append(f"  {f.name}: replicas={f.spec.replicas} backend={f.spec.backend}{where} jit={f.spec.jit} "
                      f"state={','.join(f.state_keys)}")
     lines.append(f"env steps per iteration: {program.env_steps_per_iteration}")
     lines.append("nodes (program order; shapes are the whole program's, all replicas of a fragment together):")
@@ -87,32 +89,43 @@ def _graph_dot(program: Any) -> str:
 
 
 def _graph_png(program: Any, path: str) -> None:
+    """The FDG as an image: nodes layered by the loop's order, coloured by fragment (communication nodes grey),
+    loop-carried edges (a value used by the next iteration) dashed; a component's state carried to itself is
+    left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import networkx as nx
+    from matplotlib.patches import Patch
 
-    g = nx.DiGraph()
+    g = nx.MultiDiGraph()
     for n, d in program.fdg.nodes(data=True):
         if d["kind"] != "loop":
             g.add_node(n, **d)
-    for u, v, d in program.fdg.edges(data=True):
-        if u in g and v in g and not d["carry"]:
-            g.add_edge(u, v)
-    layers = {}
-    for i, gen in enumerate(nx.topological_generations(g)):
-        for n in gen:
-            layers[n] = i
-    nx.set_node_attributes(g, layers, "layer")
-    pos = nx.multipartite_layout(g, subset_key="layer", align="horizontal")
-    pos = {n: (x, -y) for n, (x, y) in pos.items()}
-    frags = sorted({str(d.get("fragment")) for _, d in g.nodes(data=True)})
+    edges = [(u, v, d["carry"]) for u, v, d in program.fdg.edges(data=True) if u in g and v in g and u != v]
+    forward = nx.DiGraph([(u, v) for u, v, carry in edges if not carry])
+    forward.add_nodes_from(g)
+    layers = {n: i for i, gen in enumerate(nx.topological_generations(forward)) for n in gen}
+    nx.set_node_attributes(forward, layers, "layer")
+    pos = {n: (x, -y) for n, (x, y) in nx.multipartite_layout(forward, subset_key="layer", align="horizontal").items()}
     cmap = plt.get_cmap("Pastel1")
-    colors = [cmap(frags.index(str(d.get("fragment"))) % 9) for _, d in g.nodes(data=True)]
+    frag_color = {f: cmap(i % 9) for i, f in enumerate(program.fragments)}
+    comm = [n for n, d in g.nodes(data=True) if d["kind"] == "comm"]
     labels = {n: f"{n}\n{d.get('api') or d.get('op') or d['kind']}" for n, d in g.nodes(data=True)}
     fig, ax = plt.subplots(figsize=(8, 1.2 * (max(layers.values(), default=0) + 2)))
-    nx.draw_networkx(g, pos, ax=ax, labels=labels, node_color=colors, node_size=2200, font_size=7, arrows=True)
+    for nodes, color, shape in ((comm, "#dddddd", "o"), ([n for n in g if n not in comm], None, "s")):
+        colors = color or [frag_color.get(g.nodes[n].get("fragment"), "#eeeeee") for n in nodes]
+        nx.draw_networkx_nodes(g, pos, nodelist=nodes, node_color=colors, node_shape=shape, node_size=2200, ax=ax)
+    nx.draw_networkx_labels(g, pos, labels=labels, font_size=7, ax=ax)
+    for carried, style in ((False, "solid"), (True, "dashed")):
+        nx.draw_networkx_edges(g, pos, edgelist=sorted({(u, v) for u, v, c in edges if c == carried}), ax=ax,
+                               style=style, node_size=2200, arrows=True,
+                               connectionstyle="arc3,rad=0.3" if carried else "arc3")
+    ax.legend(handles=[*(Patch(color=c, label=f"fragment {f}") for f, c in frag_color.items()),
+                       Patch(color="#dddddd", label="communication"),
+                       plt.Line2D([], [], color="k", linestyle="--", label="carried to the next iteration")],
+              loc="upper left", bbox_to_anchor=(1, 1), fontsize=7)
     ax.set_title(f"FDG of {type(program.algorithm).__name__} under policy {program.policy.name}")
     ax.axis("off")
     fig.savefig(path, dpi=120, bbox_inches="tight")

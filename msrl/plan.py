@@ -34,7 +34,6 @@ class FragmentSpec(BaseModel):
     name: str
     replicas: int = 1
     backend: str = "jax"
-    device: str | None = None
     devices: tuple[int, ...] | None = None  # backend jax with several fragments: the JAX devices of its replicas
     jit: bool = True  # lower `for range` loops to lax.scan and jit the fragment
     num_cpus: float = 1.0  # per replica, where the backend schedules processes (ray)

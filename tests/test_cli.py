@@ -33,8 +33,28 @@ def test_graph_json_shows_api_nodes_loop_state_edges_and_shapes(capsys):
     batch = [e for e in g["edges"] if e["kind"] == "data" and e["dtype"] == "Transition"]
     assert batch and batch[0]["shape"][0] == "float32[128, 4, 4]"  # [rollout, envs, obs]
     assert all({"src", "dst", "kind", "name", "shape", "dtype"} <= set(e) for e in g["edges"])
-    assert g["fragments"][0] | {"state": None} == {"name": "main", "replicas": 1, "backend": "jax", "device": None,
-                                                   "jit": True, "state": None}
+    assert g["fragments"][0] | {"state": None} == {"name": "main", "replicas": 1, "backend": "jax", "devices": None,
+                                                   "jit": True, "num_cpus": 1.0, "num_gpus": 0.0, "state": None}
+
+
+@pytest.mark.parametrize("overrides, shown", [
+    (["policy.backend=jax", "policy.actor_devices=[0]", "policy.learner_devices=[0]"],
+     {"actor": "devices=0 jit", "learner": "devices=0 jit"}),
+    (["policy.backend=ray", "policy.resources.learner.num_gpus=0.5", "policy.resources.actor.num_cpus=2"],
+     {"actor": "num_cpus=2 num_gpus=0 jit", "learner": "num_cpus=1 num_gpus=0.5 jit"}),
+])
+def test_graph_shows_where_the_fragments_are_placed(capsys, overrides, shown):
+    """(It showed replica counts only; its JSON had an unused "device" field, null.)"""
+    args = ["graph", CARTPOLE, "policy.name=single_learner_coarse", "policy.actors=1", *overrides]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert all(f"{name}: replicas=1 backend={overrides[0].split('=')[1]} {where}" in text
+               for name, where in shown.items())
+    assert main([*args, "--format", "json"]) == 0
+    placed = {f["name"]: (f["devices"], f["num_cpus"], f["num_gpus"]) for f in json.loads(capsys.readouterr().out)[
+        "fragments"]}
+    assert placed == ({"actor": ([0], 1.0, 0.0), "learner": ([0], 1.0, 0.0)} if "jax" in overrides[0] else
+                      {"actor": (None, 2.0, 0.0), "learner": (None, 1.0, 0.5)})
 
 
 def test_graph_code_is_jittable_python(capsys):
