@@ -84,8 +84,11 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
                               f"(its members: {', '.join(names)})")
         i = names.index(member)
         if run_seed is not None and run_seed != each[i].seed:
+            twin = next((m for m in each if m.seed == run_seed and m.values == each[i].values), None)
+            other = f"its folder, {run_dir / twin.name}" if cfg.run.sweep and twin else \
+                None if cfg.run.sweep else f"the run, {run_dir}, with it"  # (the run and a seed: several values)
             raise ConfigError(arg("run_seed"), f"{run_dir / member} is the folder of seed {each[i].seed}, not "
-                              f"{run_seed}: drop {arg('run_seed')}, or give the run, {run_dir}, with it")
+                              f"{run_seed}: drop {arg('run_seed')}" + (f", or give {other}" if other else ""))
     elif run_seed is not None:
         seeds = sorted({m.seed for m in each})
         found = [j for j, m in enumerate(each) if m.seed == run_seed]

@@ -153,6 +153,18 @@ def test_members_that_do_not_fit_in_memory_together_are_refused_before_allocatin
                                                     "algorithm.lr=[0.001,0.0005]", *QUICK], run_dir=tmp_path)
 
 
+@pytest.mark.parametrize("seeds, hint", [(2, r", or give its folder, .*/run/lr=0.001,seed_1$"), (1, "$")])
+def test_a_members_folder_with_another_seed_points_to_that_seeds_member(tmp_path, seeds, hint):
+    """(It said to give the run with the seed, which a sweep then refuses: several members have that seed.)"""
+    run, cfg = tmp_path / "run", {"algorithm": {"name": "ppo", "rollout_len": 16, "epochs": 1, "minibatches": 2,
+                                                "hidden": [16]}, "env": {"num_envs": 4},
+                                  "run": {"total_env_steps": 64, "progress": False, "tensorboard": False}}
+    msrl.train(cfg, ["algorithm.lr=[0.001,0.0003]", f"run.num_seeds={seeds}"], run_dir=run)
+    member = "lr=0.001,seed_0" if seeds > 1 else "lr=0.001"
+    with pytest.raises(ConfigError, match=rf"^run_seed: .*{member} is the folder of seed 0, not 1: drop run_seed{hint}"):
+        msrl.load(run / member, run_seed=1)
+
+
 def test_members_of_a_sweep_of_two_keys_are_loaded_and_resumed_in_the_order_trained(tmp_path, capsys):
     """A sweep of lr then gamma names its members lr-major (not alphabetically: gamma before lr): each member's
     folder loads that member's parameters (those of its run alone), also from a checkpoint of an msrl that
