@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from msrl.backend import ravel, unravel
 from msrl.components import ACTING, SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
+from msrl.errors import ConfigError, MsrlError
 
 ROW_COLUMNS = 32  # two AVX-512 vectors of float32: a dot this wide rounds each row alike for any number of rows
 
@@ -271,7 +272,15 @@ def truncation(step: Any, wanted: bool) -> dict[str, Any]:
     """What a transition keeps to bootstrap an episode cut short (``bootstrap_truncated``): ``truncated``, where
     one was (an end that is terminal too is not), and ``final_obs``, the observation it reached; nothing unless
     ``wanted``. The learner adds ``gamma * V(final_obs)`` to the reward of such a step."""
-    return {"truncated": step.truncated & ~step.terminated, "final_obs": step.final_obs} if wanted else {}
+    if not wanted:
+        return {}
+    try:
+        final_obs = step.final_obs
+    except MsrlError:  # (the key is what to change, not the algorithm's line)
+        raise ConfigError("algorithm.bootstrap_truncated", "this environment does not report the final observation "
+                          "of an episode, which bootstrapping one cut short needs: set it to false for this "
+                          "environment") from None
+    return {"truncated": step.truncated & ~step.terminated, "final_obs": final_obs}
 
 
 def gae(reward, done, value, last_value, gamma: float, lam: float):

@@ -87,6 +87,9 @@ def test_bad_multi_agent_configs_are_errors_naming_the_key():
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", [f"env.id={SPREAD_ID}"]))
     with pytest.raises(msrl.ConfigError, match="algorithm.agent_ids"):
         load_config(SPREAD, ["algorithm.agent_ids=maybe"])
+    with pytest.raises(msrl.ConfigError, match="^algorithm.bootstrap_truncated: this environment does not report the "
+                                               "final observation"):  # (was at ppo.py's line)
+        msrl.build(load_config(SPREAD, ["algorithm.bootstrap_truncated=true", "env.num_envs=4"]))
 
 
 def test_an_env_whose_spaces_give_their_shape_as_a_number_is_read():
