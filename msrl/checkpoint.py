@@ -204,7 +204,8 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
     found = next((n for n in names if n[1] != n[2]), None) or diff(saved, now, "")
     if found:
         key, a, b = found
-        was = f"msrl before {key} was a key" if a is _ABSENT else f"{key}={a!r}"
+        known = defaults is not None and lookup(defaults, key, _ABSENT) is not _ABSENT  # (not a user's dict's)
+        was = f"{key}={a!r}" if a is not _ABSENT else f"msrl before {key} was a key" if known else f"no {key}"
         raise ConfigError(key, f"the checkpoint {path} was trained with {was}, this config has "
                           f"{'no such key' if b is _ABSENT else repr(b)}; resume with the run's own config "
                           "(RUN_DIR/config.yaml) or start a new run")

@@ -127,6 +127,9 @@ def test_resume_names_the_runs_config_and_a_changed_algorithm_or_policy_first(tm
         ([str(EXAMPLES / "dqn_cartpole.yaml")], "algorithm.name: .* asks for 'dqn'"),
         (["policy.name=single_learner_coarse"], "policy.name: .*policy.name='fused', .* 'single_learner_coarse'"),
         (["algorithm.lr=x"], "algorithm.lr: Input should be a valid number"),  # the override's, not the file's
+        (["env.kwargs={max_steps_in_episode: 200}"], r"env.kwargs.max_steps_in_episode: the checkpoint .* was "
+                                                    "trained with no env.kwargs.max_steps_in_episode, this config has "
+                                                    "200"),  # (not "msrl before ... was a key": a kwarg of the env's)
     ]:
         assert main(["train", "--resume", str(run), *args]) == 2
         assert re.search(error, capsys.readouterr().err)
