@@ -319,8 +319,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
         raise ConfigError(arg("resume" if resume else "run_dir"), f"{run_dir} is one member's folder of the run in "
                           f"{run}, which holds every member's checkpoints: "
                           + (f"resume {run}" if resume else f"choose another {arg('run_dir')}"))
-    outer = None if resume else next((p for p in run_dir.resolve().parents if (p / "config.yaml").is_file() and
-                                      ((p / "checkpoints").is_dir() or (p / "metrics.csv").is_file())), None)
+    outer = None if resume else next((p for p in run_dir.resolve().parents if _holds_a_run(p)), None)
     if outer is not None:  # (its --overwrite would keep this one as the user's files; its plots would not see it)
         raise ConfigError(arg("run_dir"), f"{run_dir} is inside the run in {outer}: choose a {arg('run_dir')} "
                           "outside it")
@@ -338,6 +337,18 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
         raise ConfigError(arg("run_dir"), f"{run_dir} already holds a run; continue it with "
                           f"{arg('resume', run_dir)}, or replace it with {arg('overwrite', '')}")
     return True
+
+
+def _holds_a_run(folder: Path) -> bool:
+    """Whether ``folder`` is an msrl run's directory (not a project's of its own config.yaml and checkpoints/)."""
+    if not (folder / "config.yaml").is_file() or not (any((folder / "checkpoints").glob("ckpt_*.msgpack")) or
+                                                       (folder / "metrics.csv").is_file()):
+        return False
+    try:
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("algorithm"), dict) and "env" in config
 
 
 LOCK = ".msrl.lock"  # in a run directory: locked by the process writing the run, which it names

@@ -308,6 +308,14 @@ def test_runs_started_together_without_a_run_dir_each_get_their_own(tmp_path, mo
     assert sorted((tmp_path / "runs").iterdir()) == sorted([tmp_path / first, tmp_path / second])  # its own went
 
 
+def test_a_project_folder_with_its_own_config_and_checkpoints_is_not_taken_for_a_run(tmp_path):
+    project = tmp_path / "project"
+    (project / "checkpoints").mkdir(parents=True)
+    (project / "checkpoints" / "model.pt").write_bytes(b"")
+    (project / "config.yaml").write_text("model: resnet50\n")
+    assert msrl.train(CARTPOLE, SHORT, run_dir=project / "runs" / "a")["iterations"] == 8  # (was "inside the run")
+
+
 def test_a_run_dir_another_run_is_writing_is_refused(tmp_path):
     """Two runs into one directory at once (the second started while the first compiles, before it wrote a
     file; or two resumes) would interleave their metrics, checkpoints and events: the second is refused."""
