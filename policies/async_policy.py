@@ -112,10 +112,11 @@ def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, An
                                f"{type(learner).__name__}.init() returns no dict with a 'params' key; " + FITS)
     extra = sorted(set(state) - set(HELD))
     if extra:
-        raise msrl.ConfigError("policy.name", f"async's parameter holder carries a learner's params and optimizer "
-                          f"state only, but {type(learner).__name__}'s state also holds {', '.join(map(repr, extra))}, "
-                          "which every worker would compute and throw away (target networks, keys and counters "
-                          "would never advance); " + FITS)
+        raise msrl.ConfigError("policy.name", f"async's parameter holder carries a learner state of the parameters "
+                          "('params') and the optimizer's state ('opt_state') only, but "
+                          f"{type(learner).__name__}'s state also holds {', '.join(map(repr, extra))}, which every "
+                          "worker would compute and throw away (target networks, keys and counters would never "
+                          "advance); if one is the optimizer's state, name it 'opt_state'; else " + FITS)
     return state
 
 

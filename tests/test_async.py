@@ -146,7 +146,8 @@ def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
     """PPO's learner state holds its shuffling key beside params and opt_state: the holder would drop it. DQN's
     holds its target network, and the policies named for it include those that run a loop that samples a replay
     buffer (single_learner_coarse refuses DQN's)."""
-    with pytest.raises(ConfigError, match="policy.name.*PPOLearner's state also holds 'key'.*single_learner_coarse"):
+    with pytest.raises(ConfigError, match="policy.name.*PPOLearner's state also holds 'key'.*; if one is the "
+                                          "optimizer's state, name it 'opt_state'; else use .*single_learner_coarse"):
         msrl.build(load_config(CARTPOLE, ["policy.name=async", "policy.workers=2", "env.num_envs=4"]))
     with pytest.raises(ConfigError, match=r"DQNLearner's state also holds .*'target'.*; use policy.name=.* for an "
                                           r"on-policy loop \(msrl.buffer_get\), replay_server, single_learner_fine or "
