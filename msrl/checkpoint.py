@@ -31,6 +31,7 @@ FORMAT = 2  # 2: {"format", "sha256", "config_hash", "payload": msgpack({"meta",
 # run keys that may change between a run and its resumption
 RESUMABLE_RUN_KEYS = {"total_env_steps", "iterations_per_dispatch", "progress", "tensorboard", "compile_cache",
                       "log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "wandb", "stall_timeout_s"}
+RESUMABLE_POLICY_KEYS = {"ray_address", "ray_dashboard", "max_actor_restarts"}  # where ray runs, how it recovers
 CHECKED = ("learner", "params")  # components whose float leaves must be finite in a usable checkpoint
 
 
@@ -190,7 +191,7 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
         if isinstance(a, dict) and isinstance(b, dict):
             for k in sorted(set(a) | set(b)):
                 dotted = f"{key}.{k}" if key else k
-                if key == "run" and k in RESUMABLE_RUN_KEYS or \
+                if k in {"run": RESUMABLE_RUN_KEYS, "policy": RESUMABLE_POLICY_KEYS}.get(key, ()) or \
                         k not in a and defaults is not None and b[k] == lookup(defaults, dotted, _ABSENT):
                     continue
                 found = diff(a.get(k, _ABSENT), b.get(k, _ABSENT), dotted)

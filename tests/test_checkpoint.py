@@ -65,8 +65,8 @@ def test_threads_coarse_resume_continues(tmp_path):
     overrides = [*QUIET, "policy.name=single_learner_coarse", "policy.actors=2", "run.total_env_steps=40960",
                  "run.checkpoint_every_steps=5120", "run.iterations_per_dispatch=2"]
     killed_run(CARTPOLE, overrides, tmp_path, after=20)
-    summary = train(tmp_path / "config.yaml", [], run_dir=tmp_path, resume=True)
-    assert summary["iterations"] == 80
+    summary = train(tmp_path / "config.yaml", ["policy.max_actor_restarts=5"], run_dir=tmp_path, resume=True)
+    assert summary["iterations"] == 80  # (how ray recovers may change: it was refused as a change of training)
     leaves, meta = final_leaves(tmp_path)
     assert meta["iteration"] == 80 and all(np.isfinite(x).all() for x in leaves if x is not None and x.dtype.kind == "f")
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["policy"]["name"] == "single_learner_coarse"
