@@ -149,7 +149,7 @@ def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
     with pytest.raises(ConfigError, match="policy.name.*PPOLearner's state also holds 'key'.*; if one is the "
                                           "optimizer's state, name it 'opt_state'; else use .*single_learner_coarse"):
         msrl.build(load_config(CARTPOLE, ["policy.name=async", "policy.workers=2", "env.num_envs=4"]))
-    with pytest.raises(ConfigError, match=r"DQNLearner's state also holds .*'target'.*; use policy.name=.* for an "
+    with pytest.raises(ConfigError, match=r"DQNLearner's state also holds .*'target'.*; else use policy.name=.* for an "
                                           r"on-policy loop \(msrl.buffer_get\), replay_server, single_learner_fine or "
                                           r"multi_learner for one that samples a replay buffer$"):
         msrl.build(load_config(EXAMPLES / "dqn_cartpole.yaml", ["policy.name=async", "policy.workers=2",
