@@ -507,6 +507,9 @@ def run_matrix(loops: list[str] | None = None, columns: list[str] | None = None,
     """Run the reference and every selected cell. Returns the cells (in loop, column order) and, by loop, the
     reference's facts (seconds, how far its parameters moved, its episodes) and the columns it skips."""
     loops = list(loops or LOOPS)
+    unknown = [c for c in columns or [] if c not in COLUMN]
+    if unknown:
+        raise ValueError(f"unknown column(s) {unknown}; choose from {', '.join(COLUMN)}")
     asked = [c for c in COLUMNS if columns is None or c.id in columns]
     columns = [c for c in asked if (ray or c.where != "ray") and (devices or c.where != "devices")]
     if not columns:
@@ -722,9 +725,6 @@ def main(argv: list[str] | None = None) -> int:
         return _worker_devices(args.worker_devices, loops or list(LOOPS), columns or [], args.k, args.timeout)
     if args.fast and loops is None:
         loops = list(FAST_LOOPS)
-    bad = [c for c in columns or [] if c not in COLUMN]
-    if bad:
-        parser.error(f"unknown column(s) {bad}; choose from {', '.join(COLUMN)}")
     command = "python -m msrl.conformance" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     t0 = time.perf_counter()
     try:

@@ -268,16 +268,17 @@ def bootstrap_truncated_field() -> Any:
                  "observation)")
 
 
-def truncation(step: Any, wanted: bool) -> dict[str, Any]:
+def truncation(step: Any, wanted: bool, key: str = "algorithm.bootstrap_truncated") -> dict[str, Any]:
     """What a transition keeps to bootstrap an episode cut short (``bootstrap_truncated``): ``truncated``, where
     one was (an end that is terminal too is not), and ``final_obs``, the observation it reached; nothing unless
-    ``wanted``. The learner adds ``gamma * V(final_obs)`` to the reward of such a step."""
+    ``wanted`` (the config key ``key``, named if the environment reports no final observation). The learner adds
+    ``gamma * V(final_obs)`` to the reward of such a step."""
     if not wanted:
         return {}
     try:
         final_obs = step.final_obs
     except MsrlError:  # (the key is what to change, not the algorithm's line)
-        raise ConfigError("algorithm.bootstrap_truncated", "this environment does not report the final observation "
+        raise ConfigError(key, "this environment does not report the final observation "
                           "of an episode, which bootstrapping one cut short needs: set it to false for this "
                           "environment") from None
     return {"truncated": step.truncated & ~step.terminated, "final_obs": final_obs}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import importlib
 import json
 import math
@@ -357,27 +358,34 @@ LOCK = ".msrl.lock"  # in a run directory: locked by the process writing the run
 def lock_run_dir(run_dir: Path, key: str) -> Any:
     """Hold ``run_dir`` for this process until the returned file is closed: a second run started into the same
     directory meanwhile (a new one before the first wrote anything, or a second resume) is refused, naming
-    ``key``, instead of the two interleaving their files."""
+    ``key``, instead of the two interleaving their files. No lock (and no refusal) where the system has none:
+    Windows, or a file system without ``flock``."""
     try:
         import fcntl
-    except ImportError:  # (not on Windows: no lock)
+    except ImportError:
         return open(os.devnull)
     try:
         held = open(run_dir / LOCK, "a+")
-    except OSError:  # (a resume of a directory that is not there or is read-only: refused on reading it)
-        return open(os.devnull)
+    except OSError:  # (someone else's lock file: lock it read-only; a missing folder: refused on reading it)
+        try:
+            held = open(run_dir / LOCK)
+        except OSError:
+            return open(os.devnull)
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
         held.seek(0)
         pid = held.read().strip()
         held.close()
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # (no flock here: ENOLCK, ...)
+            return open(os.devnull)
         raise ConfigError(key, f"{run_dir} is in use by another run (process {pid or '?'}) writing into it; wait "
                           f"for it to end, or choose another {arg('run_dir')}") from None
-    held.seek(0)
-    held.truncate()
-    held.write(f"{os.getpid()}\n")
-    held.flush()
+    if held.writable():
+        held.seek(0)
+        held.truncate()
+        held.write(f"{os.getpid()}\n")
+        held.flush()
     return held
 
 
@@ -554,7 +562,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
         _import_wandb()
     if resume:  # refuse before building anything
         prepare_run_dir(Path(run_dir), resume, overwrite)
-        hold.enter_context(lock_run_dir(Path(run_dir), arg("resume")))  # (before reading its checkpoint)
+        if checkpoint.latest(run_dir) is not None:  # (before reading it; a folder without one is refused below)
+            hold.enter_context(lock_run_dir(Path(run_dir), arg("resume")))
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:
             raise ConfigError(arg("resume"), f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume "
@@ -590,17 +599,20 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             result.rows = []
             return result
     made_here = run_dir is None or not Path(run_dir).exists()
+    locked = resume or not made_here and Path(run_dir).is_dir()  # (another run in it: said before what it holds)
+    if locked and not resume:
+        hold.enter_context(lock_run_dir(Path(run_dir), arg("run_dir")))
     replace = run_dir is not None and prepare_run_dir(Path(run_dir), resume, overwrite)
     try:
         run_dir = _fresh_run_dir(cfg) if run_dir is None else Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(arg("run_dir"), f"cannot create {run_dir or 'runs/'}: {e.strerror}") from None
-    if made is not None and made_here:
-        made.append(run_dir)
     resources.check_writable(run_dir)
-    if not resume:
+    if not locked:
         hold.enter_context(lock_run_dir(run_dir, arg("run_dir")))
+    if made is not None and made_here:  # (once it is this run's: a run refused here leaves the folder to the other)
+        made.append(run_dir)
     if cfg.run.compile_cache:
         cache = os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache")
         try:
@@ -625,6 +637,8 @@ def _same_algorithm_and_policy(saved: Path, data: dict[str, Any]) -> None:
         was = yaml.safe_load(saved.read_text())
     except (OSError, yaml.YAMLError):
         return  # (loading it reports what is wrong)
+    if not isinstance(was, dict) or not isinstance(was.get("algorithm"), dict):
+        return  # (not a run's config: a folder of one's own, refused as holding no checkpoint)
     for key, default in (("algorithm.name", None), ("policy.name", "fused")):
         a, b = checkpoint.lookup(was, key) or default, checkpoint.lookup(data, key) or default
         if a != b:

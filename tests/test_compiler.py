@@ -134,7 +134,7 @@ def test_fdg_has_api_nodes_loop_state_and_param_edges(env):
     assert params and by_id[params[0]["src"]]["api"] == "agent_learn" and by_id[params[0]["dst"]]["api"] == "agent_act"
     states = {e["name"] for e in g["edges"] if e["kind"] == "state"}
     assert {"@env", "@actor", "@buffer", "@learner"} <= states
-    assert g["fragments"] == [{"name": "main", "replicas": 1, "backend": "jax", "device": None, "jit": True,
+    assert g["fragments"] == [{"name": "main", "replicas": 1, "backend": "jax", "devices": None, "jit": True,
                                "state": ["env", "actor", "learner", "buffer"]}]
     order = prog.topological_order()
     assert order.index("s1") < order.index(params[0]["src"])

@@ -314,6 +314,9 @@ def test_a_project_folder_with_its_own_config_and_checkpoints_is_not_taken_for_a
     (project / "checkpoints" / "model.pt").write_bytes(b"")
     (project / "config.yaml").write_text("model: resnet50\n")
     assert msrl.train(CARTPOLE, SHORT, run_dir=project / "runs" / "a")["iterations"] == 8  # (was "inside the run")
+    with pytest.raises(ConfigError, match="holds no checkpoint"):
+        msrl.train(CARTPOLE, SHORT, run_dir=project, resume=True)
+    assert sorted(p.name for p in project.iterdir()) == ["checkpoints", "config.yaml", "runs"]  # (no lock file left)
 
 
 def test_a_run_dir_another_run_is_writing_is_refused(tmp_path):
@@ -321,7 +324,7 @@ def test_a_run_dir_another_run_is_writing_is_refused(tmp_path):
     file; or two resumes) would interleave their metrics, checkpoints and events: the second is refused."""
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *SHORT, "run.total_env_steps=10000000",
-                             "--run-dir", str(run)], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                             "run.checkpoint_every_steps=512", "--run-dir", str(run)], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
         while not (run / ".msrl.lock").is_file() or not (run / ".msrl.lock").read_text().strip():
@@ -331,13 +334,46 @@ def test_a_run_dir_another_run_is_writing_is_refused(tmp_path):
                  "choose another run_dir$"
         with pytest.raises(ConfigError, match=rf"^run_dir: {in_use}"):
             msrl.train(CARTPOLE, SHORT, run_dir=run)
-        with pytest.raises(ConfigError, match=rf"^resume: {in_use}"):
-            msrl.train(CARTPOLE, SHORT, run_dir=run, resume=True)
+        while not (run / "metrics.csv").is_file() or not list((run / "checkpoints").glob("ckpt_*")):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        for resume in (False, True):  # (once it holds a run: not told to resume or overwrite a run under way)
+            with pytest.raises(ConfigError, match=rf"^{'resume' if resume else 'run_dir'}: {in_use}"):
+                msrl.train(CARTPOLE, SHORT, run_dir=run, resume=resume)
         assert proc.poll() is None
     finally:
         proc.kill()
         proc.wait()
     assert main(["train", CARTPOLE, *SHORT, "--run-dir", str(run), "--overwrite"]) == 0  # (its lock went with it)
+
+
+def test_a_run_refused_by_anothers_lock_leaves_the_folder_it_found_missing(tmp_path, monkeypatch):
+    """Both see the folder missing; the other makes and locks it first: the refused run must not remove it as a
+    folder of its own that it did not use."""
+    import msrl.runner
+
+    run, check = tmp_path / "run", msrl.runner.prepare_run_dir
+    other: list = []
+
+    def check_then_the_other_starts(*args):
+        out = check(*args)
+        other.append(subprocess.Popen([sys.executable, "-c", "import fcntl, pathlib, sys, time\n"
+                                       "p = pathlib.Path(sys.argv[1]); p.mkdir()\n"
+                                       "f = open(p / '.msrl.lock', 'a+'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                                       "f.write('4242'); f.flush(); print('held', flush=True); time.sleep(60)",
+                                       str(run)], stdout=subprocess.PIPE, text=True))
+        assert other[0].stdout.readline() == "held\n"
+        return out
+
+    monkeypatch.setattr(msrl.runner, "prepare_run_dir", check_then_the_other_starts)
+    try:
+        with pytest.raises(ConfigError, match=r"in use by another run \(process 4242\)"):
+            msrl.train(CARTPOLE, SHORT, run_dir=run)
+        assert (run / ".msrl.lock").is_file()  # (it was removed with the folder)
+    finally:
+        for proc in other:
+            proc.kill()
+            proc.wait()
 
 
 def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):

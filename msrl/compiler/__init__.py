@@ -692,8 +692,9 @@ class Program:
         nodes = [{"id": n, **{k: v for k, v in d.items()}} for n, d in self.fdg.nodes(data=True)]
         edges = [{"src": u, "dst": v, "kind": d["kind"], "name": d["name"], "shape": d["shape"], "dtype": d["dtype"],
                   "carry": d["carry"]} for u, v, d in self.fdg.edges(data=True)]
-        frags = [{"name": f.name, **f.spec.model_dump(include={"replicas", "backend", "devices", "jit", "num_cpus",
-                                                               "num_gpus"}), "state": f.state_keys}
+        shown = {"replicas", "backend", "devices", "jit"}  # (and on ray, what each replica's process reserves)
+        frags = [{"name": f.name, **f.spec.model_dump(include=shown | ({"num_cpus", "num_gpus"} if f.spec.backend ==
+                                                                       "ray" else set())), "state": f.state_keys}
                  for f in self.fragments.values()]
         return {"nodes": nodes, "edges": edges, "fragments": frags,
                 "env_steps_per_iteration": self.env_steps_per_iteration}
