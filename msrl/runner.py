@@ -599,8 +599,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             result.rows = []
             return result
     made_here = run_dir is None or not Path(run_dir).exists()
-    locked = resume or not made_here and Path(run_dir).is_dir()  # (another run in it: said before what it holds)
-    if locked and not resume:
+    locked = resume or not made_here and (Path(run_dir) / LOCK).is_file()  # (another run's: named before what
+    if locked and not resume:  # it holds, which prepare_run_dir would take for a run to resume or overwrite)
         hold.enter_context(lock_run_dir(Path(run_dir), arg("run_dir")))
     replace = run_dir is not None and prepare_run_dir(Path(run_dir), resume, overwrite)
     try:
