@@ -355,7 +355,7 @@ def _holds_a_run(folder: Path) -> bool:
 LOCK = ".msrl.lock"  # in a run directory: locked by the process writing the run, which it names
 
 
-def lock_run_dir(run_dir: Path, key: str) -> Any:
+def lock_run_dir(run_dir: Path, key: str) -> contextlib.AbstractContextManager:
     """Hold ``run_dir`` for this process until the returned file is closed: a second run started into the same
     directory meanwhile (a new one before the first wrote anything, or a second resume) is refused, naming
     ``key``, instead of the two interleaving their files. No lock (and no refusal) where the system has none:
@@ -363,14 +363,14 @@ def lock_run_dir(run_dir: Path, key: str) -> Any:
     try:
         import fcntl
     except ImportError:
-        return open(os.devnull)
+        return contextlib.nullcontext()
     try:
-        held = open(run_dir / LOCK, "a+")
+        held = open(run_dir / LOCK, "a+")  # noqa: SIM115 - held until the run ends
     except OSError:  # (someone else's lock file: lock it read-only; a missing folder: refused on reading it)
         try:
-            held = open(run_dir / LOCK)
+            held = open(run_dir / LOCK)  # noqa: SIM115
         except OSError:
-            return open(os.devnull)
+            return contextlib.nullcontext()
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -378,7 +378,7 @@ def lock_run_dir(run_dir: Path, key: str) -> Any:
         pid = held.read().strip()
         held.close()
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # (no flock here: ENOLCK, ...)
-            return open(os.devnull)
+            return contextlib.nullcontext()
         raise ConfigError(key, f"{run_dir} is in use by another run (process {pid or '?'}) writing into it; wait "
                           f"for it to end, or choose another {arg('run_dir')}") from None
     if held.writable():
