@@ -120,13 +120,22 @@ class _Table:
         if kept:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
         self.tb = None
-        if cfg.run.tensorboard:
-            SummaryWriter = tensorboard_writer()
-            # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
-            purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
-            self.tb = SummaryWriter(str(folder / "tb"), purge_step=purge)
-            if resume_at is None:  # (a resumed run's config is the one already there)
-                self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(cfg.dump(), sort_keys=False) + "```")
+        # TensorBoard's writer (its import, a queue and a thread: ~0.15 s) opens at the first row, which the
+        # jax backend hands over while it computes the next ones, rather than while the first ones wait for it
+        self.tb_folder = folder / "tb" if cfg.run.tensorboard else None
+        # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
+        self.tb_purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
+        # (a resumed run's config is the one already there)
+        self.tb_config = None if resume_at is not None else cfg.dump()
+
+    def board(self) -> Any:
+        """The TensorBoard writer (None without ``run.tensorboard``), opened at its first use."""
+        if self.tb is None and self.tb_folder is not None:
+            self.tb = tensorboard_writer()(str(self.tb_folder), purge_step=self.tb_purge)
+            self.tb_folder = None
+            if self.tb_config is not None:
+                self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(self.tb_config, sort_keys=False) + "```")
+        return self.tb
 
     def log(self, row: dict[str, float]) -> dict[str, float]:
         """Write ``row``; returns its finite scalars under their TensorBoard tags."""
@@ -137,13 +146,13 @@ class _Table:
         self.writer.writerow(row)
         scalars = {f"{TB_GROUP.get(k, 'train')}/{k}": v for k, v in row.items()
                    if k not in ("iteration", "env_steps") and isinstance(v, float | int) and math.isfinite(v)}
-        if self.tb is not None:
+        if self.board() is not None:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, int(row["env_steps"]))
         return scalars
 
     def close(self, cfg: ExperimentConfig, final_return: float) -> None:
-        if self.tb is not None:
+        if self.board() is not None:
             # (a sweep's root averages members of different values: not one trial, so no hparams session)
             if math.isfinite(final_return) and not cfg.run.sweep:
                 for old in (Path(self.tb.file_writer.get_logdir()) / "hparams").glob("events.out.tfevents.*"):

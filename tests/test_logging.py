@@ -83,6 +83,23 @@ def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
     assert b"total_env_steps" in resumed.read_bytes()  # two: TensorBoard listed both)
 
 
+def test_tensorboard_opens_at_the_first_row_not_before(tmp_path):
+    """A run's TensorBoard writer (its import, a queue and a thread: ~0.15 s) opens when the first row is logged,
+    which the jax backend hands over while it computes the next rows, not on the way to the first ones."""
+    from msrl.config import load_config
+    from msrl.runner import _Table
+
+    cfg = load_config(CARTPOLE)
+    table = _Table(tmp_path, cfg, None)
+    assert not (tmp_path / "tb").exists()
+    table.log({"iteration": 1, "env_steps": 512, "episode_return": 20.0, "loss": 0.5})
+    table.close(cfg, 20.0)
+    (events_file,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    values = [v for e in read_events(events_file) for v in e.summary.value]
+    assert {"charts/episode_return", "train/loss"} <= {v.tag for v in values}
+    assert any(v.tag.startswith("config") for v in values)
+
+
 def test_tensorboard_loads_without_pytorch_or_boto3_and_leaves_them_importable():
     """tensorboardX imports PyTorch where it is installed, for its type hints only, and boto3 for ``s3://`` log
     dirs: msrl's writer (local run dirs) comes without them, and afterwards ``import torch`` and ``import boto3``
