@@ -43,6 +43,7 @@ class JaxRuntime(Runtime):
         self.program, self.fragment = program, next(iter(program.fragments.values()))
         self.replicas, self.members = self.fragment.spec.replicas, len(members)
         self.k = max(1, int(iterations_per_dispatch))
+        self._unread = 0  # iterations a stream that stopped early dispatched without handing over their rows
         env = program.env
         if env.host_simulator and (self.members > 1 or self.replicas > 1):
             hint = ("train one seed per run" if self.members > 1 else
@@ -183,26 +184,35 @@ class JaxRuntime(Runtime):
     def stream(self, iterations: int, chunk: int, stop=lambda: False):
         """Dispatch (asynchronously) the next chunk before reading the last one, so the device never
         waits for the host's logging."""
-        pending = None
-        while iterations > 0 or pending is not None:
-            dispatched = None
-            if iterations > 0 and not stop():
-                n = min(iterations, self.k, chunk)
-                if self.sequential:
-                    out = self._inflight = [t.submit(self._run_members, d, n) for d, t in enumerate(self._threads)]
-                else:
-                    self._state, out = self._compiled(self._state, self._hp, jnp.int32(n))
-                dispatched, iterations = (out, n), iterations - n
-            elif pending is None:
-                return
-            if pending is not None:
-                out, n = pending
-                if self.sequential:  # the members' outputs on the axis after the iteration's
-                    outs = {m: out_m for f in out for m, out_m in f.result().items()}
-                    out = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *[outs[m] for m in range(self.members)])
-                out = jax.device_get(out)
-                yield metric_rows(out["train"], out["env"], n) if self.members == 1 else seed_rows(out, n, self.members)
-            pending = dispatched
+        pending, unread = None, []  # unread: the dispatched chunks' iterations whose rows were not handed over
+        try:
+            while iterations > 0 or pending is not None:
+                dispatched = None
+                if iterations > 0 and not stop():
+                    n = min(iterations, self.k, chunk)
+                    if self.sequential:
+                        out = self._inflight = [t.submit(self._run_members, d, n) for d, t in enumerate(self._threads)]
+                    else:
+                        self._state, out = self._compiled(self._state, self._hp, jnp.int32(n))
+                    dispatched, iterations = (out, n), iterations - n
+                    unread.append(n)
+                elif pending is None:
+                    return
+                if pending is not None:
+                    out, n = pending
+                    if self.sequential:  # the members' outputs on the axis after the iteration's
+                        outs = {m: out_m for f in out for m, out_m in f.result().items()}
+                        out = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *[outs[m] for m in range(self.members)])
+                    out = jax.device_get(out)
+                    unread.pop(0)
+                    yield metric_rows(out["train"], out["env"], n) if self.members == 1 else seed_rows(out, n, self.members)
+                pending = dispatched
+        finally:  # stopped early: the chunks dispatched run to their end all the same (their rows are lost)
+            self._unread += sum(unread)
+
+    def settle(self) -> int:
+        done, self._unread = self._unread, 0
+        return done
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
         return {self.fragment.name: self._replica_states(self._view(skip))}

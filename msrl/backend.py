@@ -56,6 +56,12 @@ class Runtime:
         whether a snapshot now is a consistent checkpoint). False when unknown."""
         return False
 
+    def settle(self) -> int | None:
+        """After a :meth:`stream` that ended early (an exception such as a KeyboardInterrupt, or a reader that
+        stopped reading): how many iterations past the rows it handed over the state now holds (work already
+        started that finishes all the same), or None when the replicas' states may be of different iterations."""
+        return 0 if self.at_rest() else None
+
     def close(self) -> None:
         pass
 

@@ -751,7 +751,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             return
         try:
             asked = bool(on_iteration(dict(row)))
-        except Exception as e:  # noqa: BLE001 - raised again once the run has stopped and saved
+        except BaseException as e:  # noqa: BLE001 - raised again once the run has stopped and saved (a
+            # KeyboardInterrupt or SystemExit too: the iterations done are kept, not lost)
             raised.append((row["iteration"], e))
             asked = True
         if asked and not stop:
@@ -834,6 +835,18 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 emit()
             if every or signals.received or raised:
                 _save_checkpoint(session, run_dir, cfg, skip, meta_now(), on_fault=fault)
+    except (KeyboardInterrupt, SystemExit) as e:  # raised into the run by a handler of the user's own (msrl's
+        # SIGINT handler stops it as above): keep what is done, where the replicas' states are of one iteration
+        if session.broken is None and session.iteration > 0:
+            if pending:
+                emit()
+            try:
+                _save_checkpoint(session, run_dir, cfg, skip, meta_now())
+                e.add_note(f"msrl: the run stopped after iteration {session.iteration} of {iterations} and saved its "
+                           f"checkpoint in {run_dir} (msrl.train(..., resume=True) continues it)")
+            except Exception:  # noqa: BLE001 - the interrupt is what the user sees
+                pass
+        raise
     finally:
         try:
             logger.close(last_return, seed_returns)  # may fail (a full disk): the session closes all the same

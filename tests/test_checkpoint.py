@@ -399,3 +399,42 @@ def test_a_resume_tells_tensorboard_to_drop_the_events_after_the_checkpoint(tmp_
     assert start == [5 * 512 + 1]  # TensorBoard discards the earlier events at steps >= this one
     after = [e.step for e in events[[e.HasField("session_log") for e in events].index(True):] if e.HasField("summary")]
     assert after and min(after) == 6 * 512
+
+
+SMALL = ["algorithm.rollout_len=16", "algorithm.hidden=[16]", "run.total_env_steps=100000"]
+
+
+@pytest.mark.parametrize("policy", ["fused", "single_learner_coarse"])
+def test_a_session_interrupted_mid_stream_holds_the_iteration_it_counts(policy):
+    """A KeyboardInterrupt while a session streams (a notebook's interrupted cell): the fused program's chunk
+    already dispatched still finishes, so the session counts it; the state it then holds, snapshots and goes on
+    from is that iteration's (it counted 2 fewer: its snapshot said 88, holding 90's parameters)."""
+    overrides = [*SMALL, f"policy.name={policy}"] + (["policy.backend=threads", "policy.actors=2"]
+                                                      if policy != "fused" else [])
+    with msrl.Session(CARTPOLE, overrides, seed=0, iterations_per_dispatch=2) as session:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in session.stream(10, 2):  # the fused program has dispatched the next 2 when the first come
+                raise KeyboardInterrupt
+        done = 4 if policy == "fused" else 2
+        assert session.iteration == done
+        held, snap = session.params(), session.snapshot()
+        assert snap.iteration == done and session.run(1)[0]["iteration"] == done + 1
+    with msrl.Session(CARTPOLE, overrides, seed=0, iterations_per_dispatch=2) as fresh:
+        fresh.run(done)
+        assert max_diff(fresh.params(), held) == 0.0
+
+
+def test_a_keyboard_interrupt_from_on_iteration_keeps_a_resumable_run(tmp_path):
+    """``on_iteration`` raising KeyboardInterrupt (or SystemExit) stops the run as any exception it raises does:
+    checkpoint and summary saved, the exception raised again; the run resumes (it was left with none)."""
+    def interrupt(row):
+        if row["iteration"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        train(CARTPOLE, [*SMALL, "run.progress=false", "run.total_env_steps=4096"], run_dir=tmp_path,
+              on_iteration=interrupt)
+    assert "saved its checkpoint and summary" in "".join(getattr(info.value, "__notes__", []))
+    assert checkpoint.latest(tmp_path) is not None and (tmp_path / "summary.json").exists()
+    summary = train(None, ["run.progress=false", "run.total_env_steps=4096"], run_dir=tmp_path, resume=True)
+    assert summary["iterations"] == 4096 // (16 * 4)

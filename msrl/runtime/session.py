@@ -57,7 +57,7 @@ class Session:
                        "vmap_seeds": vmap_seeds(seed_batching or "auto")}
         self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)), **several)
         self._total_env_steps = self.config.run.total_env_steps if self.config is not None else None
-        self.closed = False
+        self.closed, self.broken = False, None
         if stall_timeout_s is None:
             stall_timeout_s = (self.config.run if self.config is not None else RunConfig()).stall_timeout_s
         self.runtime.stall_timeout_s = float(stall_timeout_s)
@@ -81,10 +81,10 @@ class Session:
         return out
 
     def _open(self) -> None:
-        if self.closed:
+        if self.closed or self.broken:
             from msrl.errors import TrainingError
 
-            raise TrainingError("this session is closed (its replicas are gone); start a new one")
+            raise TrainingError(self.broken or "this session is closed (its replicas are gone); start a new one")
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         """Run ``iterations`` training iterations; one metrics row per iteration."""
@@ -108,8 +108,20 @@ class Session:
                   "it they hold their final values; raise run.total_env_steps to train longer",
                   file=sys.stderr)
             self._total_env_steps = None  # said once
-        for rows in self.runtime.stream(iterations, chunk, stop):
-            yield self._number(rows)
+        finished = False
+        try:
+            for rows in self.runtime.stream(iterations, chunk, stop):
+                yield self._number(rows)
+            finished = True
+        finally:
+            if not finished:  # interrupted (a KeyboardInterrupt, a failure) or no longer read
+                ahead = self.runtime.settle()
+                if ahead is None:
+                    self.broken = (f"this session stopped in the middle of iteration {self.iteration + 1}, its "
+                                   "replicas' states possibly of different iterations; start a new session (or "
+                                   "resume the run from its checkpoint)")
+                else:  # the iterations already started finished: the state is theirs (their rows are lost)
+                    self.iteration += ahead
 
     def params(self) -> Any:
         """The policy's parameters (the learner's ``policy_params``), as host arrays."""
