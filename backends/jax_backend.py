@@ -306,6 +306,11 @@ class JaxBackend(Backend):
 
     def build(self, program: Any, seed: int, iterations_per_dispatch: int,
               members: list[tuple[int, dict[str, float]]] | None = None, vmap_seeds: bool = True) -> Runtime:
+        if jax.config.jax_disable_jit:
+            raise ConfigError("policy.backend", "the jax backend runs the loop as compiled XLA programs, but "
+                              "jax_disable_jit is on (jax.config.update('jax_disable_jit', True) or JAX_DISABLE_JIT); "
+                              "turn it off, or step the loop eagerly with policy.name=single_learner_coarse "
+                              "policy.backend=threads (slowly)")
         frags = list(program.fragments.values())
         several = members is not None and len(members) > 1
         key = "run.sweep" if several and members[0][1] else "run.num_seeds"

@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -447,7 +448,6 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
     ``ray.init`` makes SIGTERM exit the process; the handler that was there before is put back.
     """
     import signal
-    import threading
 
     global _WATCHDOG
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
@@ -510,7 +510,9 @@ def shutdown() -> None:
     global _WATCHDOG
     ray.shutdown()
     if _WATCHDOG is not None:
-        _WATCHDOG.stdin.close()
+        _WATCHDOG.stdin.close()  # it reaps what is left of the cluster, then exits: waited for in the background
+        # (not a zombie child, nor a ResourceWarning of Popen's when the object goes)
+        threading.Thread(target=_WATCHDOG.wait, daemon=True, name="ray-watchdog-reaper").start()
         _WATCHDOG = None
 
 

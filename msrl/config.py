@@ -456,7 +456,7 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = (),
         raise ConfigError("", f"a config is a YAML file's path or a dict of its sections, got {type(path).__name__} "
                               f"{quote(path)}")
     elif path is not None:
-        p = Path(path)
+        p = Path(path).expanduser()
         if not p.is_file():
             raise ConfigError("", f"config file {str(p)!r} " + ("is a directory" if p.is_dir() else "does not exist"))
         try:

@@ -54,7 +54,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used). A run of
     several seeds or swept values gives the policy of one member: the one whose folder ``run_dir`` is
     (``RUN_DIR/lr=0.001``), or that of seed ``run_seed``, or else the first."""
-    run_dir, member = Path(run_dir), None
+    run_dir, member = Path(run_dir).expanduser(), None
     run = member_folder_of(run_dir)
     if run is not None:  # a member's folder: the run is its parent's
         run_dir, member = run, run_dir.name

@@ -45,7 +45,7 @@ class Dense(nn.Dense):
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         x, kernel, bias = self.promote_dtype(x, kernel, bias, dtype=self.dtype)
         y = row_matmul(x, kernel, self.precision)
-        return y if bias is None else y + bias
+        return y if bias is None else y + jnp.reshape(bias, (1,) * (y.ndim - 1) + bias.shape)  # (explicit ranks)
 
 
 class GRUCell(nn.GRUCell):

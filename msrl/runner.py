@@ -43,8 +43,14 @@ def enable_compile_cache(directory: str | Path) -> None:
 
 def build(cfg: ExperimentConfig):
     """Env, algorithm and compiled program of a config (nothing runs yet)."""
+    import jax
+
     from msrl.compiler import compile as compile_program
 
+    if jax.config.jax_enable_x64:  # (the buffers' int32 indices and the algorithms' float32 state)
+        raise ConfigError("jax_enable_x64", "msrl trains in 32 bits, but JAX's 64-bit mode is on (jax.config.update("
+                          "'jax_enable_x64', True) or JAX_ENABLE_X64 in this process); turn it off to train (a policy "
+                          "msrl.load gives acts either way)")
     env = make_env(cfg.env.id, cfg.env.subprocesses, cfg.env.xla, **cfg.env.kwargs)
     num_envs = cfg.policy.total_envs(cfg.env.num_envs)
     plan = answer(cfg.policy, "learner_plan")
@@ -509,6 +515,8 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     if on_iteration is not None and not callable(on_iteration):
         raise ConfigError("on_iteration", f"a function of a metrics row (true: stop), got {type(on_iteration).__name__}")
     made: list[Path] = []
+    if isinstance(run_dir, (str, os.PathLike)):  # ~ as a shell would read it (not a folder named "~" here)
+        run_dir = Path(run_dir).expanduser()
     try:
         return _train(cfg, overrides, run_dir, resume, on_iteration, overwrite, made, **sections)
     except BaseException:
@@ -622,7 +630,10 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
         hold.enter_context(lock_run_dir(run_dir, arg("run_dir")))
     if made is not None and made_here:  # (once it is this run's: a run refused here leaves the folder to the other)
         made.append(run_dir)
-    if cfg.run.compile_cache:
+    import jax
+
+    # (a cache directory the process already set, the user's own or an earlier run's, stays: JAX opens one)
+    if cfg.run.compile_cache and (os.environ.get("MSRL_COMPILE_CACHE") or not jax.config.jax_compilation_cache_dir):
         cache = os.environ.get("MSRL_COMPILE_CACHE", run_dir.resolve().parent / ".jax_cache")
         try:
             enable_compile_cache(cache)

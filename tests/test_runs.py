@@ -402,3 +402,37 @@ def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):
     assert np.abs(means).max() > 0.01, means  # the policy's own numbers leave the Box here
     np.testing.assert_array_equal(policy.act(obs), np.clip(means, -0.01, 0.01))
     env.step(policy.act(obs[0]))  # (it raises on an action outside [-0.01, 0.01])
+
+
+def test_the_users_own_jax_settings_are_kept_or_refused_by_name(tmp_path):
+    """In a process of the user's: a compile cache directory already set stays theirs (msrl set its own for the
+    rest of the process); 64-bit mode and disabled jit are refused naming the setting (an int64 index error at a
+    buffer_insert line, and a bare AOT error after minutes of tracing); numpy rank promotion set to "raise"
+    trains (msrl's Dense added its bias by implicit rank promotion); ``~`` in paths is the home folder."""
+    code = f"""
+import os, sys, jax, msrl
+from pathlib import Path
+os.environ.pop("MSRL_COMPILE_CACHE", None)
+os.environ["HOME"] = {str(tmp_path / 'home')!r}
+os.makedirs(os.environ["HOME"])
+os.chdir({str(tmp_path)!r})
+jax.config.update("jax_compilation_cache_dir", {str(tmp_path / 'mine')!r})
+jax.config.update("jax_numpy_rank_promotion", "raise")
+short = ["run.progress=false", "run.tensorboard=false", "run.total_env_steps=1024", "algorithm.rollout_len=16"]
+msrl.train({CARTPOLE!r}, short, run_dir="~/run")
+assert (Path.home() / "run" / "metrics.csv").exists() and not Path("~").exists()
+assert jax.config.jax_compilation_cache_dir == {str(tmp_path / 'mine')!r} and any(Path({str(tmp_path / 'mine')!r}).iterdir())
+assert not (Path.home() / ".jax_cache").exists()
+assert msrl.load("~/run").params is not None
+for setting, key in (("jax_enable_x64", "jax_enable_x64"), ("jax_disable_jit", "policy.backend")):
+    jax.config.update(setting, True)
+    try:
+        msrl.train({CARTPOLE!r}, short, run_dir="~/" + setting)
+        raise SystemExit(setting + " trained")
+    except msrl.ConfigError as e:
+        assert e.key == key and setting in str(e), str(e)
+    jax.config.update(setting, False)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
