@@ -52,8 +52,9 @@ class TrainingError(MsrlError):
     """Training stopped because something went wrong at run time (non-finite loss, env mismatch...)."""
 
 
-class Interrupted(MsrlError):
-    """Training was stopped by SIGINT or SIGTERM after saving a checkpoint and the summary."""
+class Interrupted(KeyboardInterrupt):
+    """Training was stopped by SIGINT or SIGTERM after saving a checkpoint and the summary. A KeyboardInterrupt,
+    as Ctrl-C is in Python: a loop of runs that goes on past a failed one (``except Exception``) stops."""
 
 
 def quote(value: object, limit: int = 200) -> str:

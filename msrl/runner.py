@@ -848,7 +848,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 _save_checkpoint(session, run_dir, cfg, skip, meta_now(), on_fault=fault)
     except (KeyboardInterrupt, SystemExit) as e:  # raised into the run by a handler of the user's own (msrl's
         # SIGINT handler stops it as above): keep what is done, where the replicas' states are of one iteration
-        if session.broken is None and session.iteration > 0:
+        from msrl.errors import Interrupted
+
+        if not isinstance(e, Interrupted) and session.broken is None and session.iteration > 0:  # (Interrupted:
+            # a failed dispatch under a signal, saved already)
             if pending:
                 emit()
             try:

@@ -436,3 +436,23 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_ctrl_c_stops_a_loop_of_runs_that_goes_on_past_failed_ones(tmp_path):
+    """The Interrupted a signal ends a run with is a KeyboardInterrupt, as Ctrl-C is in Python: a sweep written
+    ``try: msrl.train(...) except Exception: continue`` stops at the Ctrl-C (it went on to the next seed)."""
+    started = []
+
+    def ctrl_c(row):
+        if row["iteration"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # msrl's handler: the run stops, saves, raises Interrupted
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        for seed in range(3):
+            started.append(seed)
+            try:
+                msrl.train(CARTPOLE, [*SHORT, f"run.seed={seed}", "algorithm.rollout_len=16"],
+                           run_dir=tmp_path / str(seed), on_iteration=ctrl_c)
+            except Exception:  # noqa: BLE001 - the user's loop
+                continue
+    assert isinstance(info.value, msrl.Interrupted) and "--resume" in str(info.value) and started == [0]
