@@ -108,20 +108,25 @@ class Session:
                   "it they hold their final values; raise run.total_env_steps to train longer",
                   file=sys.stderr)
             self._total_env_steps = None  # said once
-        finished = False
+        from msrl.errors import MsrlError
+
+        ended = "interrupted"  # (a KeyboardInterrupt, or a reader that stopped reading)
         try:
             for rows in self.runtime.stream(iterations, chunk, stop):
                 yield self._number(rows)
-            finished = True
+            ended = None
+        except MsrlError:
+            ended = "failed"  # (the runtime says what it does next: a Ray one stops its replicas and says so)
+            raise
         finally:
-            if not finished:  # interrupted (a KeyboardInterrupt, a failure) or no longer read
+            if ended is not None:
                 ahead = self.runtime.settle()
-                if ahead is None:
+                if ahead is not None:  # the iterations already started finished: the state is theirs (rows lost)
+                    self.iteration += ahead
+                elif ended == "interrupted":
                     self.broken = (f"this session stopped in the middle of iteration {self.iteration + 1}, its "
                                    "replicas' states possibly of different iterations; start a new session (or "
                                    "resume the run from its checkpoint)")
-                else:  # the iterations already started finished: the state is theirs (their rows are lost)
-                    self.iteration += ahead
 
     def params(self) -> Any:
         """The policy's parameters (the learner's ``policy_params``), as host arrays."""
