@@ -20,7 +20,7 @@ from msrl import checkpoint, resources
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, dotted, override_list, read_config, validate_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError, MsrlError, TrainingError, arg, user_code_error
+from msrl.errors import ConfigError, Interrupted, MsrlError, TrainingError, arg, user_code_error
 from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
 from msrl.replay import TrajectoryBuffer
@@ -138,7 +138,6 @@ class _Table:
         """The TensorBoard writer (None without ``run.tensorboard``), opened at its first use."""
         if self.tb is None and self.tb_folder is not None:
             self.tb = tensorboard_writer()(str(self.tb_folder), purge_step=self.tb_purge)
-            self.tb_folder = None
             if self.tb_config is not None:
                 self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(self.tb_config, sort_keys=False) + "```")
         return self.tb
@@ -799,8 +798,6 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         text = f"{str(e).rstrip().rstrip('.')}" + ("\n" if "\n" in str(e).strip() else ". ") + \
             f"The last complete iteration is {done} of {iterations}; {note}"
         if signals.received:
-            from msrl.errors import Interrupted
-
             return Interrupted(f"{signals.received}: {text}" + (f". Continue with: msrl train --resume {run_dir}"
                                                                  if newest is not None else ""))
         return TrainingError(text)
@@ -848,8 +845,6 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 _save_checkpoint(session, run_dir, cfg, skip, meta_now(), on_fault=fault)
     except (KeyboardInterrupt, SystemExit) as e:  # raised into the run by a handler of the user's own (msrl's
         # SIGINT handler stops it as above): keep what is done, where the replicas' states are of one iteration
-        from msrl.errors import Interrupted
-
         if not isinstance(e, Interrupted) and session.broken is None and session.iteration > 0:  # (Interrupted:
             # a failed dispatch under a signal, saved already)
             if pending:
@@ -892,8 +887,6 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                        "(msrl.train(..., resume=True) continues it)")
         raise error
     if signals.received:
-        from msrl.errors import Interrupted
-
         raise Interrupted(f"{signals.received}: stopped after iteration {session.iteration} of {iterations}; "
                           f"checkpoint and summary saved. Continue with: msrl train --resume {run_dir}")
     result = TrainResult(summary)
