@@ -17,21 +17,24 @@ from msrl.backend import ravel, unravel
 from msrl.components import ACTING, SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
 from msrl.errors import ConfigError, MsrlError
 
-ROW_COLUMNS = 32  # two AVX-512 vectors of float32: a dot this wide rounds each row alike for any number of rows
+ROW_TILE = 16  # rows per product while acting (a batch of 16 costs about what a plain product does; see row_matmul)
 
 
 def row_matmul(x: jnp.ndarray, kernel: jnp.ndarray, precision: Any = None) -> jnp.ndarray:
     """``x @ kernel``; while acting (:data:`msrl.components.ACTING`), each row's result the same whatever the
-    number of rows. XLA's CPU dot rounds a narrow product (fewer output columns than about two vector
-    registers, or a ragged tail of columns) differently for different batch sizes, by ~1e-7 (seen for 1 to 18
-    columns on an AVX2 machine, for one on others), which made acting on 2 x 4 environments differ from acting
-    on 8. Acting pads the kernel with zero columns up to a multiple of ``ROW_COLUMNS`` (none for a layer 64
-    wide) and cuts the product back; learning, which sees the same batches under every policy, does not (it
-    cost PPO on Pendulum a fifth of its speed)."""
-    n = kernel.shape[-1]
-    if not ACTING.get() or n % ROW_COLUMNS == 0:
+    number of rows. XLA's CPU dot picks its kernel by the product's shape, and the kernels round differently: a
+    row came out ~1e-7 apart on 1 row vs 64 (a 32-column product on an AVX-512 machine), on 4 rows vs 8 (2 to 18
+    columns on an AVX2 one), on 1 row vs 2 to 32 (256 x 256 on the AVX-512 one), which made acting on 2 actors x
+    4 environments differ from acting on 8, or 8 x 1 from 8. Acting therefore pads the rows to whole tiles of
+    ``ROW_TILE`` and computes one batched product of tiles, each ``(ROW_TILE, in) @ (in, out)``: the same kernel
+    on any number of rows. Learning, which sees the same batches under every policy, is a plain product."""
+    if not ACTING.get():
         return jnp.matmul(x, kernel, precision=precision)
-    return jnp.matmul(x, jnp.pad(kernel, ((0, 0), (0, -n % ROW_COLUMNS))), precision=precision)[..., :n]
+    lead, rows = x.shape[:-1], int(np.prod(x.shape[:-1]))
+    tiles = jnp.pad(x.reshape(rows, x.shape[-1]), ((0, -rows % ROW_TILE), (0, 0))).reshape(-1, ROW_TILE, x.shape[-1])
+    y = jax.lax.dot_general(tiles, jnp.broadcast_to(kernel, (tiles.shape[0],) + kernel.shape),
+                            (((2,), (1,)), ((0,), (0,))), precision=precision)
+    return y.reshape(-1, kernel.shape[-1])[:rows].reshape(lead + kernel.shape[-1:])
 
 
 class Dense(nn.Dense):
@@ -50,7 +53,7 @@ class Dense(nn.Dense):
 
 class GRUCell(nn.GRUCell):
     """flax's ``GRUCell`` (its parameters, names and equations) with :class:`Dense` layers: acting gives each
-    environment's hidden state the same bits on any split, for a ``features`` width not a multiple of 32 too."""
+    environment's hidden state the same bits on any split, at any ``features`` width."""
 
     @nn.compact
     def __call__(self, carry: jnp.ndarray, inputs: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:

@@ -83,8 +83,10 @@ def test_nature_cnn_scales_bytes_and_acts_alike_on_any_split():
 
 def test_dense_acts_alike_on_any_split():
     """msrl.rl.Dense, while acting, gives each row the same bits whatever the number of rows (XLA's CPU dot alone
-    does not for a narrow layer: 1.4e-9 apart on 4 rows vs 8 for CartPole's 2 logits on an AVX2 machine, enough to
-    make 2 actors x 4 envs differ from 8 envs); learning is nn.Dense's plain product, under nn.Dense's names."""
+    does not: its kernel, chosen by the product's shape, put a row 1.4e-9 apart on 4 rows vs 8 for CartPole's 2
+    logits on an AVX2 machine, and ~1e-7 apart on 1 row vs 64 of a 32-column layer or 1 row vs 8 of a 256 x 256
+    one on an AVX-512 machine, enough to make 2 actors x 4 envs, or 8 x 1, differ from 8 envs); learning is
+    nn.Dense's plain product, under nn.Dense's names."""
     import functools
 
     import flax.linen as nn
@@ -93,18 +95,21 @@ def test_dense_acts_alike_on_any_split():
     from msrl.components import acting
     from msrl.rl import Dense
 
-    x = jax.random.normal(jax.random.key(0), (64, 64))
-    for features in (1, 2, 6, 18, 64):
-        params = nn.Dense(features).init(jax.random.key(1), x)  # the same names and shapes
-        act = jax.jit(functools.partial(acting, Dense(features).apply))
-        for rows in (8, 64):
-            whole = act(params, x[:rows])
-            for part in (1, 2, 4, rows // 2):
-                split = np.concatenate([act(params, x[i:i + part]) for i in range(0, rows, part)])
-                assert (split == whole).all(), (features, rows, part)
-        assert (jax.jit(Dense(features).apply)(params, x) == jax.jit(nn.Dense(features).apply)(params, x)).all()
-        half, half_flax = (jax.jit(cls(features, dtype=jnp.bfloat16).apply)(params, x) for cls in (Dense, nn.Dense))
-        assert half.dtype == half_flax.dtype == jnp.bfloat16 and (half == half_flax).all()  # its dtype, as nn.Dense
+    for width in (4, 256):  # the observation, a hidden layer of SAC's
+        x = jax.random.normal(jax.random.key(0), (64, width))
+        for features in (1, 2, 18, 32, 64, 256):
+            params = nn.Dense(features).init(jax.random.key(1), x)  # the same names and shapes
+            act = jax.jit(functools.partial(acting, Dense(features).apply))
+            assert (jax.jit(Dense(features).apply)(params, x) == jax.jit(nn.Dense(features).apply)(params, x)).all()
+            for rows in (8, 64):
+                whole = act(params, x[:rows])
+                for part in (1, 2, 3, 4, rows // 2):
+                    split = np.concatenate([act(params, x[i:min(i + part, rows)]) for i in range(0, rows, part)])
+                    assert (split == whole).all(), (width, features, rows, part)
+            # leading axes (environments x agents) are rows too
+            assert (act(params, x.reshape(8, 8, width)) == act(params, x).reshape(8, 8, features)).all()
+    half, half_flax = (jax.jit(cls(features, dtype=jnp.bfloat16).apply)(params, x) for cls in (Dense, nn.Dense))
+    assert half.dtype == half_flax.dtype == jnp.bfloat16 and (half == half_flax).all()  # its dtype, as nn.Dense
 
 
 def test_minibatch_shuffle_is_a_uniform_permutation():
