@@ -108,8 +108,8 @@ def test_dense_acts_alike_on_any_split():
                     assert (split == whole).all(), (width, features, rows, part)
             # leading axes (environments x agents) are rows too
             assert (act(params, x.reshape(8, 8, width)) == act(params, x).reshape(8, 8, features)).all()
-    half, half_flax = (jax.jit(cls(features, dtype=jnp.bfloat16).apply)(params, x) for cls in (Dense, nn.Dense))
-    assert half.dtype == half_flax.dtype == jnp.bfloat16 and (half == half_flax).all()  # its dtype, as nn.Dense
+            half, half_flax = (jax.jit(cls(features, dtype=jnp.bfloat16).apply)(params, x) for cls in (Dense, nn.Dense))
+            assert half.dtype == half_flax.dtype == jnp.bfloat16 and (half == half_flax).all()  # its dtype, as nn.Dense
 
 
 def test_minibatch_shuffle_is_a_uniform_permutation():
