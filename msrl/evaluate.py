@@ -131,11 +131,20 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
 def check_greedy(actor: Any, name: str) -> None:
     """An actor that ``msrl eval`` and ``msrl.load`` cannot act with is refused before anything is loaded."""
     cls = type(actor)
-    if not hasattr(cls, "greedy_step") and getattr(cls, "greedy", None) is Actor.greedy:
-        raise ConfigError("algorithm.name", f"{cls.__qualname__} ({name}'s actor, {inspect.getsourcefile(cls)}) "
-                          "defines no greedy(params, obs), the deterministic action for each observation (the "
-                          "policy's mode, say), which msrl eval and msrl.load act with; define it (a recurrent "
-                          "actor: initial_carry(n) and greedy_step)")
+    where = f"{cls.__qualname__} ({name}'s actor, {inspect.getsourcefile(cls)})"
+    if hasattr(cls, "greedy_step"):
+        if not hasattr(cls, "initial_carry"):
+            raise ConfigError("algorithm.name", f"{where} defines greedy_step(params, carry, obs, done) but no "
+                              "initial_carry(n), the hidden state msrl eval and msrl.load start each environment "
+                              "from; define it")
+    elif getattr(cls, "greedy", None) is Actor.greedy:
+        raise ConfigError("algorithm.name", f"{where} defines no greedy(params, obs), the deterministic action for "
+                          "each observation (the policy's mode, say), which msrl eval and msrl.load act with; define "
+                          "it (a recurrent actor: initial_carry(n) and greedy_step)")
+    elif getattr(cls, "recurrent", False):
+        raise ConfigError("algorithm.name", f"{where} is recurrent, but its greedy(params, obs) acts without the "
+                          "hidden state it trained with, so msrl eval and msrl.load would score another policy; define "
+                          "initial_carry(n) and greedy_step(params, carry, obs, done) -> (carry, action)")
 
 
 def _template(init: Any, saved: list[Any]) -> Any:

@@ -83,8 +83,9 @@ def _size(n: float) -> str:
 
 def check_memory(program: Any, cfg: Any) -> None:
     """Refuse a config whose states and largest value need more memory than is free, naming the key that
-    sets the biggest part: ``algorithm.buffer_size`` (a replay buffer), ``env.num_envs``, or the number of
-    members one program trains (``run.num_seeds``, ``run.sweep``)."""
+    sets the biggest part: ``algorithm.buffer_size`` (a replay buffer), ``algorithm.batch_size`` (a sample),
+    the network's width (``algorithm.memory_size`` or ``hidden``), ``env.num_envs``, or the number of members
+    one program trains (``run.num_seeds``, ``run.sweep``)."""
     from msrl.sweep import members
 
     parts, runs = memory_estimate(program), len(members(cfg.run))  # one program state per seed x swept value
@@ -95,12 +96,20 @@ def check_memory(program: Any, cfg: Any) -> None:
         key = "run.sweep" if cfg.run.sweep else "run.num_seeds"
         raise ConfigError(key, f"{runs} members (seeds x swept values) need about {_size(need)} ({_size(need // runs)} "
                           f"each), but {_size(free)} are free; train fewer at once")
-    fields = type(cfg.algorithm).model_fields
-    key = "algorithm.buffer_size" if parts.get("buffer", 0) * 2 >= need and "buffer_size" in fields else \
-        "algorithm.batch_size" if parts["values"] * 2 >= need and "batch_size" in fields and _largest_is_a_sample(program) else \
-        "env.num_envs"
-    value = getattr(cfg.algorithm, key.split(".")[1]) if key.startswith("algorithm.") else cfg.env.num_envs
-    raise ConfigError(key, f"{value:,} needs about {_size(need)} ({need:,} bytes: "
+    fields, alg = type(cfg.algorithm).model_fields, cfg.algorithm
+    widths = {k: max(getattr(alg, k)) if isinstance(getattr(alg, k), list) else getattr(alg, k)
+              for k in ("memory_size", "hidden") if k in fields}  # (what sizes a network: its parameters)
+    if parts.get("buffer", 0) * 2 >= need and "buffer_size" in fields:
+        key = "algorithm.buffer_size"
+    elif parts["values"] * 2 >= need and "batch_size" in fields and _largest_is_a_sample(program):
+        key = "algorithm.batch_size"
+    elif parts.get("learner", 0) * 2 >= need and widths:  # its parameters and the optimizer's moments
+        key = f"algorithm.{max(widths, key=widths.get)}"
+    else:
+        key = "env.num_envs"
+    value = getattr(alg, key.split(".")[1]) if key.startswith("algorithm.") else cfg.env.num_envs
+    shown = value if isinstance(value, list) else f"{value:,}"
+    raise ConfigError(key, f"{shown} needs about {_size(need)} ({need:,} bytes: "
                       + ", ".join(f"{k} {_size(v)}" for k, v in parts.items() if v)
                       + f"), but {_size(free)} are free; lower {key}")
 

@@ -161,6 +161,65 @@ def test_done_for_an_actor_without_state_is_a_compile_error_at_the_line():
         msrl.compile(alg, cfg.policy, env, 4)
 
 
+class _Forgetful(msrl.Algorithm):
+    """Recurrent PPO's components with a loop that hands its recurrent actor no episode starts."""
+
+    def __init__(self, cfg, ctx):
+        from msrl.algorithms.ppo.recurrent_ppo import RecurrentPPO
+
+        super().__init__(cfg, ctx)
+        rppo = RecurrentPPO(cfg, ctx)
+        self.actor, self.learner, self.buffer = rppo.actor, rppo.learner, rppo.buffer
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action)
+        return msrl.agent_learn(msrl.buffer_get(), last_obs=obs)
+
+
+def test_a_recurrent_actor_given_no_starts_is_a_compile_error_at_the_line():
+    """It would carry one episode's memory into the next while acting, where the learner resets it (it trained
+    7.8e-3 away from the loop that hands the starts, without a word)."""
+    from msrl.algorithms.ppo.recurrent_ppo import RecurrentPPOConfig
+
+    cfg = load_config(RPPO, SMALL)
+    env = make_env("gymnax:CartPole-v1")
+    ctx = msrl.Context(env_spec=env.spec, num_envs=8, total_env_steps=10_000)
+    alg = _Forgetful(RecurrentPPOConfig(**cfg.algorithm.model_dump(exclude={"name"})), ctx)
+    with pytest.raises(msrl.CompileError, match=r"test_recurrent.py:\d+.*RecurrentActorCriticActor is recurrent .*"
+                                               r"msrl.agent_act\(obs\) hands it no episode starts"):
+        msrl.compile(alg, cfg.policy, env, 8)
+
+
+def test_eval_refuses_a_recurrent_actor_it_cannot_act_with_as_trained():
+    """Checked before anything is loaded: ``greedy_step`` without ``initial_carry`` (it crashed in eval with an
+    AttributeError), and a recurrent actor whose only ``greedy`` acts without its hidden state (it scored
+    another policy)."""
+    from msrl.evaluate import check_greedy
+
+    class NoCarry(msrl.Actor):
+        recurrent = True
+
+        def greedy_step(self, params, carry, obs, done):
+            return carry, obs
+
+    class GreedyOnly(msrl.Actor):
+        recurrent = True
+
+        def greedy(self, params, obs):
+            return obs
+
+    net = RecurrentActorCritic(action_dim=2, discrete=True, obs_ndim=1, hidden=(16,), memory_size=8)
+    check_greedy(RecurrentActorCriticActor(net), "recurrent_ppo")  # the built-in one acts as trained
+    with pytest.raises(msrl.ConfigError, match=r"NoCarry \(mine's actor, .*test_recurrent.py\) defines "
+                                               r"greedy_step.* but no initial_carry\(n\)"):
+        check_greedy(NoCarry(), "mine")
+    with pytest.raises(msrl.ConfigError, match=r"GreedyOnly .* is recurrent, but its greedy\(params, obs\) acts "
+                                               r"without the hidden state"):
+        check_greedy(GreedyOnly(), "mine")
+
+
 def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
     run = tmp_path / "run"
     cfg = load_config(RPPO, [*SMALL, "run.total_env_steps=128", "run.checkpoint_every_steps=64",

@@ -268,6 +268,8 @@ def test_a_bad_run_dir_is_refused_before_anything_compiles(tmp_path, capsys):
      "env.num_envs"),
     ("sac_pendulum.yaml", ["algorithm.batch_size=1000000000", "algorithm.updates=4"], "algorithm.batch_size"),  # (it
     # named env.num_envs: the sample was the largest part)
+    ("recurrent_ppo_cartpole.yaml", ["algorithm.memory_size=65536"], "algorithm.memory_size"),  # (the learner's
+    ("ppo_cartpole.yaml", ["algorithm.hidden=[100000,100000]"], "algorithm.hidden"),  # parameters; it named num_envs)
 ])
 def test_a_program_larger_than_memory_is_refused_before_allocating(tmp_path, capsys, example, overrides, key):
     with pytest.raises(msrl.ConfigError, match=r"needs about [\d.,]+ [GT]B \([\d,]+ bytes: .*are free; lower") as info:
