@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from msrl.backend import ravel, unravel
 from msrl.components import ACTING, SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
+from msrl.errors import ConfigError
 from msrl.errors import ConfigError, MsrlError
 
 ROW_TILE = 16  # rows per product while acting (a batch of 16 costs about what a plain product does; see row_matmul)
@@ -77,8 +78,15 @@ def _dense(features: int, scale: float, **kwargs) -> Dense:
 
 
 def action_dim(spec) -> int:
-    """The policy head's width for an env spec's action space: its actions, or its action vector's size."""
-    return spec.action_space.n if spec.discrete else spec.action_space.shape[0]
+    """The policy head's width for an env spec's action space: its actions, or its action vector's size (a
+    ConfigError on ``env.id`` for Box actions that are not one vector)."""
+    if spec.discrete:
+        return spec.action_space.n
+    if len(spec.action_space.shape) != 1:
+        raise ConfigError("env.id", f"{spec.id}'s actions are a Box shaped {list(spec.action_space.shape)}; msrl's "
+                          "networks act with one vector of actions per step (a Box shaped [n]): flatten the env's "
+                          "action space (a gymnasium.ActionWrapper that reshapes the vector, say)")
+    return spec.action_space.shape[0]
 
 
 class Categorical(NamedTuple):

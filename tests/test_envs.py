@@ -284,6 +284,42 @@ def test_a_users_env_that_breaks_its_contract_is_refused_naming_its_method(mix, 
     msrl.compile(loops.Simple(), Fused(), UsersEnv(), 4)
 
 
+class _ActsAsAColumn(loops.Base):
+    """Hands the env one action per environment as a column, [N, 1], where CartPole takes [N] (gymnax's CartPole
+    broadcast it to [N, N] without a word)."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action[:, None])
+        return {"acted": jnp.float32(1.0)}
+
+
+@pytest.mark.parametrize("env_id, loop, message", [
+    ("gymnax:CartPole-v1", _ActsAsAColumn, r"msrl.env_step got actions shaped \[4, 1\], but gymnax:CartPole-v1's "
+                                           r"actions are one integer for each environment"),
+    ("gymnax:Pendulum-v1", loops.ActsOnly, r"msrl.env_step got actions shaped \[4\], but gymnax:Pendulum-v1's "
+                                           r"actions are shaped \[1\] for each environment")])
+def test_actions_not_shaped_as_the_env_takes_them_are_refused_at_the_loops_line(env_id, loop, message):
+    from msrl.policies.fused import Fused
+
+    with pytest.raises(msrl.CompileError, match=message) as info:
+        msrl.compile(loop(), Fused(), make_env(env_id), 4)
+    assert info.value.file.endswith(("test_envs.py", "loops.py")) and info.value.line
+
+
+@pytest.mark.parametrize("example, hint", [("ppo_cartpole.yaml", "single_learner_coarse"),
+                                           ("sac_pendulum.yaml", "replay_server")])  # (it said coarse, which
+def test_a_host_env_under_fused_is_refused_naming_a_policy_that_runs_the_loop(example, hint):  # refuses SAC)
+    from msrl.config import load_config
+
+    cfg = load_config(EXAMPLES / example, ["env.id=gymnasium:" + ("CartPole-v1" if "ppo" in example else
+                                                                  "Pendulum-v1")])
+    with pytest.raises(msrl.CompileError, match=r"runs on the host \(numpy\), but policy 'fused' places it") as info:
+        msrl.Session(cfg)
+    assert info.value.hint.startswith(f"use policy.name={hint} (or single_learner_fine) with policy.backend=threads")
+
+
 class TransitionOnly(UsersEnv):
     """Defines ``transition`` (what msrl.env_step calls) instead of ``step``."""
 

@@ -19,8 +19,8 @@ import optax
 from pydantic import Field
 
 import msrl
-from msrl.rl import (Dense, NormalizedActor, TwinQ, flat, flatten, mlp, normalization_state, normalize, scale_reward,
-                     several_updates, squash_of, update_stats, with_obs_stats)
+from msrl.rl import (Dense, NormalizedActor, TwinQ, action_dim, flat, flatten, mlp, normalization_state, normalize,
+                     scale_reward, several_updates, squash_of, update_stats, with_obs_stats)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -271,11 +271,17 @@ class SAC(ContinuousOffPolicy):
     def __init__(self, cfg: SACConfig, ctx: msrl.Context):
         super().__init__(cfg, ctx)
         spec = ctx.env_spec
-        space, hidden = spec.action_space, tuple(cfg.hidden)
+        space, hidden, dim = spec.action_space, tuple(cfg.hidden), action_dim(spec)
+        if not (space.high > space.low).all():
+            raise msrl.ConfigError("env.id", f"{spec.id}'s action bounds leave no room in dimension(s) "
+                                   f"{np.flatnonzero(space.high <= space.low).tolist()} (low {space.low}, high "
+                                   f"{space.high}); SAC's squashed Gaussian needs low < high in every dimension (its "
+                                   "log-probability divides by high - low): drop the fixed dimensions from the env's "
+                                   "action space, or use td3")
         squash = Squash(*squash_of(space))
-        actor = TanhGaussian(space.shape[0], len(spec.obs_shape), hidden)
+        actor = TanhGaussian(dim, len(spec.obs_shape), hidden)
         critic = TwinQ(len(spec.obs_shape), hidden)
-        target_entropy = -float(space.shape[0]) if cfg.target_entropy is None else cfg.target_entropy
+        target_entropy = -float(dim) if cfg.target_entropy is None else cfg.target_entropy
         self.actor = self.normalized(SACActor(actor, squash, space, self.random_steps))
         self.learner = SACLearner(actor, critic, squash, cfg, spec.example_obs(),
                                   jnp.zeros(space.shape, jnp.float32), target_entropy)

@@ -18,7 +18,7 @@ from pydantic import Field
 
 import msrl
 from msrl.algorithms.sac.sac import ContinuousOffPolicy, OffPolicyConfig, OffPolicyLearner, Transition
-from msrl.rl import Dense, TwinQ, flat, flatten, mlp, squash_of
+from msrl.rl import Dense, TwinQ, action_dim, flat, flatten, mlp, squash_of
 
 
 class TD3Config(OffPolicyConfig):
@@ -131,6 +131,6 @@ class TD3(ContinuousOffPolicy):
         super().__init__(cfg, ctx)
         spec = ctx.env_spec
         space, hidden = spec.action_space, tuple(cfg.hidden)
-        actor = Deterministic(space.shape[0], len(spec.obs_shape), hidden)
+        actor = Deterministic(action_dim(spec), len(spec.obs_shape), hidden)
         self.actor = self.normalized(TD3Actor(actor, space, cfg, self.random_steps))
         self.learner = TD3Learner(actor, TwinQ(len(spec.obs_shape), hidden), cfg, space, spec.example_obs())

@@ -146,6 +146,19 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
                                    f"be one per environment: [{shape[0]}]")
 
 
+def _check_actions(env: Any, action: Any) -> None:
+    """The actions the loop hands ``msrl.env_step`` are one per environment, shaped as the env's action space
+    says (an env may broadcast others without a word); else a CompileError (raised at the loop's line)."""
+    spec = env.spec
+    if isinstance(spec, MultiAgentSpec) or not hasattr(action, "shape"):  # (a multi-agent spec: its adapter's)
+        return
+    want = () if spec.discrete else tuple(spec.action_space.shape)
+    if tuple(action.shape[1:]) != want:
+        each = "one integer" if spec.discrete else f"shaped {list(want)}"
+        raise CompileError(f"msrl.env_step got actions shaped {list(action.shape)}, but {spec.id}'s actions are "
+                           f"{each} for each environment", hint=f"hand it [num_envs{''.join(f', {d}' for d in want)}]")
+
+
 def component_keys(seed: int) -> dict[str, jax.Array]:
     root = jax.random.PRNGKey(seed)
     return {name: jax.random.fold_in(root, i) for name, i in _SEEDS.items()}
@@ -498,7 +511,7 @@ class Program:
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's
         components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.algorithm.learner}
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record, "_msrl_record_in": record_in,
-              "_msrl_returned": returned,
+              "_msrl_returned": returned, "_msrl_check_actions": lambda a: _check_actions(components["env"], a),
               **{f"_c_{c}": components[c] for c in used if c != "params"}}
         if probe_buffer is not None:
             ns["_c_buffer"] = probe_buffer
@@ -619,8 +632,8 @@ class Program:
                 f"environment {self.env.spec.id!r} runs on the host (numpy), but policy {self.policy.name!r} "
                 f"places it in fragment {spec.name!r} on the jax backend, which jits it",
                 hint=(f"policy.{placed[0]}=jax places it there: leave policy.{placed[0]} unset" if placed else
-                      "use policy.name=single_learner_coarse (or single_learner_fine) with policy.backend=threads "
-                      "(or ray)")
+                      f"use policy.name={'replay_server' if self._count('buffer_sample') else 'single_learner_coarse'}"
+                      " (or single_learner_fine) with policy.backend=threads (or ray)")
                 + ("; or env.xla=true, which steps EnvPool's pools from inside the jitted program"
                    if self.env.spec.id.startswith("envpool:") else ""))
         on_host = host or any(s.kind in ("send", "recv") for s in leaves(stmts))

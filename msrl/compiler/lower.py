@@ -154,6 +154,9 @@ class _Emitter:
         method = f"_c_{spec.component}.{spec.method}"
         call = f"_msrl_acting({method}, {', '.join(args)})" if spec.name == "agent_act" else \
             f"{method}({', '.join(args)})"
+        if self.mode == "probe" and spec.name == "env_step":  # what the loop hands the env, checked against its spec
+            self.emit(indent, f"_msrl_check_actions({ast.unparse(s.args[0] if s.args else dict(s.kwargs)['action'])})",
+                      s)
         if self.mode == "probe" and spec.component in ("actor", "learner", "env"):  # the user's own methods, checked
             call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"  # once
         target = ast.unparse(s.target) if s.target is not None else None
