@@ -821,7 +821,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 # a dispatch's iterations share its wall time evenly (they run inside one call)
                 before, now = last_time, time.perf_counter() - start
                 for i, r in enumerate(rows):
-                    _check_finite(r, r["iteration"], cfg.env.id, steps_per_iter, run_dir)
+                    _check_finite(r, r["iteration"], cfg, steps_per_iter, run_dir)
                     if math.isfinite(r["episode_return"]):
                         last_return = r["episode_return"]
                     if "episodes" in r:
@@ -894,8 +894,13 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     return result
 
 
-def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_iter: int, run_dir: Path) -> None:
-    """The NaN guard: a non-finite env observation/reward or metric stops the run, naming where."""
+def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, steps_per_iter: int,
+                  run_dir: Path) -> None:
+    """The NaN guard: a non-finite env observation/reward or metric stops the run, naming where (and the
+    algorithm's learning-rate keys)."""
+    env_id, alg = cfg.env.id, cfg.algorithm
+    lr = " / ".join(f"algorithm.{k}" for k in type(alg).model_fields if (k == "lr" or k.endswith("_lr"))
+                    and not isinstance(getattr(alg, k), bool)) or "the learning rate"  # (not anneal_lr)
     env_checked = "env_nonfinite" in row  # the env counts them (msrl's adapters; a user's env may not)
     if row.pop("env_nonfinite", 0):
         raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
@@ -906,9 +911,9 @@ def _check_finite(row: dict[str, float], iteration: int, env_id: str, steps_per_
     if bad:
         raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
                             f"stopped{_last_good(run_dir)}. " + (
-                                "Lower algorithm.lr or check the environment's rewards." if env_checked else
+                                f"Lower {lr} or check the environment's rewards." if env_checked else
                                 f"Check environment {env_id}'s observations and rewards (it does not count "
-                                "non-finite ones: its stats() has no 'nonfinite'), or lower algorithm.lr."))
+                                f"non-finite ones: its stats() has no 'nonfinite'), or lower {lr}."))
 
 
 def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict,
