@@ -845,8 +845,9 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 _save_checkpoint(session, run_dir, cfg, skip, meta_now(), on_fault=fault)
     except (KeyboardInterrupt, SystemExit) as e:  # raised into the run by a handler of the user's own (msrl's
         # SIGINT handler stops it as above): keep what is done, where the replicas' states are of one iteration
-        if not isinstance(e, Interrupted) and session.broken is None and session.iteration > 0:  # (Interrupted:
-            # a failed dispatch under a signal, saved already)
+        if not isinstance(e, Interrupted) and not signals.received and session.broken is None and \
+                session.iteration > 0:  # (Interrupted: a failed dispatch under a signal, saved already; a signal
+            # received: this is the second, which stops at once)
             if pending:
                 emit()
             try:

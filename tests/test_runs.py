@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -180,6 +181,32 @@ def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tm
     assert main(["train", "--resume", str(run)]) == 0
     (a, _), (b, meta) = _straight(tuple(overrides), tmp_path / "straight"), final_leaves(run)
     assert meta["iteration"] == 400 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
+
+
+def test_a_second_signal_stops_at_once_without_waiting_for_the_dispatch_under_way(tmp_path):
+    """The first SIGINT asks the run to finish the dispatch under way and save; the second stops it at once: it
+    saved a checkpoint all the same, waiting for that dispatch (4.5 minutes of a heavy fused SAC one)."""
+    script = textwrap.dedent(f"""
+        import os, signal, threading, time, msrl
+        sent = []
+        def kill():
+            os.kill(os.getpid(), signal.SIGINT)
+            sent.append(time.time())
+        def first(row):
+            if not sent:  # the second dispatch (~4 s here) is under way: one signal now, one while the run waits
+                kill()  # for that dispatch to save its checkpoint
+                threading.Timer(1.0, kill).start()
+        try:
+            msrl.train({str(CARTPOLE)!r}, ["run.total_env_steps=10240000", "run.iterations_per_dispatch=1000",
+                       "run.checkpoint_every_steps=0", "run.progress=false", "run.tensorboard=false"],
+                       run_dir={str(tmp_path / "run")!r}, on_iteration=first)
+        except KeyboardInterrupt:
+            print(f"stopped {{time.time() - sent[-1]:.2f}} s after the second", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "stopped" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    assert not list((tmp_path / "run" / "checkpoints").glob("ckpt_*"))  # (nothing saved after the second)
+    assert float(proc.stdout.split("stopped ")[1].split()[0]) < 1.5, proc.stdout
 
 
 @pytest.mark.parametrize("config, overrides", [
