@@ -18,6 +18,7 @@ the learner on others, Sebulba-style) runs each replica in a thread pinned to it
 from __future__ import annotations
 
 import math
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -282,6 +283,9 @@ def replica_mesh(replicas: int) -> Mesh:
     """The devices ``replicas`` replicas run on: as many as divide them evenly (the rest are vmapped)."""
     devices = jax.devices()
     n = max(d for d in range(1, min(replicas, len(devices)) + 1) if replicas % d == 0)
+    if n < min(replicas, len(devices)):  # (devices left idle)
+        print(f"msrl: note: {replicas} replicas on {len(devices)} JAX devices run on {n} of them, {replicas // n} on "
+              f"each (as many devices as divide {replicas} evenly)", file=sys.stderr, flush=True)
     return Mesh(np.array(devices[:n]), ("devices",))
 
 

@@ -31,6 +31,9 @@ CODE = """
     threads, threads_rows, _ = run(["policy.backend=threads"])
     devices, devices_rows, where = run(["policy.backend=jax", "policy.actor_devices=[0,1]", "policy.learner_devices=[3]"])
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(threads), jax.tree.leaves(devices)))
+    with msrl.Session(load_config({config!r}, ["policy.name=multi_learner", "policy.learners=6", "env.num_envs=12",
+                                               "algorithm.rollout_len=8"])) as s:  # (a note: 3 of the 4 devices)
+        s.run(1)
     print(json.dumps({{"devices": len(jax.devices()), "where": where, "diff": diff,
                       "episodes": [[r["episodes"] for r in threads_rows], [r["episodes"] for r in devices_rows]]}}))
 """
@@ -46,6 +49,8 @@ def test_coarse_on_four_forced_host_devices_equals_threads():
     assert result["where"] == {"actor/0": [0], "actor/1": [1], "learner/0": [3]}  # each state on its device
     assert result["diff"] == 0.0  # bitwise: the same programs, only placed elsewhere
     assert result["episodes"][0] == result["episodes"][1]
+    assert ("msrl: note: 6 replicas on 4 JAX devices run on 3 of them, 2 on each (as many devices as divide 6 evenly)"
+            in out.stderr)  # (it said nothing of the idle device)
 
 
 def test_devices_need_the_jax_backend_and_existing_devices():
