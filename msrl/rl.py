@@ -15,7 +15,6 @@ from pydantic import BaseModel, Field
 
 from msrl.backend import ravel, unravel
 from msrl.components import ACTING, SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
-from msrl.errors import ConfigError
 from msrl.errors import ConfigError, MsrlError
 
 ROW_TILE = 16  # rows per product while acting (a batch of 16 costs about what a plain product does; see row_matmul)

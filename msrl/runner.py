@@ -900,8 +900,6 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
     """The NaN guard: a non-finite env observation/reward or metric stops the run, naming where (and the
     algorithm's learning-rate keys)."""
     env_id, alg = cfg.env.id, cfg.algorithm
-    lr = " / ".join(f"algorithm.{k}" for k in type(alg).model_fields if (k == "lr" or k.endswith("_lr"))
-                    and not isinstance(getattr(alg, k), bool)) or "the learning rate"  # (not anneal_lr)
     env_checked = "env_nonfinite" in row  # the env counts them (msrl's adapters; a user's env may not)
     if row.pop("env_nonfinite", 0):
         raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
@@ -910,6 +908,8 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
     bad = [k for k, v in row.items() if k not in ("episode_return", "episode_length", "episode_return_std", "per_seed")
            and not math.isfinite(v)]
     if bad:
+        lr = " / ".join(f"algorithm.{k}" for k in type(alg).model_fields if (k == "lr" or k.endswith("_lr"))
+                        and not isinstance(getattr(alg, k), bool)) or "the learning rate"  # (not anneal_lr)
         raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
                             f"stopped{_last_good(run_dir)}. " + (
                                 f"Lower {lr} or check the environment's rewards." if env_checked else

@@ -297,9 +297,8 @@ class Program:
                 raise CompileError(f"{type(self.components['actor']).__name__} is recurrent (it keeps a hidden state "
                                    "per environment and resets it where an episode starts), but msrl.agent_act(obs) "
                                    "hands it no episode starts: acting, it would carry each episode's memory into the "
-                                   "next",
-                                   s.file, s.line, "call msrl.agent_act(obs, start), start marking the observations "
-                                   "that begin an episode (msrl.env_starts() first, then each step's done)")
+                                   "next", s.file, s.line, "call msrl.agent_act(obs, start), start marking the "
+                                   "observations that begin an episode (msrl.env_starts() first, then each step's done)")
             if "@params" in s.uses and self.components["learner"] is None:
                 raise CompileError(f"msrl.{s.api.name}() acts with the learner's policy parameters, but "
                                    f"{type(self.algorithm).__name__} has no learner", s.file, s.line,
