@@ -134,14 +134,18 @@ def test_recurrent_dqn_under_replay_server_threads_equals_fused():
 
 
 class _Stateless(msrl.Algorithm):
-    """PPO's components with a loop that hands episode starts to its stateless actor."""
+    """PPO's components (``built``'s) with a loop that hands episode starts to its stateless actor."""
 
-    def __init__(self, cfg, ctx):
+    @staticmethod
+    def built(cfg, ctx):
         from msrl.algorithms.ppo import PPO
 
+        return PPO(cfg, ctx)
+
+    def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
-        ppo = PPO(cfg, ctx)
-        self.actor, self.learner, self.buffer = ppo.actor, ppo.learner, ppo.buffer
+        built = self.built(cfg, ctx)
+        self.actor, self.learner, self.buffer = built.actor, built.learner, built.buffer
 
     def train_step(self):
         obs, start = msrl.env_observe(), msrl.env_starts()
@@ -161,15 +165,14 @@ def test_done_for_an_actor_without_state_is_a_compile_error_at_the_line():
         msrl.compile(alg, cfg.policy, env, 4)
 
 
-class _Forgetful(msrl.Algorithm):
+class _Forgetful(_Stateless):
     """Recurrent PPO's components with a loop that hands its recurrent actor no episode starts."""
 
-    def __init__(self, cfg, ctx):
+    @staticmethod
+    def built(cfg, ctx):
         from msrl.algorithms.ppo.recurrent_ppo import RecurrentPPO
 
-        super().__init__(cfg, ctx)
-        rppo = RecurrentPPO(cfg, ctx)
-        self.actor, self.learner, self.buffer = rppo.actor, rppo.learner, rppo.buffer
+        return RecurrentPPO(cfg, ctx)
 
     def train_step(self):
         obs = msrl.env_observe()
