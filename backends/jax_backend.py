@@ -74,7 +74,7 @@ class JaxRuntime(Runtime):
 
         self.mesh = None  # the devices a leading axis of the state is split over (replicas, or members)
         if self.members > 1 and not self.sequential and len(jax.devices()) > 1:  # the members split over the devices
-            self.mesh = replica_mesh(self.members)
+            self.mesh = replica_mesh(self.members, "members")
             spec = PartitionSpec(self.mesh.axis_names[0])
             one = jax.shard_map(one, mesh=self.mesh, in_specs=spec, out_specs=spec, check_vma=False)
 
@@ -279,12 +279,13 @@ def seed_rows(out: dict[str, Any], n: int, seeds: int) -> list[dict[str, Any]]:
     return rows
 
 
-def replica_mesh(replicas: int) -> Mesh:
-    """The devices ``replicas`` replicas run on: as many as divide them evenly (the rest are vmapped)."""
+def replica_mesh(replicas: int, what: str = "replicas") -> Mesh:
+    """The devices ``replicas`` replicas (or members: seeds x swept values) run on: as many as divide them evenly
+    (the rest are vmapped)."""
     devices = jax.devices()
     n = max(d for d in range(1, min(replicas, len(devices)) + 1) if replicas % d == 0)
     if n < min(replicas, len(devices)):  # (devices left idle)
-        print(f"msrl: note: {replicas} replicas on {len(devices)} JAX devices run on {n} of them, {replicas // n} on "
+        print(f"msrl: note: {replicas} {what} on {len(devices)} JAX devices run on {n} of them, {replicas // n} on "
               f"each (as many devices as divide {replicas} evenly)", file=sys.stderr, flush=True)
     return Mesh(np.array(devices[:n]), ("devices",))
 
