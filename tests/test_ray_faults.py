@@ -153,7 +153,7 @@ def test_a_lost_raylet_ends_the_run_naming_the_fragment_and_the_last_checkpoint(
     for attempt in range(2):
         run = tmp_path / f"run{attempt}"
         proc = start_cli(run, "policy.name=single_learner_coarse", "policy.actors=2", "run.total_env_steps=400000",
-                         "run.iterations_per_dispatch=4", "run.checkpoint_every_steps=2048")
+                         "run.iterations_per_dispatch=4", "run.checkpoint_every_steps=16384")
         wait_for_progress(proc)
         deadline = time.time() + 60
         while not list((run / "checkpoints").glob("ckpt_*.msgpack")) and time.time() < deadline:
@@ -164,7 +164,10 @@ def test_a_lost_raylet_ends_the_run_naming_the_fragment_and_the_last_checkpoint(
         _, err = proc.communicate(timeout=120)
         # Ray's own C++ ends the driver (exit 1, "The connection to the plasma store is failed. Terminate the
         # process" in its log) when the raylet dies while the driver reads the object store (a checkpoint's
-        # snapshot): msrl has no chance to report then. That race is Ray's; run once more.
+        # snapshot): msrl has no chance to report then. The replicas run on after the kill (they talk directly)
+        # until the next snapshot, whose put fails in the learner; so the kill comes right after a checkpoint,
+        # 8 dispatches before the next (with a checkpoint every dispatch, CI hit the race twice in a row). Should
+        # it hit anyway, run once more.
         if not (proc.returncode == 1 and "msrl: error" not in err and "Traceback" not in err) or attempt:
             break
     assert proc.returncode == 2, err[-3000:]
