@@ -30,7 +30,7 @@ from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
 TARGET_STEPS_PER_DISPATCH = 16_384
 PLAIN_LOG_S = 10.0  # seconds between progress lines when stdout is not a terminal
-RAY_ONLY = {"ray_address", "ray_dashboard", "max_actor_restarts"}  # policy keys no other backend reads
+RAY_ONLY = {"ray_address", "ray_dashboard", "max_actor_restarts", "resources"}  # policy keys no other backend reads
 
 
 def enable_compile_cache(directory: str | Path) -> None:
@@ -682,7 +682,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
               f"replicas x envs per replica), not the {cfg._envs_asked:,} the config gives", file=sys.stderr,
               flush=True)
     unused = [key for key in sorted(RAY_ONLY) if cfg.policy.backend != "ray" and key in type(cfg.policy).model_fields
-              and getattr(cfg.policy, key) != type(cfg.policy).model_fields[key].default]  # (config.yaml has them all)
+              and getattr(cfg.policy, key) != type(cfg.policy).model_fields[key].get_default(call_default_factory=True)]
     if unused:
         print(f"msrl: note: {', '.join(f'policy.{key}' for key in unused)} only apply with policy.backend=ray; "
               f"ignored under {cfg.policy.backend!r}", file=sys.stderr, flush=True)

@@ -232,12 +232,13 @@ def test_the_saved_config_holds_the_env_count_envs_per_actor_sets(tmp_path):
 
 def test_ray_keys_under_another_backend_are_noted(tmp_path, capsys):
     assert main(["train", CARTPOLE, "policy={name: single_learner_coarse, backend: threads, actors: 2}",
-                 "policy.ray_address=auto", "policy.max_actor_restarts=5", "run.total_env_steps=1024",
-                 "run.progress=false", "--run-dir", str(tmp_path)]) == 0
+                 "policy.ray_address=auto", "policy.max_actor_restarts=5", "policy.resources.learner.num_gpus=1",
+                 "run.total_env_steps=1024", "run.progress=false", "--run-dir", str(tmp_path)]) == 0
     err = capsys.readouterr().err
-    assert ("msrl: note: policy.max_actor_restarts, policy.ray_address only apply with policy.backend=ray; ignored "
-            "under 'threads'\n") in err
+    assert ("msrl: note: policy.max_actor_restarts, policy.ray_address, policy.resources only apply with "
+            "policy.backend=ray; ignored under 'threads'\n") in err
     # the run's config.yaml lists every key: at their defaults they are not noted
     assert main(["train", str(tmp_path / "config.yaml"), "run.total_env_steps=1024", "run.progress=false",
-                 "policy.ray_address=null", "policy.max_actor_restarts=3", "--overwrite", "--run-dir", str(tmp_path)]) == 0
+                 "policy.ray_address=null", "policy.max_actor_restarts=3", "policy.resources={}", "--overwrite",
+                 "--run-dir", str(tmp_path)]) == 0
     assert "apply with policy.backend=ray" not in capsys.readouterr().err
