@@ -41,6 +41,7 @@ from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import USER_MODULES
 from msrl.runtime.driver import POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
+FORWARD_S = 0.5  # Ray's log monitor reads the replicas' output every 0.1 s; publishing it to the driver takes more
 _INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
 
 
@@ -121,6 +122,9 @@ class FragmentWorker:
             self.failed = e
 
     def _start(self, recipe: bytes, key: tuple[str, int], seed: int, env_ids: Any, driver: dict, spmd: bool) -> None:
+        for stream in (sys.stdout, sys.stderr):  # Ray forwards what the loop prints (jax.debug.print) as it comes
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(line_buffering=True)
         for path in reversed(driver["sys_path"]):  # the driver's modules (the algorithm's file) import here too
             if path not in sys.path:
                 sys.path.insert(0, path)
@@ -166,15 +170,30 @@ class FragmentWorker:
     def where(self) -> tuple[str, int]:
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
+    def __repr__(self) -> str:  # Ray's prefix of the lines this process prints: "(learner 0 pid=...)"
+        return " ".join(map(str, self.args[1])) if hasattr(self, "args") else "FragmentWorker"
+
     def connect(self, peers: dict[tuple[str, int], Any], hosts: dict[str, Any]) -> None:
         if self.failed is not None:
             raise self.failed
         self.transport.peers = peers
+        self.quiet_at = self.printed()
         for name, host in hosts.items():  # the policy's services, each a Ray actor
             self.driver.program.services[name].target = host
 
     def run(self, iterations: int) -> list:
         return self.driver.run(iterations)
+
+    @staticmethod
+    def printed() -> int:
+        """Bytes this process wrote to its stdout and stderr (Ray's log files, which it forwards to the driver)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return sum(os.fstat(fd).st_size for fd in (1, 2))
+
+    def spoke(self) -> bool:
+        """Whether the loop printed something since the replica started."""
+        return self.printed() > self.quiet_at
 
     def resume(self, peers: dict, hosts: dict, iteration: int, params_from: Any, iterations: int) -> list:
         """After a restart: continue at ``iteration`` with fresh environments and keys and the parameters
@@ -243,7 +262,8 @@ class RayRuntime(ReplicaRuntime):
         driver = {"sys_path": [p for p in sys.path if p],
                   "compile_cache": cache and (cache, jax.config.jax_persistent_cache_min_compile_time_secs),
                   "fingerprint": fingerprint(program), "imports": list(USER_MODULES)}
-        self.owns_connection = _connect(self.policy, program)
+        _connect(self.policy, program)
+        _OPEN.add(id(self))
         try:
             _check_resources(program)
             for name, frag in program.fragments.items():
@@ -387,37 +407,107 @@ class RayRuntime(ReplicaRuntime):
                        if c.dst_fragment == name and c.var == "@params"), None)
         return self.workers[key].resume.remote(self.workers, self.hosts, resume_at, params, target - resume_at)
 
+    def _let_output_arrive(self) -> None:
+        """Ray's log monitor forwards what the replicas print from their log files every 0.1 s: where they printed
+        anything, a moment for their last lines to reach the driver before the replicas go."""
+        refs = [w.spoke.remote() for w in self.workers.values()]
+        answered, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0) if refs else ([], [])  # a hung or dead
+        # replica does not hold us
+        spoke = False
+        for ref in answered:
+            try:
+                spoke = ray.get(ref) or spoke
+            except ray.exceptions.RayError:
+                pass
+        if spoke:
+            time.sleep(FORWARD_S)
+
     def close(self) -> None:
-        """Kill our actors; leave (and, if we started it, stop) the cluster."""
+        """Kill our actors; leave the cluster (and stop it if msrl made the connection and no other session of
+        this process is open on it)."""
         if not ray.is_initialized():
             return
+        self._let_output_arrive()
         for actor in [*self.workers.values(), *self.hosts.values()]:
             ray.kill(actor, no_restart=True)
         self.workers, self.hosts = {}, {}
         for service in self.program.services.values():
             service.target = None
-        if self.owns_connection:
+        _OPEN.discard(id(self))
+        if not _OPEN and _MADE:
             shutdown()
-            self.owns_connection = False
 
 
-def _connect(policy: Any, program: Any) -> bool:
+_OPEN: set[int] = set()  # the open runtimes of this process: the connection msrl made goes with the last
+_MADE = False  # whether msrl made this process's Ray connection (else the program's own ray.init did)
+
+
+def _connect(policy: Any, program: Any) -> None:
     """Join the running Ray session, ``policy.ray_address``, or start a private cluster on this machine
-    (loopback only, dashboard off unless ``policy.ray_dashboard``). True when this runtime made the connection."""
+    (loopback only, dashboard off unless ``policy.ray_dashboard``)."""
+    global _MADE
+    _forward_output()
     if ray.is_initialized():
-        return False
+        return
     if policy.ray_address:
-        _check_reachable(policy.ray_address)
+        reachable = _check_reachable(policy.ray_address)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
+        _use_token_if_held(policy.ray_address)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
             try:
                 ray.init(address=policy.ray_address, **QUIET)
-            except (ConnectionError, ValueError) as e:  # no cluster found ("auto"), a malformed address
-                raise _no_cluster(policy.ray_address, str(e).split(". ")[0].rstrip(".")) from None
+            except (ConnectionError, ValueError) as e:  # no cluster found ("auto"), a malformed address, ...
+                why = str(e).split(". ")[0].rstrip(".")
+                if reachable:  # ... or a cluster that refused us
+                    raise ConfigError("policy.ray_address", f"cannot join the Ray cluster at {policy.ray_address} "
+                                      f"({why}), though something answers there: a cluster started with Ray's token "
+                                      "authentication takes its token (RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<`ray "
+                                      "get-auth-token` on its head node>), and its Ray must be the version here "
+                                      f"({ray.__version__})") from None
+                raise _no_cluster(policy.ray_address, why) from None
     else:
         init_local(local_cpus(policy, program), dashboard=policy.ray_dashboard)
-    return True
+    _MADE = True
+
+
+def _forward_output() -> None:
+    """What the replicas print, as Ray forwards it: whole on stdout (a user's prints and ``jax.debug.print``,
+    whose lines differ in their numbers, are not folded into "[repeated Nx across cluster]"; Ray still folds
+    warnings on stderr repeated by every replica), prefixes without colour codes when not on a terminal."""
+    from ray._private import worker
+
+    if "RAY_DEDUP_LOGS" not in os.environ and hasattr(worker, "stdout_deduplicator"):
+        worker.stdout_deduplicator.deduplicate = lambda batch: [batch]
+    if not sys.stderr.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def _use_token_if_held(address: str) -> None:
+    """For a cluster on this machine, join with Ray's token authentication where this machine holds a token
+    (``~/.ray/auth_token``) and ``RAY_AUTH_MODE`` is unset, as ``ray start`` does: the cluster it started then
+    requires the token, which ``ray.init`` sends to an explicit address only when told (it does not send a local
+    token to another machine, nor does msrl)."""
+    import logging
+    import socket
+
+    import psutil
+    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+    host = address.split("://")[-1].rpartition(":")[0].strip("[]")
+    try:
+        ips = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return
+    mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    if not ips or not all(ip.startswith("127.") or ip == "::1" or ip in mine for ip in ips):
+        return
+    log = logging.getLogger("ray")
+    level, log.level = log.level, logging.ERROR  # not Ray's warning that the token is used
+    try:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        log.level = level
 
 
 def local_cpus(policy: Any, program: Any) -> int:
@@ -425,14 +515,15 @@ def local_cpus(policy: Any, program: Any) -> int:
     start (sharing the cores); a note says so where ``policy.resources`` asked for more than there are."""
     need, cores = sum(f.spec.num_cpus * f.spec.replicas for f in program.fragments.values()), os.cpu_count() or 1
     if need > cores and getattr(policy, "resources", None):
-        print(f"msrl: note: policy.resources asks for {need:g} CPUs in all and this machine has {cores}: the private "
-              f"Ray cluster offers {int(np.ceil(need))} so that every replica starts, and they share the {cores} "
-              "cores (num_cpus places replicas, it reserves no cores)", file=sys.stderr, flush=True)
+        print(f"msrl: note: the replicas ask for {need:g} CPUs in all (policy.resources; 1 per replica unless set) "
+              f"and this machine has {cores}: the private Ray cluster offers {int(np.ceil(need))} so that every "
+              f"replica starts, and they share the {cores} cores (num_cpus places replicas, it reserves no cores)",
+              file=sys.stderr, flush=True)
     return max(cores, int(np.ceil(need)))
 
 
 LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's local-only mode (node address 127.0.0.1)
-QUIET = {"logging_level": 40, "log_to_driver": False, "configure_logging": True}  # 40: logging.ERROR
+QUIET = {"logging_level": 40, "log_to_driver": True, "configure_logging": True}  # 40: logging.ERROR
 
 
 def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
@@ -507,8 +598,9 @@ _WATCHDOG: Any = None  # the private cluster's watchdog (backends/ray_watchdog.p
 
 def shutdown() -> None:
     """``ray.shutdown``, and the watchdog of a private cluster this process started reaps what is left of it."""
-    global _WATCHDOG
+    global _WATCHDOG, _MADE
     ray.shutdown()
+    _MADE = False
     if _WATCHDOG is not None:
         _WATCHDOG.stdin.close()  # it reaps what is left of the cluster, then exits: waited for in the background
         # (not a zombie child, nor a ResourceWarning of Popen's when the object goes)
@@ -516,17 +608,19 @@ def shutdown() -> None:
         _WATCHDOG = None
 
 
-def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """Fail now, not after minutes of Ray's retries, when nothing answers at ``policy.ray_address``."""
+def _check_reachable(address: str, timeout_s: float = 10.0) -> bool:
+    """Fail now, not after minutes of Ray's retries, when nothing answers at ``policy.ray_address``; True when
+    something does (False: an address with no port to try)."""
     import socket
 
     host, sep, port = address.split("://")[-1].rpartition(":")
     if address in ("auto", "local") or not sep or not port.isdigit():
-        return
+        return False
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
         raise _no_cluster(address, f"nothing answers: {e.strerror or e}") from None
+    return True
 
 
 def _no_cluster(address: str, why: str) -> ConfigError:
@@ -535,15 +629,29 @@ def _no_cluster(address: str, why: str) -> ConfigError:
                        "machine")
 
 
-def _check_resources(program: Any) -> None:
-    """Fail now, not hang, when the cluster cannot hold every replica at once."""
-    have = ray.cluster_resources()
-    for res, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
-        need = sum(getattr(f.spec, field) * f.spec.replicas for f in program.fragments.values())
-        if need > have.get(res, 0) + 1e-9:
-            raise ConfigError("policy.resources", f"the replicas need {need:g} {res}s in all, but the Ray cluster has "
-                              f"{have.get(res, 0):g}; lower policy.resources.<role>.{field} (fractions are fine) or "
-                              "give the cluster more")
+def _check_resources(program: Any, release_s: float = 10.0) -> None:
+    """Fail now, not hang, when the cluster cannot hold every replica at once: neither in all, nor with what is
+    free (actors of another session hold the rest; those of one just closed are released within ``release_s``)."""
+    kinds = (("CPU", "num_cpus"), ("GPU", "num_gpus"))
+    need = {res: sum(getattr(f.spec, field) * f.spec.replicas for f in program.fragments.values())
+            for res, field in kinds}
+    deadline = time.monotonic() + release_s
+    while True:
+        have, free = ray.cluster_resources(), ray.available_resources()
+        short = [(res, field) for res, field in kinds if need[res] > free.get(res, 0) + 1e-9]
+        if not short or time.monotonic() > deadline or any(need[r] > have.get(r, 0) + 1e-9 for r, _ in short):
+            break
+        time.sleep(POLL_S)
+    for res, field in short:
+        unset = " (1 per replica unless set)" if res == "CPU" else ""
+        if need[res] > have.get(res, 0) + 1e-9:
+            raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset}, but the "
+                              f"Ray cluster has {have.get(res, 0):g}; lower policy.resources.<role>.{field} (fractions "
+                              "are fine) or give the cluster more")
+        raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset}, but only "
+                          f"{free.get(res, 0):g} of the Ray cluster's {have.get(res, 0):g} are free: others hold "
+                          "the rest (another msrl session open in this process, or your own actors); close it, or "
+                          f"lower policy.resources.<role>.{field} (fractions are fine)")
 
 
 class RayBackend(Backend):

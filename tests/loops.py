@@ -1080,3 +1080,22 @@ class Hang(gymnasium.Env):
 
 
 gymnasium.register(id="MsrlHang-v0", entry_point=Hang)
+
+
+class Chatty(Hang):
+    """Prints ``chatty <its index> <step>`` at every ``every``-th step: what a user's print in an actor shows."""
+
+    count = 0
+
+    def __init__(self, every: int = 64):
+        super().__init__(after=-1)
+        self.every, self.index = every, Chatty.count
+        Chatty.count += 1
+
+    def step(self, action):
+        if self.t % self.every == 0:
+            print(f"chatty {self.index} {self.t}")
+        return super().step(action)
+
+
+gymnasium.register(id="MsrlChatty-v0", entry_point=Chatty)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,8 +81,9 @@ def test_a_private_cluster_offers_what_the_replicas_ask_and_notes_more_cpus_than
         cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray", *resources])
         assert local_cpus(cfg.policy, msrl.build(cfg)) == cpus
         err = capsys.readouterr().err
-        assert (f"policy.resources asks for {cpus} CPUs in all and this machine has {cores}: the private Ray cluster "
-                f"offers {cpus} so that every replica starts, and they share the {cores} cores" in err) == noted, err
+        assert (f"the replicas ask for {cpus} CPUs in all (policy.resources; 1 per replica unless set) and this "
+                f"machine has {cores}: the private Ray cluster offers {cpus} so that every replica starts, and they "
+                f"share the {cores} cores" in err) == noted, err
 
 
 def run_script(code: str, timeout: int = 300) -> dict:
@@ -122,8 +124,8 @@ def test_three_node_cluster_spreads_actors_and_matches_one_node():
 def test_more_resources_than_the_cluster_has_is_a_config_error():
     import ray
 
-    with pytest.raises(msrl.ConfigError, match=r"policy.resources: the replicas need 1001 CPUs in all, but the Ray "
-                                               r"cluster has 4"):
+    with pytest.raises(msrl.ConfigError, match=r"policy.resources: the replicas need 1001 CPUs in all \(1 per "
+                                               r"replica unless set\), but the Ray cluster has 4;"):
         ray_session(["policy.name=single_learner_coarse", "policy.resources.learner.num_cpus=999"])
     assert ray.is_initialized()  # the shared session is left as it was
 
@@ -154,6 +156,79 @@ def test_an_address_where_nothing_answers_or_a_malformed_one_fails_fast_and_clea
         _restart_shared_cluster()
     # the shared cluster's watchdog saw it gone (ray.shutdown alone leaves its stdin open) and ended
     assert watchdog.wait(timeout=10) == 0
+
+
+def test_sessions_side_by_side_share_the_private_cluster_and_one_that_cannot_fit_is_refused():
+    """Two sessions open at once in a fresh process share the private cluster msrl started (the first to close
+    leaves it to the other; the last stops it); a third that needs more CPUs than are free is refused at once,
+    naming what is free, instead of waiting forever for Ray to place its replicas."""
+    got = run_script("""
+        import json, time, ray, msrl
+        half = ["policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=1",
+                "policy.resources.actor.num_cpus=0.5", "policy.resources.learner.num_cpus=0.5"]
+        a = msrl.Session("examples/ppo_cartpole.yaml", half)
+        b = msrl.Session("examples/ppo_cartpole.yaml", half + ["run.seed=1"])
+        a.run(1), b.run(1)
+        a.close()
+        rows = b.run(2)  # on the cluster a started
+        cores = int(ray.cluster_resources()["CPU"])
+        started, error = time.time(), None
+        try:
+            msrl.Session("examples/ppo_cartpole.yaml", half[:-1] + [f"policy.resources.learner.num_cpus={cores - 0.5}"])
+        except msrl.ConfigError as e:
+            error = str(e)
+        took, still = time.time() - started, ray.is_initialized()
+        b.close()
+        print(json.dumps({"rows": len(rows), "cores": cores, "error": error, "took": took, "still": still,
+                          "after": ray.is_initialized()}))
+    """)
+    assert got["rows"] == 2 and got["still"] and not got["after"], got
+    assert got["error"] == (f"policy.resources: the replicas need {got['cores']:g} CPUs in all (1 per replica unless "
+                            f"set), but only {got['cores'] - 1:g} of the Ray cluster's {got['cores']} are free: others "
+                            "hold the rest (another msrl session open in this process, or your own actors); close "
+                            "it, or lower policy.resources.<role>.num_cpus (fractions are fine)"), got
+    assert got["took"] < 30, got
+
+
+def test_joins_a_cluster_on_this_machine_that_requires_ray_token_authentication(tmp_path):
+    """Ray starts a cluster with token authentication where a token is at hand (``ray start`` with
+    ~/.ray/auth_token, which Ray writes when it first starts a local cluster); ``ray.init`` sends the token to an
+    explicit address only when told, so joining it failed as if nothing ran there."""
+    got = run_script(f"""
+        import json, os
+        os.environ["HOME"] = {str(tmp_path)!r}
+        from ray._private.authentication.authentication_token_setup import generate_and_save_token
+        generate_and_save_token()
+        os.environ["RAY_AUTH_MODE"] = "token"  # the cluster requires the token, as `ray start` then does
+        from ray.cluster_utils import Cluster
+        from ray._raylet import Config
+        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 2, "include_dashboard": False}})
+        address = cluster.address
+        del os.environ["RAY_AUTH_MODE"]  # the driver is told nothing of it
+        Config.initialize("")
+        import msrl
+        with msrl.Session("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
+                          "policy.actors=1", f"policy.ray_address={{address}}"]) as s:
+            rows = s.run(2)
+        cluster.shutdown()
+        print(json.dumps({{"rows": len(rows)}}))
+    """)
+    assert got["rows"] == 2
+
+
+def test_what_the_replicas_print_reaches_the_driver_whole_and_named(tmp_path):
+    """A replica's output (a user's print, jax.debug.print) is forwarded by Ray: every line, prefixed with the
+    replica's role and index, without colour codes when not on a terminal, the last ones too."""
+    out = subprocess.run([sys.executable, "-m", "msrl.cli", "train", "--import", str(ROOT / "tests" / "loops.py"),
+                          str(ROOT / "examples" / "ppo_cartpole_threads.yaml"), "env.id=gymnasium:MsrlChatty-v0",
+                          "policy.backend=ray", "run.total_env_steps=4096", "run.progress=false",
+                          "run.tensorboard=false", "--run-dir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [x for x in out.stdout.splitlines() if "chatty" in x]
+    got = sorted(tuple(int(n) for n in re.fullmatch(r"\(actor (\d) pid=\d+\) chatty (\d) (\d+)", x).groups())
+                 for x in lines)
+    assert got == [(a, e, t) for a in range(2) for e in range(4) for t in range(0, 512, 64)], lines  # 4 envs each
 
 
 def _restart_shared_cluster():
