@@ -192,7 +192,7 @@ class FragmentWorker:
         return sum(os.fstat(fd).st_size for fd in (1, 2))
 
     def spoke(self) -> bool:
-        """Whether the loop printed something since the replica started."""
+        """Whether the loop printed something since the replica connected."""
         return self.printed() > self.quiet_at
 
     def resume(self, peers: dict, hosts: dict, iteration: int, params_from: Any, iterations: int) -> list:
@@ -265,7 +265,7 @@ class RayRuntime(ReplicaRuntime):
         _connect(self.policy, program)
         _OPEN.add(id(self))
         try:
-            _check_resources(program)
+            _check_resources(program, release_s=0.0 if _OPEN - {id(self)} else 10.0)  # (not while others hold theirs)
             for name, frag in program.fragments.items():
                 spec = frag.spec
                 cls = ray.remote(FragmentWorker).options(
@@ -629,7 +629,7 @@ def _no_cluster(address: str, why: str) -> ConfigError:
                        "machine")
 
 
-def _check_resources(program: Any, release_s: float = 10.0) -> None:
+def _check_resources(program: Any, release_s: float) -> None:
     """Fail now, not hang, when the cluster cannot hold every replica at once: neither in all, nor with what is
     free (actors of another session hold the rest; those of one just closed are released within ``release_s``)."""
     kinds = (("CPU", "num_cpus"), ("GPU", "num_gpus"))

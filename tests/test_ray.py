@@ -170,7 +170,7 @@ def test_sessions_side_by_side_share_the_private_cluster_and_one_that_cannot_fit
         b = msrl.Session("examples/ppo_cartpole.yaml", half + ["run.seed=1"])
         a.run(1), b.run(1)
         a.close()
-        rows = b.run(2)  # on the cluster a started
+        rows = b.run(1)  # on the cluster a started
         cores = int(ray.cluster_resources()["CPU"])
         started, error = time.time(), None
         try:
@@ -182,12 +182,12 @@ def test_sessions_side_by_side_share_the_private_cluster_and_one_that_cannot_fit
         print(json.dumps({"rows": len(rows), "cores": cores, "error": error, "took": took, "still": still,
                           "after": ray.is_initialized()}))
     """)
-    assert got["rows"] == 2 and got["still"] and not got["after"], got
+    assert got["rows"] == 1 and got["still"] and not got["after"], got
     assert got["error"] == (f"policy.resources: the replicas need {got['cores']:g} CPUs in all (1 per replica unless "
                             f"set), but only {got['cores'] - 1:g} of the Ray cluster's {got['cores']} are free: others "
                             "hold the rest (another msrl session open in this process, or your own actors); close "
                             "it, or lower policy.resources.<role>.num_cpus (fractions are fine)"), got
-    assert got["took"] < 30, got
+    assert got["took"] < 60, got  # its compile, then the refusal: no wait for Ray to place what cannot fit
 
 
 def test_joins_a_cluster_on_this_machine_that_requires_ray_token_authentication(tmp_path):
