@@ -19,6 +19,7 @@ learner never loses an update. A learner that dies ends the run with a :class:`T
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import subprocess
@@ -41,6 +42,7 @@ from msrl.errors import ConfigError, MsrlError, TrainingError
 from msrl.registry import USER_MODULES
 from msrl.runtime.driver import POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
+CALLBACK_LOGS = ("jax._src.callback", "jax._src.debugging")  # where JAX logs the traceback of a raising callback
 FORWARD_S = 0.5  # Ray's log monitor reads the replicas' output every 0.1 s; publishing it to the driver takes more
 _INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
 
@@ -125,6 +127,8 @@ class FragmentWorker:
         for stream in (sys.stdout, sys.stderr):  # Ray forwards what the loop prints (jax.debug.print) as it comes
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(line_buffering=True)
+        for name, level in driver["log_levels"].items():  # a raising callback's log, as the driver has it (the
+            logging.getLogger(name).setLevel(level)  # CLI keeps it for --debug: the error says it in one line)
         for path in reversed(driver["sys_path"]):  # the driver's modules (the algorithm's file) import here too
             if path not in sys.path:
                 sys.path.insert(0, path)
@@ -261,7 +265,8 @@ class RayRuntime(ReplicaRuntime):
         cache = jax.config.jax_compilation_cache_dir
         driver = {"sys_path": [p for p in sys.path if p],
                   "compile_cache": cache and (cache, jax.config.jax_persistent_cache_min_compile_time_secs),
-                  "fingerprint": fingerprint(program), "imports": list(USER_MODULES)}
+                  "fingerprint": fingerprint(program), "imports": list(USER_MODULES),
+                  "log_levels": {name: logging.getLogger(name).level for name in CALLBACK_LOGS}}
         _connect(self.policy, program)
         _OPEN.add(id(self))
         try:
@@ -488,7 +493,6 @@ def _use_token_if_held(address: str) -> None:
     (``~/.ray/auth_token``) and ``RAY_AUTH_MODE`` is unset, as ``ray start`` does: the cluster it started then
     requires the token, which ``ray.init`` sends to an explicit address only when told (it does not send a local
     token to another machine, nor does msrl)."""
-    import logging
     import socket
 
     import psutil

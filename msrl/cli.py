@@ -351,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "debug", False):  # jax logs a raising callback's traceback; the error says it in one line
         import logging
 
-        logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
+        for name in ("jax._src.callback", "jax._src.debugging"):  # (and jax.debug.callback's; ray's replicas do so too)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     flags = CLI_FLAGS.set(True)  # errors name the flags, not train()'s keywords
     try:
         for module in getattr(args, "imports", None) or []:

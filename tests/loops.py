@@ -809,18 +809,26 @@ class GrowthConfig(msrl.AlgorithmConfig):
     name: str = "growth"
     lr: float = 0.1
     steps: int = 4
+    fail_at: int = 0  # > 0: a host callback in the learner raises at that update
+
+
+def _sensor_check(updates, fail_at):
+    if int(updates) >= int(fail_at):
+        raise RuntimeError(f"sensor offline at update {int(updates)}")
 
 
 class GrowthLearner(SumLearner):
     """w <- w * (1 + lr): a learning rate of 1e9 overflows float32 in the fifth update."""
 
-    def __init__(self, lr: float):
-        self.lr = lr
+    def __init__(self, lr: float, fail_at: int = 0):
+        self.lr, self.fail_at = lr, fail_at
 
     def init(self, key):
         return {"w": jnp.ones((), jnp.float32), "updates": jnp.zeros((), jnp.int32)}
 
     def learn(self, state, batch, **extra):
+        if self.fail_at:
+            jax.debug.callback(_sensor_check, state["updates"], self.fail_at)
         w = state["w"] * (1.0 + self.lr)
         return {"w": w, "updates": state["updates"] + 1}, {"loss": w - w + batch.reward.mean()}
 
@@ -832,7 +840,7 @@ class Growth(Simple):
     def __init__(self, cfg, ctx):
         msrl.Algorithm.__init__(self, cfg, ctx)
         self.actor = RandomActor(ctx.env_spec.action_space.n)
-        self.learner = GrowthLearner(cfg.lr)
+        self.learner = GrowthLearner(cfg.lr, cfg.fail_at)
         self.buffer = msrl.TrajectoryBuffer(cfg.steps)
 
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 
 import msrl
 from msrl.envs import register_env
@@ -177,6 +178,27 @@ def test_a_callback_raising_inside_a_fused_program_is_a_one_line_error(tmp_path,
     assert re.search(r"msrl: error: the training program failed while running: .*callback.*: RuntimeError: sensor "
                      r"offline \(--debug shows the full error\)", err), err
     assert "Traceback" not in err
+
+
+def test_a_callback_raising_in_a_replica_is_reported_at_the_loop_line_with_its_own_traceback(tmp_path, capfd):
+    """In a replica (threads here; ray reports the replica's error alike) a host callback's error is one line, as
+    under fused: the loop's line, the error, and the callback's own line (not the whole stack of the replica's
+    thread and msrl's frames, twice, and JAX's filtering note)."""
+    from msrl.cli import main
+
+    cfg = {"algorithm": {"name": "growth", "fail_at": 2}, "env": {"id": "gymnax:CartPole-v1", "num_envs": 2},
+           "policy": {"name": "single_learner_coarse", "backend": "threads", "actors": 1},
+           "run": {"total_env_steps": 80, "progress": False, "tensorboard": False}}
+    (tmp_path / "growth.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(tmp_path / "growth.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capfd.readouterr().err
+    [line] = [x for x in err.splitlines() if x.startswith("msrl: error:")]
+    assert re.fullmatch(r"msrl: error: fragment 'learner' replica 0 failed at .*loops\.py:\d+ `return msrl.agent_learn"
+                        r"\(msrl.buffer_get\(\)\)`: JaxRuntimeError: .*callback: RuntimeError: sensor offline at "
+                        r"update 2, in _sensor_check\(\) at .*loops\.py:\d+ \(--debug logs the callback's "
+                        r"traceback\)\. The last complete iteration is 2 of 10; saved a checkpoint of it: .*",
+                        line), err
+    assert "Traceback" not in err and "JAX has removed" not in err, err
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -20,6 +20,8 @@ lifecycle; the driver's side of a runtime is :class:`ReplicaRuntime`.
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 import traceback
@@ -266,6 +268,14 @@ class ReplicaDriver:
         at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
         if inner is not None and frame is not None and inner[:2] != frame[:2]:
             at += f", in {inner[2]}() at {inner[0]}:{inner[1]}"
+        lines = str(e).strip().splitlines()
+        if len(lines) > 1 and "Traceback (most recent call" in lines[0]:  # a host callback raised in the program
+            frames = [m for m in (re.match(r'\s*File "(.+)", line (\d+), in (\S+)', x) for x in lines)
+                      if m and f"{os.sep}jax{os.sep}" not in m[1]]
+            where = f", in {frames[-1][3]}() at {frames[-1][1]}:{frames[-1][2]}" if frames else ""
+            return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: "
+                                 f"{lines[0].split('Traceback')[0].strip().rstrip(':')}: {lines[-1].strip()}{where} "
+                                 "(--debug logs the callback's traceback)")
         trace = "" if isinstance(e, TrainingError) else f"\n{traceback.format_exc()}"
         return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: {e}{trace}")
 
