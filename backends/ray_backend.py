@@ -38,11 +38,10 @@ from ray import cloudpickle  # not the cloudpickle package: from 3.1.3 it rename
 from msrl import services
 from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
 from msrl.compiler.ir import walk
-from msrl.errors import ConfigError, MsrlError, TrainingError
+from msrl.errors import CALLBACK_LOGS, ConfigError, MsrlError, TrainingError
 from msrl.registry import USER_MODULES
 from msrl.runtime.driver import POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
-CALLBACK_LOGS = ("jax._src.callback", "jax._src.debugging")  # where JAX logs the traceback of a raising callback
 FORWARD_S = 0.5  # Ray's log monitor reads the replicas' output every 0.1 s; publishing it to the driver takes more
 _INLINE_BYTES = 100 * 1024  # Ray passes task arguments up to this size inline, without the object store
 

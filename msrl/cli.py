@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msrl.errors import CLI_FLAGS, ConfigError, Interrupted, MsrlError, user_code_error
+from msrl.errors import CALLBACK_LOGS, CLI_FLAGS, ConfigError, Interrupted, MsrlError, user_code_error
 
 
 def _graph_text(program: Any) -> str:
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "debug", False):  # jax logs a raising callback's traceback; the error says it in one line
         import logging
 
-        for name in ("jax._src.callback", "jax._src.debugging"):  # (and jax.debug.callback's; ray's replicas do so too)
+        for name in CALLBACK_LOGS:  # (ray's replicas take the levels set here)
             logging.getLogger(name).setLevel(logging.CRITICAL)
     flags = CLI_FLAGS.set(True)  # errors name the flags, not train()'s keywords
     try:

@@ -6,6 +6,8 @@ import inspect
 from contextvars import ContextVar
 from typing import Any
 
+CALLBACK_LOGS = ("jax._src.callback", "jax._src.debugging")  # where JAX logs the traceback of a raising callback
+
 CLI_FLAGS: ContextVar[bool] = ContextVar("msrl_cli_flags", default=False)  # set while msrl's CLI runs a command
 
 
