@@ -456,7 +456,8 @@ def _connect(policy: Any, program: Any) -> None:
     if policy.ray_address:
         reachable = _check_reachable(policy.ray_address)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
-        _use_token_if_held(policy.ray_address)
+        if reachable:
+            _use_token_if_held(reachable)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
             try:
@@ -487,7 +488,7 @@ def _forward_output() -> None:
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
-def _use_token_if_held(address: str) -> None:
+def _use_token_if_held(host: str) -> None:
     """For a cluster on this machine, join with Ray's token authentication where this machine holds a token
     (``~/.ray/auth_token``) and ``RAY_AUTH_MODE`` is unset, as ``ray start`` does: the cluster it started then
     requires the token, which ``ray.init`` sends to an explicit address only when told (it does not send a local
@@ -497,7 +498,6 @@ def _use_token_if_held(address: str) -> None:
     import psutil
     from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
 
-    host = address.split("://")[-1].rpartition(":")[0].strip("[]")
     try:
         ips = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
@@ -611,19 +611,20 @@ def shutdown() -> None:
         _WATCHDOG = None
 
 
-def _check_reachable(address: str, timeout_s: float = 10.0) -> bool:
-    """Fail now, not after minutes of Ray's retries, when nothing answers at ``policy.ray_address``; True when
-    something does (False: an address with no port to try)."""
+def _check_reachable(address: str, timeout_s: float = 10.0) -> str | None:
+    """Fail now, not after minutes of Ray's retries, when nothing answers at ``policy.ray_address``; the host
+    that answered (None: an address with no port to try)."""
     import socket
 
     host, sep, port = address.split("://")[-1].rpartition(":")
     if address in ("auto", "local") or not sep or not port.isdigit():
-        return False
+        return None
+    host = host.strip("[]")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as e:
         raise _no_cluster(address, f"nothing answers: {e.strerror or e}") from None
-    return True
+    return host
 
 
 def _no_cluster(address: str, why: str) -> ConfigError:
