@@ -216,7 +216,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes, "
           f"{out['env_steps']:,} env steps (greedy; {out['checkpoint']}, iteration {out['iteration']}{which})")
     if args.render:
-        print(f"wrote {out['frames']} frames and episode.gif to {args.render}")
+        print(f"wrote {out['frames']} frames and episode.gif to {args.render} (the first episode: return "
+              f"{out['render_return']:.2f})")
     return 0
 
 
@@ -271,8 +272,8 @@ def make_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_graph)
 
     e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run greedily over fresh episodes")
-    e.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or a member's folder in one (a sweep's "
-                   "RUN_DIR/lr=0.001)")
+    e.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its newest good checkpoint), a member's "
+                   "folder in one (a sweep's RUN_DIR/lr=0.001), or a checkpoint file (RUN_DIR/checkpoints/ckpt_*.msgpack)")
     e.add_argument("--episodes", type=int, default=10, help="environments played to the end of their first episode "
                    "(default 10; at most 100,000)")
     e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed")

@@ -1,7 +1,8 @@
-"""``msrl eval RUN_DIR``: the latest checkpoint's policy, acting greedily, over fresh episodes."""
+"""``msrl eval RUN_DIR``: the newest good (or a chosen) checkpoint's policy, acting greedily, over fresh episodes."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -13,9 +14,9 @@ import numpy as np
 
 from msrl import checkpoint
 from msrl.algorithm import Context
-from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec
+from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec, acting
 from msrl.config import SEED_MAX, load_config
-from msrl.envs import make_env
+from msrl.envs import MaskedObs, make_env
 from msrl.errors import ConfigError, arg, quote
 from msrl.policy import answer, prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
@@ -33,6 +34,9 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
     import yaml
 
     if "config" not in meta:
+        if not file.exists():
+            raise ConfigError("RUN_DIR", f"{path} holds no config (it was written before checkpoints did) and "
+                              f"{file} is missing")
         return load_config(file)
     saved = meta["config"]
     order = checkpoint.sweep_order(meta, file)
@@ -40,6 +44,8 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
         sweep = saved["run"]["sweep"]
         saved = {**saved, "run": {**saved["run"], "sweep": {k: sweep[k] for k in order}}}
     cfg = load_config(saved)
+    if not file.exists():  # (a checkpoint kept without its run directory)
+        return cfg
     try:  # (a key msrl added since the checkpoint, at its default in config.yaml, is no difference)
         checkpoint.check_same_config(saved, yaml.safe_load(file.read_text()) or {}, path, cfg.defaults())
     except (ConfigError, yaml.YAMLError, OSError) as e:
@@ -51,28 +57,26 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
 
 def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, Any, Path, dict]:
     """The run's config, algorithm and policy parameters from its newest good checkpoint (a corrupt or
-    non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used). A run of
-    several seeds or swept values gives the policy of one member: the one whose folder ``run_dir`` is
-    (``RUN_DIR/lr=0.001``), or that of seed ``run_seed``, or else the first."""
+    non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used), or from the
+    checkpoint file ``run_dir`` names. A run of several seeds or swept values gives the policy of one member: the
+    one whose folder ``run_dir`` is (``RUN_DIR/lr=0.001``), or that of seed ``run_seed``, or else the first."""
     run_dir, member = Path(run_dir).expanduser(), None
-    run = member_folder_of(run_dir)
-    if run is not None:  # a member's folder: the run is its parent's
-        run_dir, member = run, run_dir.name
-    if not (run_dir / "config.yaml").exists():
-        raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml)")
-    good = checkpoint.latest_good(run_dir)
-    if good is None:
-        import yaml
-
-        try:
-            every = ((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("run") or {}).get(
-                "checkpoint_every_steps")
-        except (yaml.YAMLError, OSError, AttributeError):
-            every = None
-        why = ("train with run.checkpoint_every_steps > 0" if every == 0 else "it stopped before its first checkpoint"
-               + (f", due every {every:,} env steps" if isinstance(every, int) and every > 0 else ""))
-        raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint ({why})")
-    path, states, meta = good
+    if run_dir.is_file():  # a checkpoint of one's choice: RUN_DIR/checkpoints/ckpt_NNNNNNNNN.msgpack
+        path = run_dir
+        states, meta = checkpoint.load(path)
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    else:
+        run = member_folder_of(run_dir)
+        if run is not None:  # a member's folder: the run is its parent's
+            run_dir, member = run, run_dir.name
+        if not (run_dir / "config.yaml").exists() and not (run_dir / "checkpoints").is_dir():
+            raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml, no checkpoints/)"
+                              if run_dir.is_dir() else f"{run_dir} does not exist")
+        good = checkpoint.latest_good(run_dir)
+        if good is None:
+            raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint ({_why_none(run_dir)})")
+        path, states, meta = good
+        _note_if_the_run_went_on(run_dir, meta, path)
     meta = {**meta, "checkpoint": str(path)}
     cfg = trained_config(run_dir / "config.yaml", meta, path)
     each = members(cfg.run)
@@ -126,6 +130,46 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
         return cfg, env, algorithm, learner.policy_params(holder.learner_state()), meta
     state = checkpoint.restore_state(_template(learner.init, states[key]), states, key, path)
     return cfg, env, algorithm, learner.policy_params(state), meta
+
+
+def _run_file(run_dir: Path, name: str) -> dict:
+    """``run_dir``'s summary.json or config.yaml as a dict; {} where it is missing or does not read."""
+    import json
+
+    import yaml
+
+    try:
+        data = (json.loads if name.endswith(".json") else yaml.safe_load)((run_dir / name).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _why_none(run_dir: Path) -> str:
+    """Why a run directory holds no checkpoint, as its lock, summary.json and config.yaml tell."""
+    from msrl.runner import writer_of
+
+    run = _run_file(run_dir, "config.yaml").get("run")
+    every = run.get("checkpoint_every_steps") if isinstance(run, dict) else None
+    due = f", due every {every:,} env steps" if isinstance(every, int) and every > 0 else ""
+    if every == 0:
+        return "train with run.checkpoint_every_steps > 0"
+    pid = writer_of(run_dir)
+    if pid is not None:
+        return f"none yet: process {pid} is training this run" + (f"; checkpoints are{due[1:]}" if due else "")
+    steps = _run_file(run_dir, "summary.json").get("env_steps")
+    if isinstance(steps, int) and steps > 0:
+        return f"the run ended at {steps:,} env steps, as its summary.json says; its checkpoints were removed"
+    return f"it stopped before its first checkpoint{due}"
+
+
+def _note_if_the_run_went_on(run_dir: Path, meta: dict, path: Path) -> None:
+    """A note on stderr when the run trained past the checkpoint used (its newer ones removed or bad, or it is
+    still training): what is evaluated is not the run's end."""
+    ended = _run_file(run_dir, "summary.json").get("env_steps")
+    if isinstance(ended, int) and isinstance(meta.get("env_steps"), int) and ended > meta["env_steps"]:
+        print(f"msrl: note: {path} is of {meta['env_steps']:,} env steps (iteration {meta.get('iteration')}); the "
+              f"run went on to {ended:,} (summary.json)", file=sys.stderr, flush=True)
 
 
 def check_greedy(actor: Any, name: str) -> None:
@@ -222,6 +266,8 @@ class TrainedPolicy:
             obs = jax.tree.map(lambda x: x[None], obs)
         if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):
             obs = self._multi_agent(obs)
+        if isinstance(self.env, MaskedObs):  # env.kwargs.mask_obs, as training saw the env's observations
+            obs = obs * self.env.keep
         n = jax.tree.leaves(obs)[0].shape[0]
         if self.recurrent and self._n is not None and self._n != n:
             raise ValueError(f"act: this recurrent policy holds the hidden state of {self._n} environments, got "
@@ -264,15 +310,16 @@ class TrainedPolicy:
 def greedy_policy(actor: Any) -> tuple[Any, Any]:
     """``(initial_carry(n), step(params, carry, obs, start) -> (carry, action))`` of an actor: a recurrent
     one's ``greedy_step``, or a stateless ``greedy`` with an empty carry."""
-    if hasattr(actor, "greedy_step"):
-        return actor.initial_carry, jax.jit(actor.greedy_step)
-    greedy = jax.jit(actor.greedy)
+    if hasattr(actor, "greedy_step"):  # (traced as acting: each row's actions the same in a batch of any size)
+        return actor.initial_carry, jax.jit(functools.partial(acting, actor.greedy_step))
+    greedy = jax.jit(functools.partial(acting, actor.greedy))
     return (lambda n: None), (lambda params, carry, obs, start: (None, greedy(params, obs)))
 
 
 def load(run_dir: str | Path, run_seed: int | None = None) -> TrainedPolicy:
-    """``msrl.load(RUN_DIR)``: the policy of the run's latest checkpoint (:class:`TrainedPolicy`); of seed
-    ``run_seed`` for a run of several, or of the member whose folder ``RUN_DIR/lr=0.001`` is (a sweep)."""
+    """``msrl.load(RUN_DIR)``: the policy of the run's newest good checkpoint, or of the checkpoint file given
+    (:class:`TrainedPolicy`); of seed ``run_seed`` for a run of several, or of the member whose folder
+    ``RUN_DIR/lr=0.001`` is (a sweep)."""
     return TrainedPolicy(run_dir, run_seed)
 
 
@@ -318,8 +365,11 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
            **{k: meta[k] for k in ("run_seed", "member") if k in meta},
            "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
            "env_steps": steps * episodes}
-    if render is not None:
-        out["frames"] = _render(cfg.env.id, cfg.env.kwargs, (initial_carry, act), params, Path(render), seed)
+    if render is not None:  # the first scored episode again, on a renderer
+        from msrl.envs.gymnasium_env import seed_words
+
+        out["frames"], out["render_return"] = _render(cfg.env.id, cfg.env.kwargs, (initial_carry, act), params,
+                                                      Path(render), seed_words(jax.random.PRNGKey(seed), [0])[0])
     return out
 
 
@@ -332,8 +382,9 @@ def _frame(env: Any, env_id: str) -> np.ndarray:
     return frame
 
 
-def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed: int) -> int:
-    """One greedy episode of a Gymnasium environment as frame_NNNN.png files and episode.gif."""
+def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed: int) -> tuple[int, float]:
+    """One greedy episode of a Gymnasium environment (reset with ``seed``) as frame_NNNN.png files and
+    episode.gif; its number of frames and its return."""
     for driver in ("SDL_AUDIODRIVER", "SDL_VIDEODRIVER"):  # pygame's init: no sound card or display needed
         os.environ.setdefault(driver, "dummy")
     import gymnasium
@@ -351,7 +402,7 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
     except TypeError as e:  # an env of one's own whose constructor takes no render_mode
         raise ConfigError(arg("render"), f"{env_id} did not make itself with render_mode='rgb_array': {e}") from None
     initial_carry, act = policy
-    carry, start, done = initial_carry(1), np.ones(1, bool), False
+    carry, start, done, score = initial_carry(1), np.ones(1, bool), False, 0.0
     space = env.action_space
     shift = int(space.start) if isinstance(space, gymnasium.spaces.Discrete) else 0
     while not done and len(frames) < MAX_FRAMES:
@@ -361,7 +412,8 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         action, start = np.asarray(action)[0], np.zeros(1, bool)
         if isinstance(space, gymnasium.spaces.Box):  # as training and the score clip it
             action = np.clip(action, space.low, space.high)
-        obs, _, terminated, truncated, _ = env.step(action + shift)
+        obs, reward, terminated, truncated, _ = env.step(action + shift)
+        score += float(reward)
         frames.append(_frame(env, env_id))
         done = terminated or truncated
     env.close()
@@ -372,4 +424,4 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         plt.imsave(out / f"frame_{i:04d}.png", frame)
     images = [Image.fromarray(f) for f in frames]
     images[0].save(out / "episode.gif", save_all=True, append_images=images[1:], duration=33, loop=0)
-    return len(frames)
+    return len(frames), score

@@ -403,6 +403,23 @@ def lock_run_dir(run_dir: Path, key: str) -> contextlib.AbstractContextManager:
     return held
 
 
+def writer_of(run_dir: Path) -> str | None:
+    """The process id (as its lock file names it; '?' if it does not) of a run writing into ``run_dir`` now, or
+    None (none is, or the system has no ``flock``)."""
+    try:
+        import fcntl
+
+        held = open(run_dir / LOCK)  # noqa: SIM115 - closed below
+    except (ImportError, OSError):
+        return None
+    with held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            return (held.read().strip() or "?") if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    return None
+
+
 def clear_run_dir(run_dir: Path) -> None:
     """Remove a run's files from ``run_dir`` (what ``--overwrite`` replaces; the user's own files stay)."""
     import shutil

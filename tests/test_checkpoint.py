@@ -188,6 +188,7 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     from matplotlib.image import imread
 
     from msrl.cli import main
+    from msrl.evaluate import evaluate
 
     train(CARTPOLE, [*QUIET, "run.total_env_steps=102400", "run.checkpoint_every_steps=25600"], run_dir=tmp_path / "fused")
     assert main(["eval", str(tmp_path / "fused"), "--episodes", "4"]) == 0
@@ -206,7 +207,10 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     image = imread(frames[0])
     assert len(frames) >= 2 and image.shape[0] > 0 and image.std() > 0
     assert (tmp_path / "frames" / "episode.gif").stat().st_size > 0
-    capsys.readouterr()
+    assert f"wrote {len(frames)} frames and episode.gif to {tmp_path / 'frames'} (the first episode: return " \
+        in capsys.readouterr().out
+    out = evaluate(tmp_path / "host", episodes=1, seed=3, render=tmp_path / "frames")  # the one scored, rendered
+    assert out["render_return"] == out["return_mean"] == out["frames"] - 1  # (CartPole: 1 a step)
     assert main(["eval", str(tmp_path / "host"), "--render", str(frames[0])]) == 2  # before playing the episodes
     assert f"msrl: error: --render: {frames[0]} is a file; give a folder" in capsys.readouterr().err
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from msrl.cli import main
+from msrl.runner import lock_run_dir
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CARTPOLE = str(EXAMPLES / "ppo_cartpole.yaml")
@@ -155,6 +157,16 @@ def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsy
         (tmp_path / "config.yaml").write_text(text)
         assert main(["eval", str(tmp_path)]) == 2
         assert re.search(rf"RUN_DIR: {tmp_path} holds no checkpoint \({why}", capsys.readouterr().err)
+    (tmp_path / "config.yaml").write_text(Path(CARTPOLE).read_text())
+    with lock_run_dir(tmp_path, "run_dir"):  # a run training into it now (its lock names this process)
+        assert main(["eval", str(tmp_path)]) == 2
+    assert f"holds no checkpoint (none yet: process {os.getpid()} is training this run)" in capsys.readouterr().err
+    (tmp_path / "summary.json").write_text('{"env_steps": 40960}')  # it ended; its checkpoints were removed
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "(the run ended at 40,960 env steps, as its summary.json says; its checkpoints were removed)" in \
+        capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "none")]) == 2
+    assert f"RUN_DIR: {tmp_path / 'none'} does not exist" in capsys.readouterr().err
 
 
 def test_plot_and_graph_refuse_an_unknown_image_suffix_up_front_and_graph_makes_folders(tmp_path, capsys):

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -429,6 +430,33 @@ def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):
     assert np.abs(means).max() > 0.01, means  # the policy's own numbers leave the Box here
     np.testing.assert_array_equal(policy.act(obs), np.clip(means, -0.01, 0.01))
     env.step(policy.act(obs[0]))  # (it raises on an action outside [-0.01, 0.01])
+
+
+def test_load_masks_as_training_did_acts_alike_on_one_or_many_and_takes_a_chosen_checkpoint(tmp_path, capsys):
+    """act() hides what env.kwargs.mask_obs hid in training (it acted on the raw velocity a user's own env hands
+    it: another policy than the one trained); one observation gets the action it gets in a batch, bitwise (the
+    greedy head was a plain product: ~1e-8 apart here); a checkpoint file of one's choice loads and evaluates,
+    and the newest one there being gone is noted."""
+    msrl.train(EXAMPLES / "ppo_pendulum.yaml", [*QUICK[:2], "run.total_env_steps=2048", "env.num_envs=4",
+                                                "env.kwargs={mask_obs: [2]}", "run.checkpoint_every_steps=1024"],
+               run_dir=tmp_path)
+    policy = msrl.load(tmp_path)
+    obs = np.random.default_rng(0).normal(size=(37, 3)).astype(np.float32) * [1, 1, 8]
+    masked = obs * [1, 1, 0]
+    greedy = policy.algorithm.actor.greedy
+    assert not np.array_equal(np.asarray(greedy(policy.params, obs)), np.asarray(greedy(policy.params, masked)))
+    np.testing.assert_array_equal(policy.act(obs), policy.act(masked))
+    np.testing.assert_array_equal(np.stack([policy.act(o) for o in obs]), policy.act(obs))
+
+    first, *_, newest = sorted((tmp_path / "checkpoints").glob("ckpt_*.msgpack"))
+    assert msrl.load(first).iteration < policy.iteration
+    out = evaluate(first, episodes=2)
+    assert out["checkpoint"] == str(first) and np.isfinite(out["return_mean"])
+    newest.unlink()
+    capsys.readouterr()
+    assert msrl.load(tmp_path).iteration < policy.iteration
+    assert re.search(r"note: .*ckpt_\d+.msgpack is of [\d,]+ env steps \(iteration \d+\); the run went on to 2,048 "
+                     r"\(summary.json\)", capsys.readouterr().err)
 
 
 def test_the_users_own_jax_settings_are_kept_or_refused_by_name(tmp_path):
