@@ -273,7 +273,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run greedily over fresh episodes")
     e.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its newest good checkpoint), a member's "
-                   "folder in one (a sweep's RUN_DIR/lr=0.001), or a checkpoint file (RUN_DIR/checkpoints/ckpt_*.msgpack)")
+                   "folder in one (a sweep's RUN_DIR/lr=0.001), or a checkpoint file "
+                   "(RUN_DIR/checkpoints/ckpt_*.msgpack)")
     e.add_argument("--episodes", type=int, default=10, help="environments played to the end of their first episode "
                    "(default 10; at most 100,000)")
     e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed")
