@@ -224,7 +224,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from msrl.plot import plot_runs
 
-    print(f"wrote {plot_runs(args.run_dirs, args.output, smooth=args.smooth, aggregate=args.aggregate)}")
+    print(f"wrote {plot_runs(args.run_dirs, args.output, args.smooth, args.aggregate, args.metric)}")
     return 0
 
 
@@ -287,10 +287,13 @@ def make_parser() -> argparse.ArgumentParser:
                              help="import your own algorithm/policy/env module first (repeatable)")
         command.add_argument("--debug", action="store_true", help="on an error, print its full chained traceback")
 
-    pl = sub.add_parser("plot", help="learning curves of run directories (return vs env steps and wall time)")
+    pl = sub.add_parser("plot", help="learning curves of run directories (return, or another metric, vs env steps "
+                        "and wall time)")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     pl.add_argument("-o", "--output", default="curves.png", help="image file (default curves.png)")
     pl.add_argument("--smooth", type=int, default=1, metavar="K", help="moving average over K rows")
+    pl.add_argument("--metric", default="episode_return", metavar="COLUMN",
+                    help="the column of metrics.csv to draw (default episode_return; e.g. loss, entropy, sps)")
     pl.add_argument("--aggregate", action="store_true",
                     help="one line per config (runs that differ only in run.*, e.g. seeds): mean ± std")
     pl.set_defaults(fn=cmd_plot)

@@ -14,7 +14,7 @@ import yaml
 
 from msrl.errors import ConfigError
 
-_COLUMNS = ("env_steps", "wall_time", "episode_return")
+_AXES = ("env_steps", "wall_time")  # the x axes
 
 
 def check_image_file(path: str | Path) -> Path:
@@ -39,9 +39,9 @@ def read_metrics(path: Path) -> list[dict[str, str]]:
         raise ConfigError(str(path), f"does not read as the CSV file msrl writes ({e}); move it away") from None
 
 
-def read_curve(run_dir: str | Path) -> dict[str, np.ndarray]:
-    """``env_steps``, ``wall_time`` and ``episode_return`` of the rows of ``RUN_DIR/metrics.csv`` that have a
-    finite return."""
+def read_curve(run_dir: str | Path, metric: str = "episode_return") -> dict[str, np.ndarray]:
+    """``env_steps``, ``wall_time`` and ``metric`` (a column of metrics.csv: the return, a loss, ...) of the rows
+    of ``RUN_DIR/metrics.csv`` where it is finite."""
     path = Path(run_dir) / "metrics.csv"
     if not path.is_file():
         why = "no such directory" if not Path(run_dir).is_dir() else "no metrics.csv in it"
@@ -49,9 +49,12 @@ def read_curve(run_dir: str | Path) -> dict[str, np.ndarray]:
     rows = read_metrics(path)
     if not rows:
         raise ConfigError(str(run_dir), "metrics.csv is empty (no iteration logged yet)")
-    missing = [c for c in _COLUMNS if c not in rows[0]]
+    columns = (*_AXES, metric)
+    missing = [c for c in columns if c not in rows[0]]
     if missing:
-        raise ConfigError(str(run_dir), f"metrics.csv has no column {', '.join(missing)}")
+        raise ConfigError("--metric" if missing == [metric] else str(run_dir), f"{path} has no column "
+                          f"{', '.join(missing)}" + (f"; its columns: {', '.join(c for c in rows[0] if c not in _AXES)}"
+                                                     if missing == [metric] else ""))
 
     def number(text: str | None) -> float:
         try:
@@ -59,12 +62,13 @@ def read_curve(run_dir: str | Path) -> dict[str, np.ndarray]:
         except (TypeError, ValueError):
             return math.nan
 
-    table = np.array([[number(r[c]) for c in _COLUMNS] for r in rows], dtype=float).reshape(-1, len(_COLUMNS))
+    table = np.array([[number(r[c]) for c in columns] for r in rows], dtype=float).reshape(-1, len(columns))
     table = table[np.isfinite(table).all(axis=1)]
     if not len(table):
         raise ConfigError(str(run_dir), "metrics.csv has no row with a finished episode (its episode_return is "
-                          "empty or NaN in every row: no episode ended yet)")
-    return {c: table[:, i] for i, c in enumerate(_COLUMNS)}
+                          "empty or NaN in every row: no episode ended yet)" if metric == "episode_return" else
+                          f"metrics.csv has no row with a finite {metric}")
+    return {c: table[:, i] for i, c in enumerate(columns)}
 
 
 def moving_average(y: np.ndarray, k: int) -> np.ndarray:
@@ -123,13 +127,14 @@ def _members(run_dir: Path) -> list[Path]:
     return [run_dir / n for n in names if n and (run_dir / n / "metrics.csv").exists()]
 
 
-def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200) -> dict[str, np.ndarray]:
+def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200, metric: str = "episode_return"
+               ) -> dict[str, np.ndarray]:
     """Several runs' curves on one grid of env steps (up to where the shortest ends): the mean and standard
-    deviation of their returns, and their mean wall time, interpolated linearly between logged rows."""
+    deviation of their ``metric``, and their mean wall time, interpolated linearly between logged rows."""
     lo = max(c["env_steps"][0] for c in curves)
     hi = min(c["env_steps"][-1] for c in curves)
     grid = np.linspace(lo, hi, points) if hi > lo else np.array([hi], float)
-    ret = np.stack([np.interp(grid, c["env_steps"], c["episode_return"]) for c in curves])
+    ret = np.stack([np.interp(grid, c["env_steps"], c[metric]) for c in curves])
     wall = np.stack([np.interp(grid, c["env_steps"], c["wall_time"]) for c in curves])
     return {"env_steps": grid, "mean": ret.mean(0), "std": ret.std(0), "wall_time": wall.mean(0)}
 
@@ -153,9 +158,11 @@ def lines(run_dirs: list[Path], aggregate: bool = False) -> list[list[Path]]:
     return list(groups.values())
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggregate: bool = False) -> Path:
-    """Plot episode return against env steps and against wall time, one line per run; returns ``out``.
-    A line of several runs (see :func:`lines`) is their mean, with a band of ± one standard deviation."""
+def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggregate: bool = False,
+              metric: str = "episode_return") -> Path:
+    """Plot ``metric`` (a column of metrics.csv; the episode return unless given) against env steps and against
+    wall time, one line per run; returns ``out``. A line of several runs (see :func:`lines`) is their mean, with
+    a band of ± one standard deviation."""
     from matplotlib.figure import Figure  # a bare Figure renders with Agg: no pyplot, no display
 
     out = check_image_file(out)
@@ -165,9 +172,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
         raise ConfigError("", "no run directory given")
     groups = lines(list(map(Path, run_dirs)), aggregate)
     dirs = [d for group in groups for d in group]
-    curves = {d: read_curve(d) for d in dirs}
+    curves = {d: read_curve(d, metric) for d in dirs}
     for c in curves.values():
-        c["episode_return"] = moving_average(c["episode_return"], smooth)
+        c[metric] = moving_average(c[metric], smooth)
     names = {d: d.resolve().name for d in dirs}
     if len(set(names.values())) < len(names):  # same leaf name in different parents: show the paths as given
         names = {d: str(d) for d in dirs}
@@ -177,10 +184,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
     for group in groups:
         if len(group) == 1:
             c = curves[group[0]]
-            line, = ax_steps.plot(c["env_steps"], c["episode_return"], label=_label(group[0], names[group[0]]))
-            ax_time.plot(c["wall_time"], c["episode_return"], color=line.get_color())
+            line, = ax_steps.plot(c["env_steps"], c[metric], label=_label(group[0], names[group[0]]))
+            ax_time.plot(c["wall_time"], c[metric], color=line.get_color())
             continue
-        m = mean_curve([curves[d] for d in group])
+        m = mean_curve([curves[d] for d in group], metric=metric)
         ends = {d: int(curves[d]["env_steps"][-1]) for d in group}
         shortest = min(group, key=ends.get)
         if ends[shortest] < max(ends.values()):
@@ -203,7 +210,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
         ax_time.plot(m["wall_time"], m["mean"], color=line.get_color())
     ax_steps.set_xlabel("env steps")
     ax_time.set_xlabel("wall time (s)")
-    ax_steps.set_ylabel("episode return" + (f" (mean of last {smooth})" if smooth > 1 else ""))
+    ax_steps.set_ylabel(metric.replace("_", " ") + (f" (mean of last {smooth})" if smooth > 1 else ""))
     for ax in (ax_steps, ax_time):
         ax.grid(alpha=0.3)
     ax_steps.legend(fontsize="small")

@@ -60,13 +60,18 @@ def test_plot_two_runs_on_one_figure(runs, tmp_path, capsys):
         assert cols.size and cols.min() < image.shape[1] / 2 < cols.max(), color
 
 
-def test_plot_skips_rows_without_a_return_and_smooths(tmp_path):
+def test_plot_skips_rows_without_a_return_and_smooths_and_draws_another_metric(tmp_path, capsys):
     run = tmp_path / "partial"
     run.mkdir()
     (run / "metrics.csv").write_text("iteration,env_steps,episode_return,sps,wall_time,loss\n"
                                      "1,512,,100,5.1,0.3\n2,1024,nan,100,5.2,0.2\n3,1536,10,100,5.3,0.1\n"
                                      "4,2048,20,100,5.4,0.1\n")
     assert plot_runs([run], tmp_path / "p.png").stat().st_size > 0
+    assert read_curve(run, "loss")["loss"].tolist() == [0.3, 0.2, 0.1, 0.1]  # another metric: its every finite row
+    assert main(["plot", str(run), "--metric", "loss", "-o", str(tmp_path / "loss.png")]) == 0
+    assert main(["plot", str(run), "--metric", "los", "-o", str(tmp_path / "loss.png")]) == 2
+    assert f"msrl: error: --metric: {run / 'metrics.csv'} has no column los; its columns: iteration, episode_return, " \
+        "sps, loss" in capsys.readouterr().err
     assert moving_average(np.array([10.0, 20.0, 30.0, 40.0]), 2).tolist() == [10.0, 15.0, 25.0, 35.0]
     with pytest.raises(ConfigError, match="smooth"):
         plot_runs([run], tmp_path / "p.png", smooth=0)
