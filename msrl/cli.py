@@ -213,11 +213,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
     which = f", {out['member']}" if "member" in out else f", seed {out['run_seed']}" if "run_seed" in out else ""
-    print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes, "
-          f"{out['env_steps']:,} env steps (greedy; {out['checkpoint']}, iteration {out['iteration']}{which})")
+    print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes of "
+          f"{out['length_mean']:,.1f} steps on average, {out['env_steps']:,} env steps (greedy; {out['checkpoint']}, "
+          f"iteration {out['iteration']}{which})")
     if args.render:
         print(f"wrote {out['frames']} frames and episode.gif to {args.render} (the first episode: return "
               f"{out['render_return']:.2f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -281,6 +285,7 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--run-seed", type=int, default=None, metavar="N",
                    help="a run of several seeds (run.num_seeds): evaluate seed N's policy (default: the first)")
     e.add_argument("--render", metavar="DIR", default=None, help="write one episode's frames (PNG) and a GIF here")
+    e.add_argument("--json", metavar="FILE", default=None, help="also write the figures to FILE as JSON")
     e.set_defaults(fn=cmd_eval)
     for command in (t, g, e):
         command.add_argument("--import", dest="imports", action="append", metavar="MODULE_OR_FILE",

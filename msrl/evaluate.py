@@ -345,12 +345,14 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     carry, start = initial_carry(episodes), np.ones(episodes, bool)  # a recurrent policy's state, reset at starts
     returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
     partial = np.zeros(episodes)  # the rewards so far: the score of an episode MAX_STEPS cut short
+    lengths = np.zeros(episodes, int)  # each episode's steps (to its end, as counted: an Atari game's to game over)
     counted = env.episode_counts(state) is not None  # episodes as the training's rows count them (Atari: games)
     for steps in range(1, MAX_STEPS + 1):
         carry, action = act(params, carry, obs, start)
         state, (obs, reward, done) = step(state, action)
         start = np.asarray(done)
         partial += np.where(finished, 0.0, np.asarray(reward))
+        lengths += ~finished
         if counted:
             ended, last = (np.asarray(x) for x in env.episode_counts(state))
             returns = np.where(finished, returns, last)
@@ -364,7 +366,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     out = {"checkpoint": meta["checkpoint"], "iteration": meta["iteration"],
            **{k: meta[k] for k in ("run_seed", "member") if k in meta},
            "episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-           "env_steps": steps * episodes}
+           "length_mean": float(lengths.mean()), "env_steps": steps * episodes}
     if render is not None:  # the first scored episode again, on a renderer
         from msrl.envs.gymnasium_env import seed_words
 

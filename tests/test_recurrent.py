@@ -230,7 +230,7 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
     msrl.train(cfg, run_dir=run)
     capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "4"]) == 0
-    assert re.search(r"return \d+\.\d+ ± \d+\.\d+ over 4 episodes, [\d,]+ env steps \(greedy; ", capsys.readouterr().out)
+    assert re.search(r"return \d+\.\d+ ± \d+\.\d+ over 4 episodes of [\d,.]+ steps on average, [\d,]+ env steps \(greedy; ", capsys.readouterr().out)
     policy = msrl.load(run)
     assert policy.recurrent
     obs = np.zeros((2, 4), np.float32)
