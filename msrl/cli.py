@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -208,14 +209,39 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from msrl.evaluate import evaluate
-
-    out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
+def _scored(out: dict) -> str:
+    """One ``msrl eval`` line: the return over the episodes, and what was evaluated."""
     which = f", {out['member']}" if "member" in out else f", seed {out['run_seed']}" if "run_seed" in out else ""
-    print(f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes of "
-          f"{out['length_mean']:,.1f} steps on average, {out['env_steps']:,} env steps (greedy; {out['checkpoint']}, "
-          f"iteration {out['iteration']}{which})")
+    return (f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes of "
+            f"{out['length_mean']:,.1f} steps on average, {out['env_steps']:,} env steps (greedy; {out['checkpoint']}, "
+            f"iteration {out['iteration']}{which})")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import statistics
+
+    from msrl.evaluate import evaluate, evaluate_each
+
+    if args.all:
+        for flag in ("run_seed", "render"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')}", "evaluates one member; --all evaluates each")
+        each = evaluate_each(args.run_dir, episodes=args.episodes, seed=args.seed)
+        groups: dict[str, list[dict]] = {}  # a swept value's seeds (or the seeds of a run without a sweep)
+        for out in each:
+            print(_scored(out))
+            groups.setdefault(re.sub(r",?seed_\d+$", "", out["member"]), []).append(out)
+        for value, outs in groups.items():
+            if len(outs) > 1:
+                means = [o["return_mean"] for o in outs]
+                print(f"{value or 'the run'}: mean return {statistics.fmean(means):.2f} ± "
+                      f"{statistics.pstdev(means):.2f} over its {len(outs)} seeds (the std is that of the seeds' means)")
+        if args.json:
+            Path(args.json).write_text(json.dumps(each, indent=2) + "\n")
+            print(f"wrote {args.json}")
+        return 0
+    out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
+    print(_scored(out))
     if args.render:
         print(f"wrote {out['frames']} frames and episode.gif to {args.render} (the first episode: return "
               f"{out['render_return']:.2f})")
@@ -285,6 +311,8 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--run-seed", type=int, default=None, metavar="N",
                    help="a run of several seeds (run.num_seeds): evaluate seed N's policy (default: the first)")
     e.add_argument("--render", metavar="DIR", default=None, help="write one episode's frames (PNG) and a GIF here")
+    e.add_argument("--all", action="store_true", help="a run of several seeds or swept values: evaluate each member, "
+                   "and each swept value's mean over its seeds")
     e.add_argument("--json", metavar="FILE", default=None, help="also write the figures to FILE as JSON")
     e.set_defaults(fn=cmd_eval)
     for command in (t, g, e):

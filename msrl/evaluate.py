@@ -375,6 +375,18 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     return out
 
 
+def evaluate_each(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> list[dict]:
+    """:func:`evaluate` of each member of a run of several seeds or swept values, in the order it trained them
+    (each result's ``member`` names it)."""
+    from msrl.plot import member_folders
+
+    folders = member_folders(Path(run_dir).expanduser())
+    if not folders:
+        raise ConfigError("RUN_DIR", f"{run_dir} is not a run of several seeds or swept values (run.num_seeds, "
+                          "run.sweep) with a folder for each; evaluate it alone")
+    return [{**evaluate(folder, episodes, seed=seed), "member": folder.name} for folder in folders]
+
+
 def _frame(env: Any, env_id: str) -> np.ndarray:
     """``env.render()``: an RGB image (H, W, 3), or a ConfigError naming what it gave."""
     frame = env.render()

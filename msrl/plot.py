@@ -111,7 +111,7 @@ def _group_key(run_dir: Path) -> str:
     return yaml.safe_dump({k: v for k, v in cfg.items() if k != "run"}, sort_keys=True)
 
 
-def _members(run_dir: Path) -> list[Path]:
+def member_folders(run_dir: Path) -> list[Path]:
     """The folders of a run of several seeds or swept values (``seed_N``, ``lr=0.001``, ``lr=0.001,seed_N``),
     in the order it ran them."""
     cfg = _config(run_dir)
@@ -144,7 +144,7 @@ def lines(run_dirs: list[Path], aggregate: bool = False) -> list[list[Path]]:
     per config (its seeds' mean), any other run its own line; ``aggregate`` joins the folders of every run given
     whose configs differ only under ``run``."""
     groups: dict[tuple, list[Path]] = {}
-    members = {d: _members(d) for d in run_dirs}
+    members = {d: member_folders(d) for d in run_dirs}
     with_run = {m.resolve() for ms in members.values() for m in ms}
     given: set[Path] = set()  # each folder drawn once, though given twice, or on its own and with its run
     for k, d in enumerate(run_dirs):

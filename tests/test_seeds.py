@@ -84,7 +84,14 @@ def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(
 
     # eval and load pick one seed's policy; another seed is refused, naming the trained ones
     assert main(["eval", str(run), "--run-seed", "6", "--episodes", "2"]) == 0
-    assert "seed 6)" in capsys.readouterr().out
+    one = capsys.readouterr().out.splitlines()[-1]
+    assert "seed 6)" in one
+    assert main(["eval", str(run), "--all", "--episodes", "2", "--json", str(tmp_path / "each.json")]) == 0
+    out, each = capsys.readouterr().out.splitlines(), json.loads((tmp_path / "each.json").read_text())
+    assert [e["member"] for e in each] == ["seed_5", "seed_6", "seed_7"] and out[1].split()[1] == one.split()[1]
+    means = [e["return_mean"] for e in each]
+    assert out[3] == (f"the run: mean return {np.mean(means):.2f} ± {np.std(means):.2f} over its 3 seeds (the std is "
+                      "that of the seeds' means)")
     policy = msrl.load(run, run_seed=7)
     assert policy.act(np.zeros(4, np.float32)).shape == () and policy.act([0.0] * 4).shape == ()  # (a list too)
     with pytest.raises(ValueError, match=r"shaped \(4,\) \(a batch: \(n, 4\)\), got \(5,\)"):
