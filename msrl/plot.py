@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, arg
 
 _AXES = ("env_steps", "wall_time")  # the x axes
 
@@ -52,7 +52,7 @@ def read_curve(run_dir: str | Path, metric: str = "episode_return") -> dict[str,
     columns = (*_AXES, metric)
     missing = [c for c in columns if c not in rows[0]]
     if missing:
-        raise ConfigError("--metric" if missing == [metric] else str(run_dir), f"{path} has no column "
+        raise ConfigError(arg("metric") if missing == [metric] else str(run_dir), f"{path} has no column "
                           f"{', '.join(missing)}" + (f"; its columns: {', '.join(c for c in rows[0] if c not in _AXES)}"
                                                      if missing == [metric] else ""))
 
