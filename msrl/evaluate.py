@@ -307,13 +307,26 @@ class TrainedPolicy:
                 f"iteration {self.iteration}{', recurrent' if self.recurrent else ''})")
 
 
+ACT_ROWS = 1024  # environments acted on at once: acting holds a copy of a layer's kernel per 16 of them
+
+
 def greedy_policy(actor: Any) -> tuple[Any, Any]:
     """``(initial_carry(n), step(params, carry, obs, start) -> (carry, action))`` of an actor: a recurrent
-    one's ``greedy_step``, or a stateless ``greedy`` with an empty carry."""
-    if hasattr(actor, "greedy_step"):  # (traced as acting: each row's actions the same in a batch of any size)
-        return actor.initial_carry, jax.jit(functools.partial(acting, actor.greedy_step))
-    greedy = jax.jit(functools.partial(acting, actor.greedy))
-    return (lambda n: None), (lambda params, carry, obs, start: (None, greedy(params, obs)))
+    one's ``greedy_step``, or a stateless ``greedy`` with an empty carry. It acts as actors do in training
+    (:func:`msrl.components.acting`: each environment's action the same in a batch of any size), on at most
+    ``ACT_ROWS`` environments at a time."""
+    if hasattr(actor, "greedy_step"):
+        initial_carry, one = actor.initial_carry, jax.jit(functools.partial(acting, actor.greedy_step))
+    else:
+        greedy = jax.jit(functools.partial(acting, actor.greedy))
+        initial_carry, one = (lambda n: None), (lambda params, carry, obs, start: (None, greedy(params, obs)))
+
+    def step(params: Any, carry: Any, obs: Any, start: np.ndarray) -> tuple[Any, Any]:
+        parts = [one(params, *jax.tree.map(lambda x: x[i:i + ACT_ROWS], (carry, obs, start)))
+                 for i in range(0, len(start), ACT_ROWS)]
+        return parts[0] if len(parts) == 1 else jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+    return initial_carry, step
 
 
 def load(run_dir: str | Path, run_seed: int | None = None) -> TrainedPolicy:

@@ -223,14 +223,17 @@ def test_eval_refuses_a_recurrent_actor_it_cannot_act_with_as_trained():
         check_greedy(GreedyOnly(), "mine")
 
 
-def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
+def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys, monkeypatch):
+    import msrl.evaluate as msrl_evaluate
+
     run = tmp_path / "run"
     cfg = load_config(RPPO, [*SMALL, "run.total_env_steps=128", "run.checkpoint_every_steps=64",
                              "run.progress=false", "run.tensorboard=false"])
     msrl.train(cfg, run_dir=run)
     capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "4"]) == 0
-    assert re.search(r"return \d+\.\d+ ± \d+\.\d+ over 4 episodes of [\d,.]+ steps on average, [\d,]+ env steps \(greedy; ", capsys.readouterr().out)
+    assert re.search(r"return \d+\.\d+ ± \d+\.\d+ over 4 episodes of [\d,.]+ steps on average, [\d,]+ env steps "
+                     r"\(greedy; ", capsys.readouterr().out)
     policy = msrl.load(run)
     assert policy.recurrent
     obs = np.zeros((2, 4), np.float32)
@@ -254,6 +257,13 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys):
         policy.act(obs, done=True)
     policy.reset()
     assert policy.act(obs[0], done=True).shape == ()  # one observation's done may be one bool
+    many = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    policy.reset()
+    whole, carry = [policy.act(many * i) for i in range(3)], np.asarray(policy._carry)
+    monkeypatch.setattr(msrl_evaluate, "ACT_ROWS", 2)  # a batch acted on in parts: the same actions and states
+    policy.reset()
+    assert all(np.array_equal(x, policy.act(many * i)) for i, x in enumerate(whole))
+    np.testing.assert_array_equal(np.asarray(policy._carry), carry)
 
 
 def test_load_carries_a_hidden_state_that_is_a_pair(tmp_path):
