@@ -235,7 +235,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if len(outs) > 1:
                 means = [o["return_mean"] for o in outs]
                 print(f"{value or 'the run'}: mean return {statistics.fmean(means):.2f} ± "
-                      f"{statistics.pstdev(means):.2f} over its {len(outs)} seeds (the std is that of the seeds' means)")
+                      f"{statistics.pstdev(means):.2f} over its {len(outs)} seeds (the std is that of the seeds' "
+                      "means)")
         if args.json:
             Path(args.json).write_text(json.dumps(each, indent=2) + "\n")
             print(f"wrote {args.json}")
