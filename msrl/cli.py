@@ -302,7 +302,8 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", default=None)
     g.set_defaults(fn=cmd_graph)
 
-    e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run greedily over fresh episodes")
+    e = sub.add_parser("eval", help="evaluate a run's newest good checkpoint (or the one given) greedily over "
+                       "fresh episodes")
     e.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its newest good checkpoint), a member's "
                    "folder in one (a sweep's RUN_DIR/lr=0.001), or a checkpoint file "
                    "(RUN_DIR/checkpoints/ckpt_*.msgpack)")
@@ -311,7 +312,7 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed")
     e.add_argument("--run-seed", type=int, default=None, metavar="N",
                    help="a run of several seeds (run.num_seeds): evaluate seed N's policy (default: the first)")
-    e.add_argument("--render", metavar="DIR", default=None, help="write one episode's frames (PNG) and a GIF here")
+    e.add_argument("--render", metavar="DIR", default=None, help="write the first episode's frames (PNG) and a GIF here")
     e.add_argument("--all", action="store_true", help="a run of several seeds or swept values: evaluate each member, "
                    "and each swept value's mean over its seeds")
     e.add_argument("--json", metavar="FILE", default=None, help="also write the figures to FILE as JSON")
