@@ -202,6 +202,9 @@ def test_gymnasium_corners_a_terminal_time_limit_step_a_shifted_discrete_space_a
     for _ in range(5):
         state, out = env.step(state, np.zeros(2, np.int32))
     assert out.terminated.all() and not out.truncated.any()
+    env = make_env("gymnax:CartPole-v1", max_steps_in_episode=1, theta_threshold_radians=1e-9)  # gymnax's too
+    state, out = env.step(env.init(jax.random.PRNGKey(0), np.arange(2)), np.zeros(2, np.int32))  # (it said cut)
+    assert np.asarray(out.terminated).all() and not np.asarray(out.truncated).any()
 
     env = make_env("gymnasium:MsrlQuirky-v0", mode="start")  # Discrete(3, start=1): msrl's 0..2 are its 1..3
     assert env.spec.action_space.n == 3

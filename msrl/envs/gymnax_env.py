@@ -257,6 +257,7 @@ class GymnaxEnv(FunctionalEnv):
             # on an accelerator a condition costs a round trip to the host at every step: reset every step there
             obs, inner = jax.lax.platform_dependent(None, default=reset, cpu=lambda _: jax.lax.cond(
                 done.any(), reset, lambda _: (final_obs, state), None))
-        truncated = jnp.asarray(truncated, bool)  # a time limit reached is a truncation, even where the env
-        terminated = jnp.asarray(terminated, bool) & ~truncated  # also calls it terminal (gymnax's Pendulum)
+        terminated = jnp.asarray(terminated, bool)  # (gymnax >= 1.0.1: the state's own end, no time limit)
+        truncated = jnp.asarray(truncated, bool) & ~terminated  # a terminal state on the time limit's step is
+        # terminal, as Gymnasium has it
         return obs, inner, reward.astype(jnp.float32), terminated, truncated, final_obs
