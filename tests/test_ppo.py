@@ -59,6 +59,14 @@ def test_nature_cnn_refuses_what_is_not_a_frame_stack():
         with pytest.raises(msrl.ConfigError) as e:
             msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", overrides))
         assert e.value.key == key, e.value
+    from types import SimpleNamespace
+
+    from msrl.algorithms.ppo import PPO, PPOConfig
+
+    images = msrl.EnvSpec("users:Img", (48, 48, 3), np.dtype(np.uint8), msrl.Discrete(2))  # Gymnasium's layout
+    with pytest.raises(msrl.ConfigError, match=r"observations are \[48, 48, 3\], images with their channels last: "
+                                               r"make the env give them channels first \(np.transpose"):
+        PPO.network(SimpleNamespace(cfg=PPOConfig(network="nature_cnn")), images)
 
 
 def test_nature_cnn_scales_bytes_and_acts_alike_on_any_split():

@@ -151,9 +151,14 @@ class PPO(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; PPO acts for one "
                                    "(use algorithm.name=mappo)")
         if self.cfg.network == "nature_cnn":
-            if len(spec.obs_shape) != 3 or min(spec.obs_shape[1:]) < 36:
+            shape = list(spec.obs_shape)
+            if len(shape) != 3 or min(shape[1:]) < 36:
+                last = len(shape) == 3 and shape[2] <= 4 < 36 <= min(shape[:2])  # [H, W, C]: Gymnasium's images
                 raise msrl.ConfigError("algorithm.network", f"nature_cnn convolves frame stacks [C, H, W] of at least "
-                                       f"36 x 36 pixels; {spec.id}'s observations are {list(spec.obs_shape)}")
+                                       f"36 x 36 pixels; {spec.id}'s observations are {shape}" + (
+                                           ", images with their channels last: make the env give them channels "
+                                           "first (np.transpose(obs, (2, 0, 1)), e.g. in a gymnasium "
+                                           "ObservationWrapper of your env)" if last else ""))
             if self.cfg.normalize_obs:
                 raise msrl.ConfigError("algorithm.normalize_obs", "nature_cnn scales its frames to [0, 1] itself; "
                                        "standardizing pixels by running statistics is not offered")
