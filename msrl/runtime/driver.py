@@ -212,6 +212,8 @@ class ReplicaDriver:
                     else:
                         with jax.default_device(self.device):
                             self.state, result, stats = self.step(self.state)
+                    # an error XLA reports late (a host callback's) is this replica's, not the reader's of its state
+                    jax.block_until_ready((self.state, result, stats))
                 except Stopped:
                     raise
                 except Exception as e:  # noqa: BLE001 - reported at the user's line
