@@ -212,14 +212,15 @@ class ReplicaDriver:
                     else:
                         with jax.default_device(self.device):
                             self.state, result, stats = self.step(self.state)
-                    # an error XLA reports late (a host callback's) is this replica's, not the reader's of its state
-                    jax.block_until_ready((self.state, result, stats))
                 except Stopped:
                     raise
                 except Exception as e:  # noqa: BLE001 - reported at the user's line
                     raise self.failure(e) from None
                 self.flush()
-                out.append((self.iteration, self.host(stats), self.host(result)))
+                try:
+                    out.append((self.iteration, self.host(stats), self.host(result)))
+                except Exception as e:  # noqa: BLE001 - an error XLA reports once the outputs are read (a host
+                    raise self.failure(e) from None  # callback's) is this replica's too
                 self.iteration += 1
                 self.warm = True
         except Stopped:
