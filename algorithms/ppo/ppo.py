@@ -153,7 +153,7 @@ class PPO(msrl.Algorithm):
         if self.cfg.network == "nature_cnn":
             shape = list(spec.obs_shape)
             if len(shape) != 3 or min(shape[1:]) < 36:
-                last = len(shape) == 3 and shape[2] <= 4 < 36 <= min(shape[:2])  # [H, W, C]: Gymnasium's images
+                last = len(shape) == 3 and shape[2] <= 4 and min(shape[:2]) >= 36  # [H, W, C]: Gymnasium's images
                 raise msrl.ConfigError("algorithm.network", f"nature_cnn convolves frame stacks [C, H, W] of at least "
                                        f"36 x 36 pixels; {spec.id}'s observations are {shape}" + (
                                            ", images with their channels last: make the env give them channels "
