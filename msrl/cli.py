@@ -209,6 +209,13 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_json(path: str | None, data: Any) -> None:
+    """``--json FILE``: ``data`` written to FILE (where given), and a line saying so."""
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
 def _scored(out: dict) -> str:
     """One ``msrl eval`` line: the return over the episodes, and what was evaluated."""
     which = f", {out['member']}" if "member" in out else f", seed {out['run_seed']}" if "run_seed" in out else ""
@@ -237,18 +244,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 print(f"{value or 'the run'}: mean return {statistics.fmean(means):.2f} ± "
                       f"{statistics.pstdev(means):.2f} over its {len(outs)} seeds (the std is that of the seeds' "
                       "means)")
-        if args.json:
-            Path(args.json).write_text(json.dumps(each, indent=2) + "\n")
-            print(f"wrote {args.json}")
+        _write_json(args.json, each)
         return 0
     out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
     print(_scored(out))
     if args.render:
         print(f"wrote {out['frames']} frames and episode.gif to {args.render} (the first episode: return "
               f"{out['render_return']:.2f})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, out)
     return 0
 
 
@@ -267,10 +270,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     console = Console()
     records = run_benchmarks(directory=args.dir, quick=not args.full, only=args.only, console=console)
     console.print(table(records))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"mode": "full" if args.full else "quick", "benchmarks": records},
-                                              indent=2) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, {"mode": "full" if args.full else "quick", "benchmarks": records})
     return 0
 
 
