@@ -18,7 +18,6 @@ learner never loses an update. A learner that dies ends the run with a :class:`T
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
@@ -39,7 +38,7 @@ from msrl import services
 from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
 from msrl.compiler.ir import walk
 from msrl.errors import CALLBACK_LOGS, ConfigError, MsrlError, TrainingError
-from msrl.registry import USER_MODULES
+from msrl.registry import USER_MODULES, import_user_module
 from msrl.runtime.driver import POLL_S, STOP_GRACE_S, WATCH_S, ReplicaDriver, ReplicaRuntime, Transport, fragment_fn
 
 FORWARD_S = 0.5  # Ray's log monitor reads the replicas' output every 0.1 s; publishing it to the driver takes more
@@ -132,7 +131,7 @@ class FragmentWorker:
             if path not in sys.path:
                 sys.path.insert(0, path)
         for module in driver["imports"]:  # --import: the user's registrations (envs, algorithms) happen here too
-            importlib.import_module(module)
+            import_user_module(module)
         if driver["compile_cache"]:  # the driver's cache, as the driver uses it
             jax.config.update("jax_compilation_cache_dir", driver["compile_cache"][0])
             jax.config.update("jax_persistent_cache_min_compile_time_secs", driver["compile_cache"][1])

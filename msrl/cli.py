@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msrl.errors import CALLBACK_LOGS, CLI_FLAGS, ConfigError, Interrupted, MsrlError, user_code_error
+from msrl.errors import CALLBACK_LOGS, CLI_FLAGS, ConfigError, Interrupted, MsrlError
 
 
 def _graph_text(program: Any) -> str:
@@ -344,42 +344,6 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def import_user_module(spec: str) -> None:
-    """``--import``: a dotted module name, or a .py file (imported by its name from its folder, so Ray workers
-    can import it the same way). Its ``@msrl.register_*`` decorators run."""
-    import importlib
-
-    path = Path(spec)
-    if spec.endswith(".py"):
-        if not path.is_file():
-            raise ConfigError("--import", f"{spec}: no such file")
-        sys.path.insert(0, str(path.resolve().parent))
-        spec = path.stem
-    try:
-        importlib.import_module(spec)
-    except ImportError as e:
-        if e.name != spec and _module_exists(spec):  # it ran, and an import of its own failed: say where
-            raise user_code_error(e, spec, "--import") from e
-        raise ConfigError("--import", f"cannot import {spec!r}: {e}") from None
-    except MsrlError:
-        raise
-    except Exception as e:  # the module's own code failed: say where
-        raise user_code_error(e, spec, "--import") from e
-    from msrl.registry import USER_MODULES
-
-    if spec not in USER_MODULES:
-        USER_MODULES.append(spec)
-
-
-def _module_exists(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args, extra = parser.parse_known_args(argv)  # KEY=VALUE overrides may follow options too
@@ -395,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     flags = CLI_FLAGS.set(True)  # errors name the flags, not train()'s keywords
     try:
+        from msrl.registry import import_user_module
+
         for module in getattr(args, "imports", None) or []:
             import_user_module(module)
         return args.fn(args)

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from msrl.errors import ConfigError, did_you_mean, quote
-from msrl.registry import ALGORITHMS, POLICIES
+from msrl.registry import ALGORITHMS, POLICIES, USER_MODULES, import_user_module
 
 MAX_YAML_VALUES = 100_000  # what a YAML text may expand to through anchors and aliases (a "billion laughs")
 INT32_MAX = 2**31 - 1  # counts that become array sizes or indices (jax's default integers are int32)
@@ -85,6 +85,10 @@ class RunConfig(BaseModel):
     stall_timeout_s: float = Field(600.0, ge=0, description="seconds a replica, a host environment's step or a "
                                    "collective may make no progress before the run stops with an error naming it; "
                                    "0: wait forever")
+    imports: list[str] = Field(default_factory=list, description="your modules that register what the config names "
+                               "(as --import: a .py file's path, from the working directory, or a module's name), "
+                               "imported before the rest is read; a run's config.yaml lists these and --import's, so "
+                               "eval, resume and msrl.load import them too")
 
 
 class ExperimentConfig(BaseModel):
@@ -194,6 +198,16 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
     return model
 
 
+def _import_users_modules(imports: Any) -> None:
+    """``run.imports``: each module imported (as ``--import`` does) before the names they register are looked up."""
+    if imports is None:
+        return
+    if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
+        raise ConfigError("run.imports", f"a list of .py files or module names, got {quote(imports)}")
+    for module in imports:
+        import_user_module(module, "run.imports")
+
+
 def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     """Validate a plain dict (as from YAML) into an :class:`ExperimentConfig`."""
     if not isinstance(data, dict):
@@ -209,6 +223,7 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
                               else f"must be a mapping of keys, got {quote(data[section])}")
         if data.get(section) is not None:
             _check_keys(data[section], section)
+    _import_users_modules((data.get("run") or {}).get("imports"))
     algo = dict(data.get("algorithm") or {})
     if "name" not in algo:
         raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")
@@ -220,7 +235,7 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     for key, values in run.get("sweep", {}).items():  # each value as the key's own value would be
         for v in values:
             _validate(algo_cls.Config, {**algo, key: v}, "algorithm")
-    run = _validate(RunConfig, run, "run")
+    run = _validate(RunConfig, {**run, "imports": list(USER_MODULES)}, "run")
     if run.seed + run.num_seeds - 1 > SEED_MAX:
         raise ConfigError("run.num_seeds", f"seeds {run.seed:,} .. {run.seed + run.num_seeds - 1:,} pass the largest "
                           f"seed, {SEED_MAX:,} (a jax PRNG key holds 32 bits): lower run.seed")

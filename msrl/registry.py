@@ -11,9 +11,10 @@ import importlib
 import operator
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
-from msrl.errors import ConfigError, did_you_mean, quote, user_code_error
+from msrl.errors import ConfigError, MsrlError, did_you_mean, quote, user_code_error
 
 
 class Registry:
@@ -75,7 +76,8 @@ class Registry:
             if ep is None:
                 raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"
                                   f"available: {', '.join(self.names())} (one of your own registers when its module "
-                                  "is imported: `msrl ... --import FILE.py`, or import it before msrl.train)")
+                                  "is imported: `msrl ... --import FILE.py`, run.imports in the config, or import it "
+                                  "before msrl.train)")
             self.register(name)(_load(ep, self.key, self.noun))
         return self._items[name]
 
@@ -126,4 +128,45 @@ register_algorithm = ALGORITHMS.register
 register_policy = POLICIES.register
 register_backend = BACKENDS.register
 
-USER_MODULES: list[str] = []  # modules the user imported with --import: every process of a run imports them too
+USER_MODULES: list[str] = []  # the user's modules imported by --import or run.imports (a .py file's absolute path, or
+# a module's name): every process of a run imports them too, and the run's config.yaml lists them (run.imports)
+
+
+def import_user_module(spec: str, key: str = "--import") -> None:
+    """Import the user's module ``spec``, a dotted module name or a .py file (imported by its name from its folder,
+    so Ray workers can import it the same way), so that its ``@msrl.register_*`` decorators run; errors name
+    ``key``. A file that is gone is skipped where a module of its name was imported already (``--import`` gave
+    its new place)."""
+    path = Path(spec).expanduser()
+    name = spec
+    if spec.endswith(".py"):
+        name, spec = path.stem, str(path.resolve())
+        if not path.is_file():
+            if name in sys.modules:
+                return
+            moved = " (a file a run's config.yaml lists has moved? give --import with its new place)"
+            raise ConfigError(key, f"{spec}: no such file" + moved * (key == "run.imports"))
+        if str(path.resolve().parent) not in sys.path:
+            sys.path.insert(0, str(path.resolve().parent))
+    if spec in USER_MODULES:
+        return
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        if e.name != name and _module_exists(name):  # it ran, and an import of its own failed: say where
+            raise user_code_error(e, name, key) from e
+        raise ConfigError(key, f"cannot import {name!r}: {e}") from None
+    except MsrlError:
+        raise
+    except Exception as e:  # the module's own code failed: say where
+        raise user_code_error(e, name, key) from e
+    USER_MODULES.append(spec)
+
+
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False

@@ -153,7 +153,7 @@ def test_bad_env_ids_are_config_errors():
         make_env("gymnx:CartPole-v1")
     with pytest.raises(msrl.ConfigError, match=r"'my:Sign-v0' is not an environment id: no prefix 'my' is registered; "
                                                r"the prefixes: .* \(an env of your own registers 'my' when its module "
-                                               r"is imported: `msrl ... --import FILE.py`, for eval and --resume too\)"):
+                                               r"is imported: `msrl ... --import FILE.py` or run.imports in the config\)"):
         make_env("my:Sign-v0")  # a user's own prefix, its module not imported (msrl eval without --import)
     with pytest.raises(msrl.ConfigError, match="env.id.*not a gymnax environment; known: CartPole-v1"):
         make_env("gymnax:NoSuchThing")  # nothing close: no guess

@@ -150,6 +150,45 @@ def test_custom_policy_registers_compiles_and_runs_from_config(fused):
         example_config(POLICY_LINES["fused"], ["policy.name=inference_server", "policy.env_workers=3"])
 
 
+def test_a_run_remembers_its_imports_for_eval_load_and_resume(tmp_path):
+    """A run trained with --import lists the file in its config.yaml (run.imports), so `msrl eval RUN`,
+    msrl.load and --resume, in a fresh process, import it again; a file that moved is named, and an import from its
+    new place stands in for it."""
+    import subprocess
+
+    def python(code: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.splitlines()
+
+    run, mine = tmp_path / "run", str(EXAMPLES / "custom_algorithm.py")
+    python(f"""from msrl.cli import main
+assert main(["train", "--import", {mine!r}, {str(CONFIG)!r}, "run.total_env_steps=2048", "run.progress=false",
+             "run.tensorboard=false", "--run-dir", {str(run)!r}]) == 0""")
+    assert yaml.safe_load((run / "config.yaml").read_text())["run"]["imports"] == [mine]
+    lines = python(f"""import numpy as np, msrl
+from msrl.cli import main
+assert main(["eval", {str(run)!r}, "--episodes", "2"]) == 0
+print(msrl.load({str(run)!r}).act(np.zeros((3, 4), np.float32)).tolist())
+print(msrl.train(None, ["run.total_env_steps=3072"], run_dir={str(run)!r}, resume=True)["env_steps"])""")
+    assert lines[0].startswith("return ") and len(yaml.safe_load(lines[1])) == 3 and lines[2] == "3072", lines
+    moved = tmp_path / "moved" / "custom_algorithm.py"
+    moved.parent.mkdir()
+    moved.write_text((EXAMPLES / "custom_algorithm.py").read_text())
+    lines = python(f"""import yaml, msrl
+from msrl.registry import import_user_module
+config = yaml.safe_load(open({str(run / "config.yaml")!r}))
+config["run"]["imports"] = ["/nowhere/custom_algorithm.py"]
+try:
+    msrl.validate_config(config)
+except msrl.ConfigError as e:
+    print(e)
+import_user_module({str(moved)!r})  # (as --import does)
+print(msrl.validate_config(config).run.imports)""")
+    assert lines == ["run.imports: /nowhere/custom_algorithm.py: no such file (a file a run's config.yaml lists has "
+                     "moved? give --import with its new place)", str([str(moved)])], lines
+
+
 def test_cli_imports_user_modules(capsys):
     from msrl.cli import main
 

@@ -133,7 +133,7 @@ def _make(env_id: str, **kwargs) -> Environment:
     if prefix not in _MAKERS:
         typo = did_you_mean(prefix, _MAKERS)
         own = "" if typo else f" (an env of your own registers {prefix!r} when its module is imported: `msrl ... " \
-            "--import FILE.py`, for eval and --resume too)"
+            "--import FILE.py` or run.imports in the config)"
         raise ConfigError("env.id", f"{env_id!r} is not an environment id: no prefix {prefix!r} is registered; "
                           f"{typo}the prefixes: {sorted(_MAKERS)}{own}")
     maker = _MAKERS[prefix]
