@@ -52,7 +52,7 @@ def memory_estimate(program: Any) -> dict[str, int]:
 
     from msrl.compiler import COMPONENTS, whole
 
-    components = {**program.components, "env": program.env.shape_stand_in(), "learner": program.algorithm.learner}
+    components = {**program.components, "env": program.env.shape_stand_in(), "learner": program.learner}
     if components.get("buffer") is not None:  # every shard's entries (the shards together hold buffer_size)
         components["buffer"] = whole(components["buffer"])
     names = [c for c in COMPONENTS if components.get(c) is not None]

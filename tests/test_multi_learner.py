@@ -14,7 +14,7 @@ import pytest
 import msrl
 from msrl.config import load_config
 
-from helpers import CARTPOLE, assert_reaches, final_params, max_diff
+from helpers import CARTPOLE, EXAMPLES, assert_reaches, final_params, max_diff
 
 MULTI = ["policy.name=multi_learner", "env.num_envs=8"]
 
@@ -48,6 +48,25 @@ def test_replicas_hold_identical_parameters_after_every_iteration():
             assert len(params) == 4 and all(max_diff(params[0], p) == 0.0 for p in params[1:])
             assert max_diff(before, params[0]) > 1e-4  # they did learn
             before = params[0]
+
+
+def test_an_algorithm_compiled_again_under_another_policy_leaves_the_first_program_as_it_was(two_learners):
+    """msrl.compile(algorithm, ...) twice on one algorithm object (to compare policies, say): each program holds
+    its own learner and buffer, so the second policy's gradient transforms (fused: none) and buffer shards do not
+    replace the first's (before: the multi_learner program ran without its all-reduce, silently learning apart)."""
+    from msrl.runner import build
+
+    ml = load_config(CARTPOLE, ["run.seed=0", "run.total_env_steps=100000", *MULTI, "policy.learners=2"])
+    first = build(ml)
+    msrl.compile(first.algorithm, load_config(CARTPOLE).policy, first.env, first.num_envs)  # fused, same object
+    with msrl.Session(program=first, seed=0, iterations_per_dispatch=3) as session:
+        session.run(3)
+        again, replicas = session.params(), replica_params(session)
+    assert max_diff(two_learners[0], again) == 0 and max_diff(*replicas) == 0
+    dqn = load_config(EXAMPLES / "dqn_replay_server.yaml")
+    server = build(dqn)
+    msrl.compile(server.algorithm, load_config(EXAMPLES / "dqn_cartpole.yaml").policy, server.env, server.num_envs)
+    assert server.components["buffer"].shards == dqn.policy.shards > 1
 
 
 def test_learners_on_forced_host_devices_match_vmap_and_reach_475(tmp_path, two_learners):

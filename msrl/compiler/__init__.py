@@ -234,8 +234,11 @@ class Program:
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
         self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
-        if self.components["learner"] is not None:
-            self.components["learner"], self.services = prepare_learner(policy, self.components["learner"])
+        # the program's own learner: the policy sets its gradient transforms there, not on the algorithm's, which
+        # another program compiled from the same algorithm object (under another policy) shares
+        self.learner = copy.copy(algorithm.learner) if self.components["learner"] is not None else None
+        if self.learner is not None:
+            self.components["learner"], self.services = prepare_learner(policy, self.learner)
         self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
         self._inputs: dict[int, dict[str, dict[str, Any]]] = {}  # per probed env count: what statements read
         with self._phase("frontend"):
@@ -321,7 +324,7 @@ class Program:
         (``replay_server``'s shards): each holds ``capacity / shards`` entries and draws ``batch_size /
         shards`` of a sample. (A buffer read whole, ``buffer_get``, is split along its environments; a replica
         that learns has a buffer of its own.)"""
-        buffer = self.components["buffer"]
+        buffer = self.components["buffer"] = copy.copy(self.components["buffer"])  # the program's own, as the learner
         calls = [s for s in leaves(self.stmts) if s.kind == "api" and s.api.component == "buffer"]
         roles = {assign[s.id] for s in calls}
         learners = {assign[s.id] for s in leaves(self.stmts) if s.kind == "api" and s.api.name == "agent_learn"}
@@ -508,7 +511,7 @@ class Program:
             return result
 
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's
-        components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.algorithm.learner}
+        components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.learner}
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record, "_msrl_record_in": record_in,
               "_msrl_returned": returned, "_msrl_check_actions": lambda a: _check_actions(components["env"], a),
               **{f"_c_{c}": components[c] for c in used if c != "params"}}
