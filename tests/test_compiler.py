@@ -407,6 +407,8 @@ class _Yours(msrl.DistributedPolicy):
             return msrl.LearnerPlan(updates_per_iteration=0)
         if self.mistake == "transform":
             return msrl.LearnerPlan(grad_transforms=(lambda g: g,))
+        if self.learners > 1 and self.mistake == "unaveraged":
+            return msrl.LearnerPlan(learner_replicas=self.learners)
         if self.learners > 1 and self.mistake != "apart":
             return msrl.LearnerPlan(grad_transforms=(msrl.all_reduce_mean(),), learner_replicas=self.learners)
         return msrl.LearnerPlan()
@@ -439,13 +441,18 @@ def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, messa
 
 def test_learners_on_several_replicas_must_average_their_gradients_together():
     """Replicas that each run agent_learn on their own environments end apart (2 threads replicas of the whole
-    loop reported one replica's parameters, 0.0045 from fused); msrl.all_reduce_mean() on the threads backend,
-    which has no collectives, averaged nothing."""
+    loop reported one replica's parameters, 0.0045 from fused), also where the policy declares them learner
+    replicas but gives no all-reduce; msrl.all_reduce_mean() on the threads backend, which has no collectives,
+    averaged nothing."""
     config = A2C_CARTPOLE
     with pytest.raises(msrl.CompileError, match=r"a2c.py:\d+: policy 'test_yours' runs `metrics = msrl.agent_learn\(.*\)` "
                                                 r"on the 2 replicas of its role 'learner', but its learner_plan\(\) "
                                                 r"declares 1 learner replica: each replica would learn alone"):
         msrl.build(msrl.load_config(config, ["policy.name=test_yours", "policy.learners=2", "policy.mistake=apart"]))
+    with pytest.raises(msrl.CompileError, match=r"on the 2 replicas of its role 'learner', but its learner_plan\(\) does "
+                                                r"not average their gradients: each replica would learn alone"):
+        msrl.build(msrl.load_config(config, ["policy.name=test_yours", "policy.learners=2",
+                                             "policy.mistake=unaveraged"]))  # (it ran, each learning alone)
     with pytest.raises(msrl.ConfigError, match=r"^policy.backend: policy 'test_yours' averages the gradients of its 2 "
                                                r"'learner' replicas \(msrl.all_reduce_mean\(\)\), but the threads "
                                                r"backend has no collectives: nothing would average them"):

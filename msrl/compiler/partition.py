@@ -6,6 +6,7 @@ from typing import Any
 
 import networkx as nx
 
+from msrl.backend import reduces_over_replicas
 from msrl.compiler.ir import Stmt, leaves
 from msrl.errors import CompileError, ConfigError
 from msrl.plan import AXES, COMM_OPS, CommSpec, FragmentSpec, Loop, Plan
@@ -57,15 +58,18 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
             raise CompileError(
                 f"policy {policy.name!r} placed `{s.source}` in fragment {assign.get(s.id)!r}, "
                 f"which is not one of its fragments ({', '.join(fragments)})", s.file, s.line)
-    learners = answer(policy, "learner_plan").learner_replicas
+    plan = answer(policy, "learner_plan")
+    averaged = reduces_over_replicas(plan.grad_transforms) or plan.wrap is not None  # (a wrap: async's holder)
     for s in leaves(stmts):
         f = fragments[assign[s.id]]
-        if s.kind == "api" and s.api.name == "agent_learn" and f.replicas > 1 and f.replicas != learners:
+        if s.kind == "api" and s.api.name == "agent_learn" and f.replicas > 1 and \
+                (f.replicas != plan.learner_replicas or not averaged):
+            declares = (f"declares {plan.learner_replicas} learner replica{'s' * (plan.learner_replicas > 1)}"
+                        if f.replicas != plan.learner_replicas else "does not average their gradients")
             raise CompileError(
                 f"policy {policy.name!r} runs `{s.source}` on the {f.replicas} replicas of its role {f.name!r}, but "
-                f"its learner_plan() declares {learners} learner replica{'s' if learners > 1 else ''}: each replica "
-                "would learn alone on its own environments and end with other parameters (the run would report "
-                "one replica's)", s.file, s.line,
+                f"its learner_plan() {declares}: each replica would learn alone on its own environments and end "
+                "with other parameters (the run would report one replica's)", s.file, s.line,
                 "replicas that learn together average their gradients: LearnerPlan(learner_replicas=N, "
                 "grad_transforms=(msrl.all_reduce_mean(),)), as multi_learner; else give the learner's role 1 replica")
     return fragments, assign
