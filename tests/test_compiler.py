@@ -398,8 +398,8 @@ class _Yours(msrl.DistributedPolicy):
     def link(self, var, src, dst):
         if self.mistake == "tuple":
             return ("gather", "env")
-        if var != "@params" and self.mistake in ("batch", "lag"):
-            return msrl.Link(axis="batch") if self.mistake == "batch" else msrl.Link(lag=1)
+        if var != "@params" and self.mistake in ("batch", "lag", "every"):
+            return {"batch": msrl.Link(axis="batch"), "lag": msrl.Link(lag=1), "every": msrl.Link(every=2)}[self.mistake]
         return super().link(var, src, dst)
 
     def learner_plan(self):
@@ -429,11 +429,14 @@ class _Yours(msrl.DistributedPolicy):
     ("batch", msrl.CompileError, r"policy 'test_yours' sends `obs` from 'actor' to 'learner' along axis 'batch', but it "
                                  r"is not a replay buffer's sample: its replicas' rows would be interleaved"),
     ("lag", msrl.ConfigError, r"gives `obs` \(actor -> learner\) lag=1: only the parameters \(@params\) may arrive late"),
+    ("every", msrl.ConfigError, r"gives `obs` \(actor -> learner\) every=2: only the parameters \(@params\) may "
+                                r"arrive late or skip iterations"),
 ])
 def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, message):
     """(A wrong answer was an AttributeError deep in the compiler or optax; declaring per-environment values
-    'batch' interleaved the replicas' rows, a lag on them was a KeyError mid-run; a zero update count changed the
-    learning-rate schedule; a role given twice took its last replica count without a word.)"""
+    'batch' interleaved the replicas' rows, a lag on them was a KeyError mid-run, as `every` was after a restore; a
+    zero update count changed the learning-rate schedule; a role given twice took its last replica count without a
+    word.)"""
     with pytest.raises(error, match=message):
         msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours",
                                                                           f"policy.mistake={mistake}"]))

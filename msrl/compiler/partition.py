@@ -39,10 +39,11 @@ def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, rece
     if link.every < 1 or link.lag < 0:
         raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` every={link.every}, lag={link.lag}: "
                           "every must be >= 1 and lag >= 0")
-    if link.lag and var != "@params":
-        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) lag={link.lag}: only the "
-                          "parameters (@params) may arrive late (an iteration's value from before the first does "
-                          "not exist); a value of the loop crosses in its own iteration")
+    late = f"lag={link.lag}" if link.lag else f"every={link.every}" if link.every > 1 else ""
+    if late and var != "@params":
+        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) {late}: only the "
+                          "parameters (@params) may arrive late or skip iterations (an iteration's value from before "
+                          "the first does not exist); a value of the loop crosses in its own iteration")
 
 
 def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tuple[dict[str, FragmentSpec], dict[str, str]]:
