@@ -157,7 +157,8 @@ class DQNLearner(msrl.Learner):
         return loss, (jnp.abs(q_taken - y), {"loss": loss, "q": q_taken.mean()})
 
     def learn(self, state, sample: msrl.Sample):
-        """One update (once the buffer holds learning_starts transitions); returns (metrics, new priorities)."""
+        """One update (once the buffer holds learning_starts transitions); returns the new state and (metrics,
+        |TD errors|: the sample's new priorities)."""
         cfg = self.cfg
         grads, (td, metrics) = jax.grad(self._loss, has_aux=True)(state["params"], state["target"], sample)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])

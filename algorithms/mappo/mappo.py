@@ -8,9 +8,10 @@ with another network, and its training loop is PPO's, unchanged::
     obs = msrl.env_observe()
     for _ in range(self.cfg.rollout_len):
         out = msrl.agent_act(obs)                     # action, log_prob: [num_envs, agents]; value: [num_envs]
-        next_obs, reward, done = msrl.env_step(out.action)
-        msrl.buffer_insert(Transition(obs, out.action, reward, done, out.log_prob, out.value))
-        obs = next_obs
+        step = msrl.env_step(out.action)             # step.reward, step.done: [num_envs]
+        msrl.buffer_insert(Transition(obs, out.action, step.reward, step.done, out.log_prob, out.value,
+                                      **truncation(step, self.cfg.bootstrap_truncated)))
+        obs = step.obs
     return msrl.agent_learn(msrl.buffer_get(), last_obs=obs)
 
 The learner computes GAE on the shared reward with the centralized value, and PPO's clipped objective with

@@ -1,7 +1,7 @@
 """TD3 written once against the msrl API; the distribution policy decides how it runs.
 
-The loop is SAC's (``msrl.algorithms.sac.ContinuousOffPolicy``): transitions with the final observation of a truncated episode
-into a replay buffer, then a few updates. The learner's two optimizers (critic, actor) are built with
+The loop is SAC's (``msrl.algorithms.sac.sac.ContinuousOffPolicy``): transitions with the final observation of a
+truncated episode into a replay buffer, then a few updates. The learner's two optimizers (critic, actor) are built with
 :meth:`msrl.Learner.chain`, so a policy's gradient transforms apply to both.
 """
 
