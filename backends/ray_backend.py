@@ -205,7 +205,7 @@ class FragmentWorker:
         if params_from is not None and iteration > 0:
             sender, cid = params_from
             comm = self.driver.comms[cid]
-            sent = (iteration - 1 - comm.lag) // comm.every * comm.every
+            sent = comm.sent_for(iteration)
             if sent >= 0:
                 params = self.transport.fetch(ray.get(sender.call.remote("sent_value", cid, sent)))
                 self.driver.state["params"] = self.driver.last[cid] = params

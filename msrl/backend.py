@@ -132,7 +132,7 @@ def policy_lag(program: Any, iteration: int) -> dict[str, int]:
     comm = program.plan.comm("@params")
     if comm is None:
         return {}
-    received = (iteration - 1 - comm.lag) // comm.every * comm.every  # the sender's iteration they came from
+    received = comm.sent_for(iteration)
     return {"policy_lag": iteration - 1 - received if received >= 0 else iteration}
 
 

@@ -69,6 +69,11 @@ class CommSpec:
     every: int = 1
     lag: int = 0
 
+    def sent_for(self, iteration: int) -> int:
+        """The sender's iteration whose value the receiver holds going into ``iteration`` (its ``every`` and
+        ``lag``); negative where none was sent yet."""
+        return (iteration - 1 - self.lag) // self.every * self.every
+
 
 @dataclasses.dataclass(frozen=True)
 class LearnerPlan:
