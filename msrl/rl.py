@@ -14,7 +14,7 @@ import optax
 from pydantic import BaseModel, Field
 
 from msrl.backend import ravel, unravel
-from msrl.components import ACTING, SHAPE_PROBE, Actor, MultiAgentSpec, split_keys
+from msrl.components import ACTING, SHAPE_PROBE, ActOutput, Actor, MultiAgentSpec, split_keys
 from msrl.errors import ConfigError, MsrlError
 
 ROW_TILE = 16  # rows per product while acting (a batch of 16 costs about what a plain product does; see row_matmul)
@@ -268,12 +268,6 @@ def several_updates(update, state, sample, updates: int):
     return state, jax.tree.map(jnp.mean, metrics)
 
 
-class ActorCriticOutput(NamedTuple):
-    action: jax.Array
-    log_prob: jax.Array
-    value: jax.Array
-
-
 def bootstrap_truncated_field() -> Any:
     """The ``bootstrap_truncated`` key of an on-policy algorithm's config (off: PureJaxRL's and CleanRL's way)."""
     return Field(False, description="an episode cut short (truncated: a time limit) is bootstrapped from the value "
@@ -376,7 +370,7 @@ class ActorCriticActor(Actor):
 
         head, value = self.net.apply(params, obs)
         action = jax.vmap(lambda h, k: policy(self.net.discrete, h).sample(seed=k))(head, use)  # per-env keys
-        return {"keys": keys}, ActorCriticOutput(action, policy(self.net.discrete, head).log_prob(action), value)
+        return {"keys": keys}, ActOutput(action, policy(self.net.discrete, head).log_prob(action), value)
 
     def greedy(self, params, obs):
         head, _ = self.net.apply(params, obs)
@@ -454,8 +448,6 @@ def per_env_carry(carry, num_envs: int):
         return carry
     if SHAPE_PROBE.get():
         return jnp.zeros((num_envs, *carry.shape[1:]), carry.dtype)
-    from msrl.errors import ConfigError
-
     raise ConfigError("policy.name", f"the learner keeps state for each of the {carry.shape[0]} environments it was "
                       f"told it learns from (Context.learner_envs), but its batch holds {num_envs}: the policy must "
                       "declare its learner replicas (LearnerPlan.learner_replicas)")
@@ -508,8 +500,6 @@ class MemoryConfig(BaseModel):
 
 def recurrent_actor_critic(spec, cfg) -> "RecurrentActorCritic":
     """The :class:`RecurrentActorCritic` of a single-agent env spec and a config with :class:`MemoryConfig`'s keys."""
-    from msrl.errors import ConfigError
-
     if isinstance(spec, MultiAgentSpec):
         raise ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; {cfg.name} acts for one")
     return RecurrentActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
