@@ -13,12 +13,11 @@ import jax
 import numpy as np
 
 from msrl import checkpoint
-from msrl.algorithm import Context
 from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec, acting
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import MaskedObs, make_env
 from msrl.errors import ConfigError, arg, quote
-from msrl.policy import answer, prepare_learner
+from msrl.policy import prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
 from msrl.services import PARAMETERS, SNAPSHOT_KEY
 from msrl.sweep import member_config, members
@@ -109,11 +108,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
               + ")", file=sys.stderr, flush=True)
     swept, cfg = bool(cfg.run.sweep), member_config(cfg, each[i])  # (a member's config sweeps nothing)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
-    plan = answer(cfg.policy, "learner_plan")
-    ctx = Context(env_spec=env.spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
-                  total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=plan.updates_per_iteration, learner_replicas=plan.learner_replicas)
-    algorithm = make_algorithm(cfg, ctx)
+    algorithm = make_algorithm(cfg, env.spec)
     check_greedy(algorithm.actor, cfg.algorithm.name)
     key = next((k for k in sorted(states) if k.endswith("/learner")), None)
     if key is None:

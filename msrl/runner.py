@@ -52,17 +52,18 @@ def build(cfg: ExperimentConfig):
                           "'jax_enable_x64', True) or JAX_ENABLE_X64 in this process); turn it off to train (a policy "
                           "msrl.load gives acts either way)")
     env = make_env(cfg.env.id, cfg.env.subprocesses, cfg.env.xla, **cfg.env.kwargs)
-    num_envs = cfg.policy.total_envs(cfg.env.num_envs)
-    plan = answer(cfg.policy, "learner_plan")
-    ctx = Context(env_spec=env.spec, num_envs=num_envs, total_env_steps=cfg.run.total_env_steps,
-                  updates_per_iteration=plan.updates_per_iteration, learner_replicas=plan.learner_replicas)
     with build_guard(cfg.algorithm, list(cfg.run.sweep)):  # (a swept key used here would hold one value only)
-        algorithm = make_algorithm(cfg, ctx)
-    return compile_program(algorithm, cfg.policy, env, num_envs)
+        algorithm = make_algorithm(cfg, env.spec)
+    return compile_program(algorithm, cfg.policy, env, cfg.policy.total_envs(cfg.env.num_envs))
 
 
-def make_algorithm(cfg: ExperimentConfig, ctx: Context) -> Any:
-    """The config's algorithm; an exception its constructor raises is an error naming the file and line."""
+def make_algorithm(cfg: ExperimentConfig, env_spec: Any) -> Any:
+    """The config's algorithm for an env of ``env_spec``, with the context its policy gives it; an exception its
+    constructor raises is an error naming the file and line."""
+    plan = answer(cfg.policy, "learner_plan")
+    ctx = Context(env_spec=env_spec, num_envs=cfg.policy.total_envs(cfg.env.num_envs),
+                  total_env_steps=cfg.run.total_env_steps, updates_per_iteration=plan.updates_per_iteration,
+                  learner_replicas=plan.learner_replicas)
     cls = ALGORITHMS.get(cfg.algorithm.name)
     try:
         return cls(cfg.algorithm, ctx)
