@@ -333,3 +333,16 @@ def test_the_submodules_a_users_code_names_are_reached_from_import_msrl_alone():
     code = "import msrl; print(msrl.rl.Dense.__name__, msrl.envs.register_env.__name__, msrl.replay.UniformBuffer.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.stdout.split() == ["Dense", "register_env", "UniformBuffer"], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("example, schedule", [("ppo_cartpole", "every 512 env steps, 16 each"),
+                                               ("a2c_cartpole", "every 40 env steps, 1 each"),
+                                               ("impala_cartpole", "every 64 env steps, 1 each"),
+                                               ("dqn_cartpole", "every 8 env steps, 2 each")])
+def test_a_run_too_long_for_a_schedules_int32_counter_is_refused(example, schedule):
+    """An annealed learning rate (or an exploration schedule) counts its steps in int32: past 2**31 - 1 the count
+    stops (optax saturates it) and the schedule with it. (PPO checked only one update's epochs x minibatches: a run
+    of 10**15 env steps was accepted, its annealing to stop after 2**31 optimizer steps.)"""
+    with pytest.raises(msrl.ConfigError, match=rf"^run.total_env_steps: 1,000,000,000,000,000 env steps make [\d,]+ "
+                                               rf"steps of a schedule \({schedule}\), more than an int32 counter"):
+        msrl.build(load_config(EXAMPLES / f"{example}.yaml", ["run.total_env_steps=1000000000000000"]))
