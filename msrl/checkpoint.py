@@ -30,7 +30,8 @@ from msrl.errors import ConfigError, TrainingError
 FORMAT = 2  # 2: {"format", "sha256", "config_hash", "payload": msgpack({"meta", "states"})}; 1: no checksum
 # run keys that may change between a run and its resumption
 RESUMABLE_RUN_KEYS = {"total_env_steps", "iterations_per_dispatch", "progress", "tensorboard", "compile_cache",
-                      "log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "wandb", "stall_timeout_s"}
+                      "log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "wandb", "stall_timeout_s",
+                      "imports"}  # (imports: a file that moved, or one a run of `python my_algorithm.py` did not list)
 RESUMABLE_POLICY_KEYS = {"ray_address", "ray_dashboard", "max_actor_restarts"}  # where ray runs, how it recovers
 CHECKED = ("learner", "params")  # components whose float leaves must be finite in a usable checkpoint
 

@@ -136,7 +136,7 @@ def import_user_module(spec: str, key: str = "--import") -> None:
     """Import the user's module ``spec``, a dotted module name or a .py file (imported by its name from its folder,
     so Ray workers can import it the same way), so that its ``@msrl.register_*`` decorators run; errors name
     ``key``. A file that is gone is skipped where a module of its name was imported already (``--import`` gave
-    its new place)."""
+    its new place); a file whose name another module already has (``random.py``) is refused."""
     path = Path(spec).expanduser()
     name = spec
     if spec.endswith(".py"):
@@ -144,10 +144,17 @@ def import_user_module(spec: str, key: str = "--import") -> None:
         if not path.is_file():
             if name in sys.modules:
                 return
-            moved = " (a file a run's config.yaml lists has moved? give --import with its new place)"
+            moved = " (if it is one a run's config.yaml lists, and it has moved, give --import with its new place)"
             raise ConfigError(key, f"{spec}: no such file" + moved * (key == "run.imports"))
+        other = _origin(name)
+        if name in sys.stdlib_module_names or other not in (None, spec):
+            raise ConfigError(key, f"{spec}: a module named {name!r} exists already ("
+                              + ("Python's own" if name in sys.stdlib_module_names else other)
+                              + "), so this file would not run, or would hide that module; rename it")
         if str(path.resolve().parent) not in sys.path:
             sys.path.insert(0, str(path.resolve().parent))
+    elif not name or name.startswith(".") or not all(part.isidentifier() for part in name.split(".")):
+        raise ConfigError(key, f"{name!r} is neither a .py file nor a module's name")
     if spec in USER_MODULES:
         return
     try:
@@ -155,12 +162,26 @@ def import_user_module(spec: str, key: str = "--import") -> None:
     except ImportError as e:
         if e.name != name and _module_exists(name):  # it ran, and an import of its own failed: say where
             raise user_code_error(e, name, key) from e
-        raise ConfigError(key, f"cannot import {name!r}: {e}") from None
+        here = f" (a file here? write {name}.py)" if Path(f"{name}.py").is_file() else ""
+        raise ConfigError(key, f"cannot import {name!r}: {e}{here}") from None
     except MsrlError:
         raise
     except Exception as e:  # the module's own code failed: say where
         raise user_code_error(e, name, key) from e
     USER_MODULES.append(spec)
+
+
+def _origin(name: str) -> str | None:
+    """The resolved file the module ``name`` is (or would be) imported from; None where there is no such module."""
+    import importlib.util
+
+    module = sys.modules.get(name)
+    try:
+        where = (getattr(module, "__file__", None) or "a module without a file") if module is not None else \
+            getattr(importlib.util.find_spec(name), "origin", None)
+    except (ImportError, ValueError):
+        return None
+    return str(Path(where).resolve()) if where and Path(where).is_file() else where
 
 
 def _module_exists(name: str) -> bool:

@@ -153,7 +153,8 @@ def test_custom_policy_registers_compiles_and_runs_from_config(fused):
 def test_a_run_remembers_its_imports_for_eval_load_and_resume(tmp_path):
     """A run trained with --import lists the file in its config.yaml (run.imports), so `msrl eval RUN`,
     msrl.load and --resume, in a fresh process, import it again; a file that moved is named, and an import from its
-    new place stands in for it."""
+    new place stands in for it (a resume too); a file named as a module already imported (json.py) is refused: it
+    would not run."""
     import subprocess
 
     def python(code: str) -> list[str]:
@@ -175,18 +176,25 @@ print(msrl.train(None, ["run.total_env_steps=3072"], run_dir={str(run)!r}, resum
     moved = tmp_path / "moved" / "custom_algorithm.py"
     moved.parent.mkdir()
     moved.write_text((EXAMPLES / "custom_algorithm.py").read_text())
-    lines = python(f"""import yaml, msrl
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "json.py").write_text("print('never')")  # a name Python's own json module has
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["run"]["imports"] = ["/nowhere/custom_algorithm.py"]
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = python(f"""import msrl
 from msrl.registry import import_user_module
-config = yaml.safe_load(open({str(run / "config.yaml")!r}))
-config["run"]["imports"] = ["/nowhere/custom_algorithm.py"]
-try:
-    msrl.validate_config(config)
-except msrl.ConfigError as e:
-    print(e)
+for spec in ({str(run / "config.yaml")!r}, {str(tmp_path / "mine" / "json.py")!r}):
+    try:
+        msrl.load_config(spec) if spec.endswith(".yaml") else import_user_module(spec)
+    except msrl.ConfigError as e:
+        print(e)
 import_user_module({str(moved)!r})  # (as --import does)
-print(msrl.validate_config(config).run.imports)""")
-    assert lines == ["run.imports: /nowhere/custom_algorithm.py: no such file (a file a run's config.yaml lists has "
-                     "moved? give --import with its new place)", str([str(moved)])], lines
+print(msrl.train(None, ["run.total_env_steps=4096"], run_dir={str(run)!r}, resume=True)["env_steps"])""")
+    assert lines[:2] == ["run.imports: /nowhere/custom_algorithm.py: no such file (if it is one a run's config.yaml "
+                         "lists, and it has moved, give --import with its new place)",
+                         f"--import: {tmp_path / 'mine' / 'json.py'}: a module named 'json' exists already (Python's own), so "
+                         "this file would not run, or would hide that module; rename it"], lines
+    assert lines[-1] == "4096" and yaml.safe_load((run / "config.yaml").read_text())["run"]["imports"] == [str(moved)]
 
 
 def test_cli_imports_user_modules(capsys):
