@@ -198,7 +198,7 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
     return model
 
 
-def _import_users_modules(imports: Any) -> None:
+def _import_run_modules(imports: Any) -> None:
     """``run.imports``: each module imported (as ``--import`` does) before the names they register are looked up."""
     if imports is None:
         return
@@ -223,7 +223,7 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
                               else f"must be a mapping of keys, got {quote(data[section])}")
         if data.get(section) is not None:
             _check_keys(data[section], section)
-    _import_users_modules((data.get("run") or {}).get("imports"))
+    _import_run_modules((data.get("run") or {}).get("imports"))
     algo = dict(data.get("algorithm") or {})
     if "name" not in algo:
         raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")

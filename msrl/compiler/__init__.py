@@ -510,7 +510,7 @@ class Program:
                 _check_env_output(components["env"], method, result)
             return result
 
-        # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the algorithm's
+        # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the one it wraps
         components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.learner}
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record, "_msrl_record_in": record_in,
               "_msrl_returned": returned, "_msrl_check_actions": lambda a: _check_actions(components["env"], a),
