@@ -199,8 +199,10 @@ def test_a_callback_raising_in_a_replica_is_reported_at_the_loop_line_with_its_o
                         r"msrl.agent_learn\(msrl.buffer_get\(\)\)`)?: JaxRuntimeError: .*callback: RuntimeError: "
                         r"sensor offline at "
                         r"update 2, in _sensor_check\(\) at .*loops\.py:\d+ \(--debug logs the callback's "
-                        r"traceback\)\. The last complete iteration is 2 of 10; saved a checkpoint of it: .*",
-                        line), err
+                        r"traceback\)\. The last complete iteration is 2 of 10; (saved a checkpoint of it: .*|no "
+                        r"checkpoint of it could be saved \(its state is lost or mid-iteration\); there is no "
+                        r"checkpoint)",
+                        line), err  # (saved where the actor had not yet gone past it when the learner failed: a race)
     assert "Traceback" not in err and "JAX has removed" not in err, err
 
 

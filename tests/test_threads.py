@@ -90,7 +90,7 @@ def test_an_error_at_run_time_in_a_method_the_loop_calls_names_the_replica_the_s
     loop = loops.LearnerRaises()
     loop.learner.armed = False
     program = msrl.compile(loop, SingleLearnerCoarse(actors=2), make_env("gymnax:CartPole-v1"), 4)
-    loop.learner.armed = True  # the learner fragment traces it when it first runs
+    program.learner.armed = True  # (the program's own learner) the learner fragment traces it when it first runs
     with pytest.raises(msrl.TrainingError) as info, msrl.Session(program=program, seed=0) as session:
         session.run(1)
     assert f"fragment 'learner' replica 0 failed at {loops.__file__}:{loops.marked_line('calls_learner')} `return " \

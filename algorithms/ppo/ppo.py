@@ -133,7 +133,10 @@ class PPO(msrl.Algorithm):
         if batch > msrl.INT32_MAX:  # minibatches are drawn by an int32 permutation of the batch
             raise msrl.ConfigError("algorithm.rollout_len", f"the batch of {ctx.num_envs} envs x {cfg.rollout_len} "
                                    f"steps = {batch} is more than {msrl.INT32_MAX}")
-        if cfg.anneal_lr:  # the optimizer counts the annealed schedule's steps in int32
+        if cfg.anneal_lr and cfg.epochs * cfg.minibatches > msrl.INT32_MAX:  # the optimizer counts steps in int32
+            raise msrl.ConfigError("algorithm.epochs", f"{cfg.epochs} epochs x {cfg.minibatches} minibatches is more "
+                                   f"than {msrl.INT32_MAX} optimizer steps per update")
+        if cfg.anneal_lr:  # ... and in the whole run
             ctx.per_run(batch, cfg.epochs * cfg.minibatches)
         if batch % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
