@@ -151,8 +151,8 @@ def import_user_module(spec: str, key: str = "--import") -> None:
             raise ConfigError(key, f"{spec}: a module named {name!r} exists already ("
                               + ("Python's own" if name in sys.stdlib_module_names else other)
                               + "), so this file would not run, or would hide that module; rename it")
-        if str(path.resolve().parent) not in sys.path:
-            sys.path.insert(0, str(path.resolve().parent))
+        if str(Path(spec).parent) not in sys.path:
+            sys.path.insert(0, str(Path(spec).parent))
     elif not name or name.startswith(".") or not all(part.isidentifier() for part in name.split(".")):
         raise ConfigError(key, f"{name!r} is neither a .py file nor a module's name")
     if spec in USER_MODULES:
@@ -173,21 +173,21 @@ def import_user_module(spec: str, key: str = "--import") -> None:
 
 def _origin(name: str) -> str | None:
     """The resolved file the module ``name`` is (or would be) imported from; None where there is no such module."""
-    import importlib.util
-
     module = sys.modules.get(name)
-    try:
-        where = (getattr(module, "__file__", None) or "a module without a file") if module is not None else \
-            getattr(importlib.util.find_spec(name), "origin", None)
-    except (ImportError, ValueError):
-        return None
+    where = (getattr(module, "__file__", None) or "a module without a file") if module is not None else \
+        getattr(_find_spec(name), "origin", None)
     return str(Path(where).resolve()) if where and Path(where).is_file() else where
 
 
 def _module_exists(name: str) -> bool:
+    return _find_spec(name) is not None
+
+
+def _find_spec(name: str) -> Any:
+    """``importlib.util.find_spec(name)``, None where it cannot say (a parent package that does not import)."""
     import importlib.util
 
     try:
-        return importlib.util.find_spec(name) is not None
+        return importlib.util.find_spec(name)
     except (ImportError, ValueError):
-        return False
+        return None

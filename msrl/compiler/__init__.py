@@ -236,7 +236,7 @@ class Program:
         self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
         # the program's own learner: the policy sets its gradient transforms there, not on the algorithm's, which
         # another program compiled from the same algorithm object (under another policy) shares
-        self.learner = copy.copy(algorithm.learner) if self.components["learner"] is not None else None
+        self.learner = copy.copy(self.components["learner"])
         if self.learner is not None:
             self.components["learner"], self.services = prepare_learner(policy, self.learner)
         self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
