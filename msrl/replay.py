@@ -83,6 +83,16 @@ def put_row(data: jax.Array, item: jax.Array, index: jax.Array) -> jax.Array:
     return _put_rows(data[None], item[None], jnp.reshape(index, (1,)))[0]
 
 
+def shard_part(buffer: Any, batch_size: Any) -> int:
+    """One shard's part of a sample of ``batch_size`` from ``buffer``, split by a policy over ``buffer.shards``."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{type(buffer).__name__}.sample needs a positive int batch_size, got {batch_size!r}")
+    if batch_size % buffer.shards:
+        raise ValueError(f"a sample of {batch_size} cannot be drawn evenly from {buffer.shards} replay shards "
+                         f"(policy.shards); make the batch size a multiple of {buffer.shards}")
+    return batch_size // buffer.shards
+
+
 # ------------------------------------------------------------------------------------------ trajectory
 @struct.dataclass
 class TrajectoryState:
@@ -208,7 +218,7 @@ class UniformBuffer(ReplayBuffer):
         key, use = jax.random.split(state.key)
         local = self._local_size(state)
         oldest = jnp.where(state.count > rows, state.count % rows, 0)
-        entry = jax.random.randint(use, (self._batch(batch_size),), 0, jnp.maximum(local, 1))
+        entry = jax.random.randint(use, (shard_part(self, batch_size),), 0, jnp.maximum(local, 1))
         indices = ((oldest + entry // width) % rows) * width + entry % width
         weights = jnp.where(local > 0, jnp.ones(indices.shape), 0.0)
         return state.replace(key=key), Sample(self.gather(state, indices), indices, weights, self.size(state))
@@ -231,15 +241,6 @@ class UniformBuffer(ReplayBuffer):
             return jax.tree.map(lambda d: d[row, env], state.data)
         window = (row[:, None] + jnp.arange(self.sequence_length)) % rows
         return jax.tree.map(lambda d: d[window, env[:, None]], state.data)
-
-    def _batch(self, batch_size: int | None) -> int:
-        """This shard's part of a sample of ``batch_size``."""
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"{type(self).__name__}.sample needs a positive int batch_size, got {batch_size!r}")
-        if batch_size % self.shards:
-            raise ValueError(f"a sample of {batch_size} cannot be drawn evenly from {self.shards} replay shards "
-                             f"(policy.shards); make the batch size a multiple of {self.shards}")
-        return batch_size // self.shards
 
 
 # ------------------------------------------------------------------------------------------ sum tree
@@ -360,7 +361,7 @@ class PrioritizedBuffer(UniformBuffer):
         return new.replace(tree=_tree_fix(tree, start, (n + lag) * width, wraps=True))
 
     def sample(self, state: PrioritizedState, batch_size: int | None = None) -> tuple[PrioritizedState, Sample]:
-        batch = self._batch(batch_size)
+        batch = shard_part(self, batch_size)
         key, use = jax.random.split(state.key)
         total = self.total(state)
         values = (jnp.arange(batch) + jax.random.uniform(use, (batch,))) * (total / batch)  # stratified

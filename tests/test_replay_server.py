@@ -232,3 +232,50 @@ def test_a_buffer_of_yours_that_cannot_be_split_says_which_policy_splits_one(pol
     with pytest.raises(ConfigError, match=rf"^policy.name: policy '{policy}' splits the replay buffer over 2 replicas, "
                                           rf"but _Unsplit cannot be split \(it has no `shards`\){hint}"):
         msrl.build(load_config(None, overrides + (["policy.shards=2"] if policy == "replay_server" else [])))
+
+
+class _OwnSplit(msrl.ReplayBuffer):
+    """A user's replay buffer that a policy may split: plain ``capacity`` and ``shards``, its storage msrl.UniformBuffer
+    built from them (it has no ``_batch`` or other UniformBuffer internals)."""
+
+    shards = 1
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+
+    def _storage(self) -> msrl.UniformBuffer:
+        storage = msrl.UniformBuffer(self.capacity, sequence_length=2)
+        storage.shards = self.shards
+        return storage
+
+    def init(self, key, item_spec):
+        return self._storage().init(key, item_spec)
+
+    def insert(self, state, item):
+        return self._storage().insert(state, item)
+
+    def sample(self, state, batch_size=None):
+        return self._storage().sample(state, batch_size)
+
+
+@msrl.register_algorithm("test_own_split_sac")
+class _OwnSplitSAC(ConformanceSAC):
+    class Config(ConformanceSAC.Config):
+        name: Literal["test_own_split_sac"] = "test_own_split_sac"
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.buffer = _OwnSplit(cfg.buffer_size)
+
+
+def test_a_buffer_of_yours_with_shards_is_split_like_msrls_own():
+    """Over 2 shards, a user's buffer with ``shards`` runs as msrl.UniformBuffer does (the shape probe checked the
+    sample's split with UniformBuffer's private helper, and failed on any other buffer)."""
+    server_2x2 = ["policy.name=replay_server", "policy.backend=threads", "policy.actors=2", "policy.shards=2"]
+    params = {}
+    for name in ("conf_sac", "test_own_split_sac"):
+        with msrl.Session(load_config(None, [f"algorithm.name={name}", *server_2x2]), seed=0) as session:
+            session.run(6)
+            params[name] = session.params()
+    assert max_diff(params["conf_sac"], params["test_own_split_sac"]) == 0
+

@@ -29,6 +29,7 @@ from msrl.components import SHAPE_PROBE, Environment, MultiAgentSpec, vouched_ro
 from msrl.errors import CompileError, ConfigError, method_name
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
+from msrl.replay import shard_part
 
 COMPONENTS = ("env", "actor", "learner", "buffer")
 _SEEDS = {name: i for i, name in enumerate(COMPONENTS)}
@@ -219,8 +220,8 @@ class _ProbeBuffer:
                 raise CompileError(
                     f"buffer.{method}() runs before any buffer_insert, so the shape of the buffer's items is "
                     "unknown", hint="give the buffer an explicit item_spec (a pytree of jax.ShapeDtypeStruct)")
-            if method == "sample" and getattr(self.split, "shards", 1) > 1:  # split by a policy (UniformBuffer's kin)
-                self.split._batch(args[0] if args else kwargs.get("batch_size"))
+            if method == "sample" and getattr(self.split, "shards", 1) > 1:  # split by a policy
+                shard_part(self.split, args[0] if args else kwargs.get("batch_size"))
             return getattr(self.buffer, method)(state, *args, **kwargs)
 
         return call
