@@ -299,9 +299,10 @@ class DevicesRuntime(ThreadsRuntime):
         pinned = {}
         for name, frag in program.fragments.items():
             ids = frag.spec.devices or range(len(devices))
-            if max(ids) >= len(devices):
-                raise ConfigError(f"policy.{name}_devices", f"device {max(ids)} does not exist: this process has "
-                                  f"{len(devices)} JAX devices ({devices[0].platform})")
+            if max(ids) >= len(devices):  # (the key of the built-in policies' devices, or the policy of yours)
+                key = f"{name}_devices" if f"{name}_devices" in type(program.policy).model_fields else "name"
+                raise ConfigError(f"policy.{key}", f"device {max(ids)} of role {name!r} does not exist: this process "
+                                  f"has {len(devices)} JAX devices ({devices[0].platform})")
             pinned.update({(name, r): devices[ids[r % len(ids)]] for r in range(frag.spec.replicas)})
         super().__init__(program, seed, pinned)
 

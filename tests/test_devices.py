@@ -57,7 +57,7 @@ def test_devices_need_the_jax_backend_and_existing_devices():
     with pytest.raises(msrl.ConfigError, match="policy.actor_devices.*only policy.backend=jax"):
         msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.actor_devices=[0]"]))
     cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=jax", "policy.learner_devices=[7]"])
-    with pytest.raises(msrl.ConfigError, match="policy.learner_devices.*device 7 does not exist"):
+    with pytest.raises(msrl.ConfigError, match="policy.learner_devices: device 7 of role .learner. does not exist"):
         msrl.Session(cfg)
 
 
