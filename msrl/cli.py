@@ -1,4 +1,4 @@
-"""The ``msrl`` command: ``train``, ``graph``, ``eval``, ``plot``, ``bench``."""
+"""The ``msrl`` command: ``train``, ``config``, ``graph``, ``eval``, ``plot``, ``bench``."""
 
 from __future__ import annotations
 
@@ -156,6 +156,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from msrl.config import commented, load_config
+
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).exists():  # `msrl config algorithm.name=sac`
+        config, overrides = None, [config, *overrides]
+    text = commented(load_config(config, overrides))
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        print(text, end="")
+    return 0
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from msrl.config import load_config
     from msrl.plot import check_image_file
@@ -291,6 +306,13 @@ def make_parser() -> argparse.ArgumentParser:
                    help="replace the run in --run-dir (cleared once the new run has compiled and started)")
     t.set_defaults(fn=cmd_train)
 
+    c = sub.add_parser("config", help="print the whole config, every key with its meaning, bounds and default, "
+                       "as YAML (a config file of its own)")
+    c.add_argument("config", nargs="?", help="YAML config (or none: KEY=VALUE overrides naming algorithm.name)")
+    c.add_argument("overrides", nargs="*", help="e.g. algorithm.name=sac policy.name=replay_server")
+    c.add_argument("-o", "--output", default=None, help="write it to this file")
+    c.set_defaults(fn=cmd_config)
+
     g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")
     g.add_argument("config")
     g.add_argument("overrides", nargs="*")
@@ -317,7 +339,7 @@ def make_parser() -> argparse.ArgumentParser:
                    "and each swept value's mean over its seeds")
     e.add_argument("--json", metavar="FILE", default=None, help="also write the figures to FILE as JSON")
     e.set_defaults(fn=cmd_eval)
-    for command in (t, g, e):
+    for command in (t, c, g, e):
         command.add_argument("--import", dest="imports", action="append", metavar="MODULE_OR_FILE",
                              help="import your own algorithm/policy/env module first (repeatable)")
         command.add_argument("--debug", action="store_true", help="on an error, print its full chained traceback")

@@ -30,7 +30,8 @@ _YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError,
 class EnvConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    id: str = "gymnax:CartPole-v1"
+    id: str = Field("gymnax:CartPole-v1", description="SOURCE:ID: gymnax, gymnasium, envpool, brax, jaxmarl, or a "
+                    "name registered with msrl.register_env")
     num_envs: int = Field(4, gt=0, le=INT32_MAX, description="environments in total, over all replicas")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
     subprocesses: int = Field(0, ge=0, le=1024, description="gymnasium: envs only: step each replica's envs in this "
@@ -46,17 +47,18 @@ class WandbConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    project: str
-    entity: str | None = None
+    project: str = Field(description="the W&B project")
+    entity: str | None = Field(None, description="the W&B team or user (default: yours)")
     name: str | None = Field(None, description="the W&B run's name (default: the run directory's)")
-    tags: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list, description="the W&B run's tags")
     mode: Literal["online", "offline", "disabled"] | None = Field(None, description="default: $WANDB_MODE, else online")
 
 
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    total_env_steps: int = Field(500_000, gt=0, le=2**63 - 1)
+    total_env_steps: int = Field(500_000, gt=0, le=2**63 - 1, description="env steps of the run (all envs), rounded "
+                                 "down to whole iterations")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="jax PRNG seed (32 bits)")
     num_seeds: int = Field(1, ge=1, le=4096, description="train seeds seed .. seed+num_seeds-1 at once, in one "
                            "program (fused only); metrics per seed under RUN_DIR/seed_N/")
@@ -71,8 +73,8 @@ class RunConfig(BaseModel):
         "value of the key itself (algorithm.lr=[1e-3,5e-4])")
     iterations_per_dispatch: int | None = Field(
         None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
-    progress: bool = True
-    tensorboard: bool = True
+    progress: bool = Field(True, description="show progress: a bar on a terminal, else a line every ~10 s")
+    tensorboard: bool = Field(True, description="write the metrics rows as TensorBoard events in RUN_DIR/tb/")
     compile_cache: bool = Field(True, description="JAX persistent compilation cache beside the run directory")
     log_every_steps: int | None = Field(
         None, gt=0, description="env steps between metrics rows, rounded to whole iterations (None: every "
@@ -495,3 +497,55 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = (),
                 _number_or_repr(value) != _number_or_repr(values[0]):  # (a sweep's config.yaml: its first value)
             raise ConfigError(key, f"{quote(value)} is given, but run.sweep sweeps it over {quote(values)}: drop one")
     return data
+
+
+def _bounds(field: Any) -> str:
+    """A field's choices and bounds as a note (``one of: a, b``, ``> 0``); bounds that only keep a count in int32
+    or a seed in 32 bits are left out."""
+    choices = [a for t in (field.annotation, *get_args(field.annotation)) if getattr(t, "__origin__", None) is Literal
+               for a in get_args(t)]
+    signs = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "min_length": "length ≥"}
+    bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in signs.items()
+              if hasattr(m, attr) and getattr(m, attr) not in (INT32_MAX, SEED_MAX, 2**63 - 1)]
+    return "; ".join(([f"one of: {', '.join(map(str, choices))}"] if len(choices) > 1 else []) + bounds)
+
+
+def _flow(value: Any) -> str:
+    """``value`` as one line of YAML."""
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf"), allow_unicode=True).removesuffix(
+        "\n...\n").strip()
+
+
+def commented(cfg: ExperimentConfig, width: int = 100) -> str:
+    """``cfg`` as YAML (what ``msrl config`` prints; it loads back as ``cfg``), every key under a comment that
+    says what it means, its choices or bounds, its default where it holds another value, and what gives it effect
+    where it has none."""
+    import textwrap
+
+    inert = {f"algorithm.{k}": v for k, v in cfg.algorithm.inert().items()}
+    defaults, lines = cfg.defaults(), []
+
+    def walk(model: BaseModel, data: dict, default: dict, prefix: str, indent: str) -> None:
+        for name, field in type(model).model_fields.items():
+            key, value = f"{prefix}.{name}", data[name]
+            notes = [_bounds(field)]
+            if default is not None and name in default and default[name] != value:
+                notes.append(f"default: {_flow(default[name])}")
+            notes += [f"no effect unless {inert[key]}"] if key in inert else []
+            notes = "; ".join(n for n in notes if n)
+            text = " ".join(filter(None, (field.description, notes and f"({notes})")))
+            if text:
+                lines.extend(textwrap.wrap(text, width, initial_indent=f"{indent}# ", subsequent_indent=f"{indent}# "))
+            nested = getattr(model, name)
+            if isinstance(nested, BaseModel):
+                lines.append(f"{indent}{name}:")
+                walk(nested, value, None, key, indent + "  ")
+            else:
+                lines.append(f"{indent}{name}: {_flow(value)}")
+
+    dump = cfg.dump()
+    for section in _SECTIONS:
+        model = getattr(cfg, section)
+        lines.append(f"{section}:" + (f"  # {model.name}'s keys" if section in ("algorithm", "policy") else ""))
+        walk(model, dump[section], defaults[section], section, "  ")
+    return "\n".join(lines) + "\n"

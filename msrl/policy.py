@@ -27,7 +27,7 @@ class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
-    backend: str = "jax"
+    backend: str = Field("jax", description="the backend the roles run on (jax, threads, ray)")
 
     def fragments(self) -> list[FragmentSpec]:
         raise NotImplementedError
@@ -55,8 +55,8 @@ class Policy(BaseModel):
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
+    num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves for each replica of the role")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs (or a fraction of one) Ray reserves for each replica")
 
 
 class DistributedPolicy(Policy):

@@ -495,7 +495,7 @@ class MemoryConfig(BaseModel):
     memory_size: int = Field(128, gt=0, le=65_536, description="units of the recurrent cell")
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [128, 128], min_length=1,
                                                       description="the embedding's width, then the heads' layers")
-    activation: Literal["tanh", "relu"] = "relu"
+    activation: Literal["tanh", "relu"] = Field("relu", description="the hidden layers' activation")
 
 
 def recurrent_actor_critic(spec, cfg) -> "RecurrentActorCritic":

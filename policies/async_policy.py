@@ -179,7 +179,8 @@ class RemoteLearner:
 
 class Async(msrl.DistributedPolicy):
     name: Literal["async"] = "async"
-    backend: Literal["threads", "ray"] = "threads"
+    backend: Literal["threads", "ray"] = Field("threads", description="where the workers run: threads of this "
+                                               "process, or Ray actors")
     workers: int = Field(4, gt=0, le=4096, description="actor-learners, each on its own environments")
     envs_per_worker: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                         description="environments per worker (default: env.num_envs / workers)")

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 import msrl
 
 
 class Fused(msrl.Policy):
     name: Literal["fused"] = "fused"
-    backend: Literal["jax"] = "jax"
+    backend: Literal["jax"] = Field("jax", description="the whole loop as one jitted program")
 
     def fragments(self) -> list[msrl.FragmentSpec]:
         return [msrl.FragmentSpec(name="main", replicas=1, backend=self.backend, jit=True)]

@@ -18,7 +18,8 @@ import msrl
 
 class MultiLearner(msrl.DistributedPolicy):
     name: Literal["multi_learner"] = "multi_learner"
-    backend: Literal["jax", "ray"] = "jax"
+    backend: Literal["jax", "ray"] = Field("jax", description="jax: the learners on the JAX devices of this process; "
+                                           "ray: as Ray actors")
     learners: int = Field(2, gt=0, le=4096, description="replicas, each acting and learning on its own envs")
     envs_per_learner: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                          description="environments per learner (default: env.num_envs / learners)")

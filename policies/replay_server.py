@@ -22,7 +22,8 @@ import msrl
 
 class ReplayServer(msrl.DistributedPolicy):
     name: Literal["replay_server"] = "replay_server"
-    backend: Literal["threads", "ray"] = "threads"
+    backend: Literal["threads", "ray"] = Field("threads", description="where the roles run: threads of this process, "
+                                               "or Ray actors")
     actors: int = Field(2, gt=0, le=4096, description="actor replicas (env + act)")
     shards: int = Field(2, gt=0, le=4096, description="replay-buffer replicas; actors must be a multiple (1 "
                         "gives fused's numbers; several draw the batch shard by shard: different by design)")

@@ -21,7 +21,8 @@ import msrl
 
 
 class _SingleLearner(msrl.DistributedPolicy):
-    backend: Literal["threads", "ray", "jax"] = "threads"
+    backend: Literal["threads", "ray", "jax"] = Field("threads", description="where the roles run: threads of this "
+                                                      "process, Ray actors, or jitted programs on JAX devices")
     actors: int = Field(2, gt=0, le=msrl.INT32_MAX, description="actor (or env worker) replicas")
     envs_per_actor: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                        description="environments per replica (default: env.num_envs / actors)")

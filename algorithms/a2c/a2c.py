@@ -27,20 +27,20 @@ class A2CConfig(msrl.AlgorithmConfig):
     name: Literal["a2c"] = "a2c"
     rollout_len: int = Field(5, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env (the n "
                              "of n-step returns)")
-    gamma: float = Field(0.99, gt=0, le=1)
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     gae_lambda: float = Field(1.0, ge=0, le=1, description="1.0: plain n-step returns; < 1: GAE(lambda)")
-    lr: float = Field(7e-4, gt=0)
+    lr: float = Field(7e-4, gt=0, description="the optimizer's learning rate")
     anneal_lr: bool = Field(False, description="decay the learning rate linearly to 0 over the run")
-    optimizer: Literal["adam", "rmsprop"] = "adam"
+    optimizer: Literal["adam", "rmsprop"] = Field("adam", description="adam, or rmsprop (A3C's and IMPALA's papers)")
     rms_decay: float = Field(0.99, gt=0, lt=1, description="rmsprop's squared-gradient decay")
     opt_eps: float = Field(1e-5, gt=0, description="adam's / rmsprop's epsilon")
     normalize_advantage: bool = Field(False, description="standardize the advantages of each batch")
-    ent_coef: float = Field(0.0, ge=0)
-    vf_coef: float = Field(0.5, ge=0)
-    max_grad_norm: float = Field(0.5, gt=0)
+    ent_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus in the loss")
+    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss in the loss")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradients are clipped to this global norm")
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: Literal["tanh", "relu"] = Field("tanh", description="the hidden layers' activation")
     bootstrap_truncated: bool = bootstrap_truncated_field()
 
 

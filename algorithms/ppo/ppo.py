@@ -19,19 +19,21 @@ from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, 
 class PPOConfig(msrl.AlgorithmConfig):
     name: Literal["ppo"] = "ppo"
     rollout_len: int = Field(128, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
-    epochs: int = Field(4, gt=0, le=msrl.INT32_MAX)
-    minibatches: int = Field(4, gt=0, le=msrl.INT32_MAX)
-    lr: float = Field(2.5e-4, gt=0)
-    anneal_lr: bool = True
-    gamma: float = Field(0.99, gt=0, le=1)
-    gae_lambda: float = Field(0.95, ge=0, le=1)
-    clip_eps: float = Field(0.2, gt=0)
-    ent_coef: float = Field(0.01, ge=0)
-    vf_coef: float = Field(0.5, ge=0)
-    max_grad_norm: float = Field(0.5, gt=0)
+    epochs: int = Field(4, gt=0, le=msrl.INT32_MAX, description="passes over each iteration's rollout")
+    minibatches: int = Field(4, gt=0, le=msrl.INT32_MAX, description="minibatches per pass (each a shuffled share of "
+                             "the rollout)")
+    lr: float = Field(2.5e-4, gt=0, description="Adam's learning rate")
+    anneal_lr: bool = Field(True, description="decay the learning rate linearly to 0 over the run")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE's lambda")
+    clip_eps: float = Field(0.2, gt=0, description="the probability ratio (and the value's change) is clipped to ± "
+                            "this")
+    ent_coef: float = Field(0.01, ge=0, description="weight of the entropy bonus in the loss")
+    vf_coef: float = Field(0.5, ge=0, description="weight of the value loss in the loss")
+    max_grad_norm: float = Field(0.5, gt=0, description="gradients are clipped to this global norm")
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
                                                       description="widths of the hidden layers")
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: Literal["tanh", "relu"] = Field("tanh", description="the hidden layers' activation")
     network: Literal["mlp", "nature_cnn"] = Field("mlp", description="mlp: actor and critic MLPs of `hidden`; "
                                                   "nature_cnn: DQN-Nature convolutions shared by both heads, "
                                                   "for frame stacks [C, H, W] such as envpool:Breakout-v5's")

@@ -30,13 +30,13 @@ class OffPolicyConfig(msrl.AlgorithmConfig):
 
     rollout_len: int = Field(1, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
     updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
-    batch_size: int = Field(256, gt=0, le=msrl.INT32_MAX)
+    batch_size: int = Field(256, gt=0, le=msrl.INT32_MAX, description="transitions per update")
     buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions")
     learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX, description="transitions of uniformly random "
                                  "actions before the policy acts and the first update")
-    actor_lr: float = Field(3e-4, gt=0)
-    critic_lr: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.99, gt=0, le=1)
+    actor_lr: float = Field(3e-4, gt=0, description="the actor's Adam learning rate")
+    critic_lr: float = Field(1e-3, gt=0, description="the critics' Adam learning rate")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     tau: float = Field(0.005, gt=0, le=1, description="target <- tau * online + (1 - tau) * target, every update")
     hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [256, 256], min_length=1,
                                                       description="widths of the hidden layers")
@@ -48,7 +48,8 @@ class OffPolicyConfig(msrl.AlgorithmConfig):
 
 class SACConfig(OffPolicyConfig):
     name: Literal["sac"] = "sac"
-    alpha_lr: float = Field(3e-4, gt=0)
+    alpha_lr: float = Field(3e-4, gt=0, description="the temperature's Adam learning rate (alpha learned when alpha "
+                            "is null)")
     alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (None: learned)")
     target_entropy: float | None = Field(None, description="of the learned temperature (None: -action size)")
 
