@@ -97,6 +97,7 @@ class ParameterHolder:
             self.version, self.dropped = int(state["version"]), int(state["dropped"])
 
 
+PLAIN = (bool, int, float, complex, str, bytes, type(None))  # Python values a jitted fragment keeps static
 HELD = ("params", "opt_state")  # the learner state the holder carries: all of it, or the policy refuses
 FITS = ("use policy.name=single_learner_coarse or multi_learner for an on-policy loop (msrl.buffer_get), "
         "replay_server, single_learner_fine or multi_learner for one that samples a replay buffer")
@@ -129,7 +130,16 @@ class RemoteLearner:
 
     def __init__(self, learner: Any, holder: msrl.Service):
         self.learner, self.holder = learner, holder
-        self.grads = jax.jit(self._grads)
+        self.jitted: dict[tuple, Any] = {}  # _grads jitted, by which of learn()'s arguments are plain Python values
+
+    def grads(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, jax.Array]:
+        """:meth:`_grads`, jitted. A plain Python value the loop passes to ``learn`` (a literal, a config
+        value) stays one, as in the loop's own jitted fragments: static, not traced."""
+        static = (tuple(i + 1 for i, a in enumerate(args) if isinstance(a, PLAIN)),
+                  tuple(sorted(k for k, v in kwargs.items() if isinstance(v, PLAIN))))
+        if static not in self.jitted:
+            self.jitted[static] = jax.jit(self._grads, static_argnums=static[0], static_argnames=static[1])
+        return self.jitted[static](state, *args, **kwargs)
 
     def init(self, key: jax.Array) -> dict[str, Any]:
         return {**checked_init(self.learner, key), "param_version": np.int32(0)}

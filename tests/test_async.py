@@ -19,7 +19,7 @@ from helpers import CARTPOLE, final_leaves, final_params, max_diff
 import msrl
 from msrl import ConfigError
 from msrl.algorithms.a2c.a2c import A2C as A2CAlgorithm
-from msrl.algorithms.a2c.a2c import A2CConfig, A2CLearner
+from msrl.algorithms.a2c.a2c import A2CConfig, A2CLearner, Transition
 from msrl.config import load_config
 from msrl.policies.async_policy import ParameterHolder
 from msrl.evaluate import evaluate
@@ -140,6 +140,56 @@ def test_a_learner_that_changes_its_optimizer_step_is_refused_and_one_that_reads
     assert max_diff(fused, params) <= 1e-6
     norms = [r["opt_state_norm"] for r in fused_rows]
     assert len(set(norms)) == 4 and [r["opt_state_norm"] for r in rows] == pytest.approx(norms, rel=1e-5)
+
+
+class TwoPartConfig(A2CConfig):
+    name: Literal["a2c_two_part"] = "a2c_two_part"
+
+
+class TwoPartLearner(A2CLearner):
+    """A2C's losses in two optimizer steps, told which by a keyword the loop gives as a literal."""
+
+    def learn(self, state, batch, last_obs, part):
+        def loss(params):
+            metrics = self._loss(params, batch, last_obs)[1]
+            return metrics[f"{part}_loss"], metrics
+
+        grads, metrics = jax.grad(loss, has_aux=True)(state["params"])
+        updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, \
+            {f"{part}_loss": metrics[f"{part}_loss"]}
+
+
+@msrl.register_algorithm("a2c_two_part")
+class TwoPart(A2CAlgorithm):
+    Config = TwoPartConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.learner = TwoPartLearner(self.learner.net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.rollout_len):
+            out = msrl.agent_act(obs)
+            step = msrl.env_step(out.action)
+            msrl.buffer_insert(Transition(obs, out.action, step.reward, step.done))
+            obs = step.obs
+        batch = msrl.buffer_get()
+        value = msrl.agent_learn(batch, last_obs=obs, part="value")
+        return {**value, **msrl.agent_learn(batch, last_obs=obs, part="policy")}
+
+
+def test_a_plain_value_the_loop_gives_learn_stays_a_python_value_as_under_fused():
+    """``agent_learn(..., part="value")``: the workers' jitted gradient kept the literal a Python value, as fused's
+    program does (it traced it: a string was a TypeError, an int an `if` on a tracer)."""
+    overrides = ["algorithm.name=a2c_two_part", "algorithm.bootstrap_truncated=false"]
+    fused, fused_rows = final_params(overrides, 4, A2C)
+    params, rows = final_params([*ONE, *overrides], 4, A2C)
+    assert max_diff(fused, params) <= 1e-6
+    for key in ("value_loss", "policy_loss"):
+        assert [r[key] for r in rows] == pytest.approx([r[key] for r in fused_rows], rel=1e-5)
+    assert rows[-1]["grads_applied"] == 8  # two learn() calls an iteration, each one gradient
 
 
 def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
