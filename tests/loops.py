@@ -499,6 +499,20 @@ class LearnFeedsActing(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class FillsAList(Base):
+    """Monte-Carlo returns from a Python list of each step's reward: under lax.scan the list would hold one traced
+    step (it compiled, then failed inside XLA with a count of inputs)."""
+
+    def train_step(self):
+        obs, rewards = msrl.env_observe(), []
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            if self.cfg.steps:  # (decidable: the append is in the loop's body all the same)
+                rewards.append(reward)  # E:fills_list
+        return jnp.stack(rewards).sum()
+
+
 REJECTED = {
     "while": WhileLoop,
     "data_if": DataIf,
@@ -528,6 +542,7 @@ REJECTED = {
     "no_learner": NoLearner,
     "learn_state_only": LearnReturnsState,
     "insert_shape": InsertsTwoShapes,
+    "fills_list": FillsAList,
 }
 
 

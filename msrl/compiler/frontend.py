@@ -128,6 +128,20 @@ def _find_escape(nodes: list[ast.AST]) -> ast.AST | None:
     return None
 
 
+_FILLS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove", "discard", "clear"}
+
+
+def _outer_container_change(body: list[ast.stmt]) -> ast.Call | None:
+    """A statement of ``body`` that fills or empties a container (``xs.append(v)``, ``d.update(...)``, its value
+    unused) made outside ``body``: one not bound anywhere in it, so not fresh at each pass."""
+    fresh = {n.id for s in body for n in _scope_walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for n in (n.value for s in body for n in _scope_walk(s) if isinstance(n, ast.Expr)):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _FILLS and \
+                isinstance(n.func.value, ast.Name) and n.func.value.id not in fresh | {"self"}:
+            return n
+    return None
+
+
 def _is_names(target: ast.expr) -> bool:
     if isinstance(target, ast.Name):
         return True
@@ -505,6 +519,14 @@ class Frontend:
         if escape is not None:
             raise src.error(escape, f"`{type(escape).__name__.lower()}` in a loop with API calls cannot be compiled",
                             "loops around API calls run a static number of times; mask values instead")
+        change = _outer_container_change(st.body)
+        if change is not None:
+            name = change.func.value.id
+            raise src.error(change, f"`{ast.unparse(change.func)}(...)` in a loop around API calls changes `{name}`, "
+                            "made before the loop: the loop runs as one traced step (lax.scan), so it would hold one "
+                            "step's traced values, not one per iteration",
+                            "collect per-step values with msrl.buffer_insert and read them with msrl.buffer_get, or "
+                            "carry an array and write each step into it (`x = x.at[t].set(v)`)")
         var = rename.get(st.target.id, st.target.id)
         self._reserved(src, st, {var})
         lid = self._new_id()
