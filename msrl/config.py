@@ -33,7 +33,9 @@ class EnvConfig(BaseModel):
     id: str = Field("gymnax:CartPole-v1", description="SOURCE:ID: gymnax, gymnasium, envpool, brax, jaxmarl, or a "
                     "name registered with msrl.register_env")
     num_envs: int = Field(4, gt=0, le=INT32_MAX, description="environments in total, over all replicas")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="to the environment's maker (gymnasium.make, "
+                                   "envpool.make, a gymnax env and its EnvParams); mask_obs: observation indices "
+                                   "zeroed")
     subprocesses: int = Field(0, ge=0, le=1024, description="gymnasium: envs only: step each replica's envs in this "
                               "many worker processes, outside its GIL (0: in the replica's own thread)")
     xla: bool = Field(False, description="envpool: ids only: step each replica's pool from inside its jitted program "
@@ -51,7 +53,8 @@ class WandbConfig(BaseModel):
     entity: str | None = Field(None, description="the W&B team or user (default: yours)")
     name: str | None = Field(None, description="the W&B run's name (default: the run directory's)")
     tags: list[str] = Field(default_factory=list, description="the W&B run's tags")
-    mode: Literal["online", "offline", "disabled"] | None = Field(None, description="default: $WANDB_MODE, else online")
+    mode: Literal["online", "offline", "disabled"] | None = Field(None, description="offline: upload later with "
+                                                                  "`wandb sync` (default: $WANDB_MODE, else online)")
 
 
 class RunConfig(BaseModel):
@@ -72,12 +75,13 @@ class RunConfig(BaseModel):
         "(fused only): every combination x num_seeds, each logged under RUN_DIR/KEY=VALUE/; also written as a list "
         "value of the key itself (algorithm.lr=[1e-3,5e-4])")
     iterations_per_dispatch: int | None = Field(
-        None, gt=0, description="training iterations per jitted dispatch (None: about 16k env steps)")
+        None, gt=0, description="jax backend: training iterations per jitted dispatch (null: about 16k env "
+        "steps, and at least 10 dispatches a run)")
     progress: bool = Field(True, description="show progress: a bar on a terminal, else a line every ~10 s")
     tensorboard: bool = Field(True, description="write the metrics rows as TensorBoard events in RUN_DIR/tb/")
     compile_cache: bool = Field(True, description="JAX persistent compilation cache beside the run directory")
     log_every_steps: int | None = Field(
-        None, gt=0, description="env steps between metrics rows, rounded to whole iterations (None: every "
+        None, gt=0, description="env steps between metrics rows, rounded to whole iterations (null: every "
         "iteration, or fewer so that a run writes at most 1000 rows)")
     checkpoint_every_steps: int = Field(100_000, ge=0, description="env steps between checkpoints, rounded to "
                                         "whole logged rows (and one at the end); 0: none")
@@ -522,16 +526,22 @@ def commented(cfg: ExperimentConfig, width: int = 100) -> str:
     where it has none."""
     import textwrap
 
-    inert = {f"algorithm.{k}": v for k, v in cfg.algorithm.inert().items()}
+    inert = {f"{s}.{k}": v for s in ("algorithm", "policy") for k, v in getattr(cfg, s).inert().items()}
+    inert |= {"env.num_envs": None} if cfg._envs_asked is not None else {}  # (not a default: the policy's count)
+    swept = {f"algorithm.{k}" for k in cfg.run.sweep}
+    names = {"algorithm.name": ALGORITHMS.names(), "policy.name": POLICIES.names()}
     defaults, lines = cfg.defaults(), []
 
     def walk(model: BaseModel, data: dict, default: dict, prefix: str, indent: str) -> None:
         for name, field in type(model).model_fields.items():
             key, value = f"{prefix}.{name}", data[name]
-            notes = [_bounds(field)]
-            if default is not None and name in default and default[name] != value:
+            notes = [_bounds(field)] + ([f"one of: {', '.join(names[key])}"] if key in names else [])
+            if default is not None and name in default and default[name] != value and key not in inert and \
+                    "default" not in (field.description or ""):
                 notes.append(f"default: {_flow(default[name])}")
-            notes += [f"no effect unless {inert[key]}"] if key in inert else []
+            notes += ["swept: run.sweep holds its values"] if key in swept else []
+            notes += [f"no effect unless {inert[key]}" if inert[key] else f"set by {cfg.policy.name}: its "
+                      "replicas x envs per replica"] if key in inert else []
             notes = "; ".join(n for n in notes if n)
             text = " ".join(filter(None, (field.description, notes and f"({notes})")))
             if text:

@@ -38,6 +38,11 @@ class Policy(BaseModel):
         its own answer, it must give it again."""
         return num_envs
 
+    def inert(self) -> dict[str, str]:
+        """Keys that change nothing under this config's other values, each with the setting that gives it effect
+        (as :meth:`msrl.AlgorithmConfig.inert`)."""
+        return {}
+
     def assign(self, loop: Loop) -> dict[str, str]:
         """The fragment of every statement of ``loop`` (API call, compute, return), by statement id."""
         raise NotImplementedError
@@ -62,10 +67,15 @@ class Resources(BaseModel):
 class DistributedPolicy(Policy):
     """A policy whose fragments can run as processes (``backend: ray``): resources and fault tolerance."""
 
-    resources: dict[str, Resources] = Field(default_factory=dict, description="per role: num_cpus, num_gpus")
+    resources: dict[str, Resources] = Field(default_factory=dict, description="per role (`msrl graph` lists a "
+                                            "policy's roles): num_cpus, num_gpus")
     max_actor_restarts: int = Field(3, ge=0, description="restarts of each actor replica whose process dies (ray)")
     ray_address: str | None = Field(None, description="an existing Ray cluster to join (default: start a private one)")
     ray_dashboard: bool = Field(False, description="start the Ray dashboard with the private cluster")
+
+    def inert(self) -> dict[str, str]:
+        return {} if self.backend == "ray" else dict.fromkeys(
+            ("ray_address", "ray_dashboard", "max_actor_restarts", "resources"), "policy.backend=ray")
 
     def role(self, name: str, replicas: int, backend_key: str, devices: list[int] | None = None) -> FragmentSpec:
         """Fragment ``name`` placed by the field ``backend_key`` (default: ``backend``), with its resources

@@ -497,6 +497,9 @@ class MemoryConfig(BaseModel):
                                                       description="the embedding's width, then the heads' layers")
     activation: Literal["tanh", "relu"] = Field("relu", description="the hidden layers' activation")
 
+    def inert(self) -> dict[str, str]:
+        return {**super().inert(), **({} if self.memory == "gru" else {"memory_size": "algorithm.memory=gru"})}
+
 
 def recurrent_actor_critic(spec, cfg) -> "RecurrentActorCritic":
     """The :class:`RecurrentActorCritic` of a single-agent env spec and a config with :class:`MemoryConfig`'s keys."""

@@ -30,7 +30,6 @@ from msrl.sweep import build_guard, member_config, members, spread_over_cores
 
 TARGET_STEPS_PER_DISPATCH = 16_384
 PLAIN_LOG_S = 10.0  # seconds between progress lines when stdout is not a terminal
-RAY_ONLY = {"ray_address", "ray_dashboard", "max_actor_restarts", "resources"}  # policy keys no other backend reads
 
 
 def enable_compile_cache(directory: str | Path) -> None:
@@ -699,20 +698,17 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         print(f"msrl: note: policy {cfg.policy.name!r} runs env.num_envs={cfg.env.num_envs:,} environments (its "
               f"replicas x envs per replica), not the {cfg._envs_asked:,} the config gives", file=sys.stderr,
               flush=True)
-    unused = [key for key in sorted(RAY_ONLY) if cfg.policy.backend != "ray" and key in type(cfg.policy).model_fields
-              and getattr(cfg.policy, key) != type(cfg.policy).model_fields[key].get_default(call_default_factory=True)]
-    if unused:
-        print(f"msrl: note: {', '.join(f'policy.{key}' for key in unused)} only apply with policy.backend=ray; "
-              f"ignored under {cfg.policy.backend!r}", file=sys.stderr, flush=True)
     holders = [f.spec.replicas for f in program.fragments.values() if "env" in f.state_keys]
     if cfg.env.subprocesses and holders and cfg.env.subprocesses > program.num_envs // holders[0]:
         per = program.num_envs // holders[0]
         print(f"msrl: note: env.subprocesses={cfg.env.subprocesses}, but each replica steps {per} environment"
               f"{'s' if per > 1 else ''}: {per} worker process{'es' if per > 1 else ''} each", file=sys.stderr, flush=True)
     inert: dict[str, list[str]] = {}
-    for key, needs in cfg.algorithm.inert().items():
-        if getattr(cfg.algorithm, key) != type(cfg.algorithm).model_fields[key].default:
-            inert.setdefault(needs, []).append(f"algorithm.{key}")
+    for section in ("algorithm", "policy"):
+        model = getattr(cfg, section)
+        for key, needs in model.inert().items():
+            if getattr(model, key) != type(model).model_fields[key].get_default(call_default_factory=True):
+                inert.setdefault(needs, []).append(f"{section}.{key}")
     for needs, keys in inert.items():
         print(f"msrl: note: {', '.join(keys)} only {'apply' if len(keys) > 1 else 'applies'} with {needs}; ignored "
               "here", file=sys.stderr, flush=True)

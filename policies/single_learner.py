@@ -26,8 +26,12 @@ class _SingleLearner(msrl.DistributedPolicy):
     actors: int = Field(2, gt=0, le=msrl.INT32_MAX, description="actor (or env worker) replicas")
     envs_per_actor: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                        description="environments per replica (default: env.num_envs / actors)")
-    actor_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the actor role")
-    learner_backend: Literal["threads", "ray", "jax"] | None = Field(None, description="placement of the learner role")
+    actor_backend: Literal["threads", "ray", "jax"] | None = Field(
+        None, description="the actor role's (fine: env_worker's) placement: null, policy.backend; jax, one jitted "
+        "program between its comms")
+    learner_backend: Literal["threads", "ray", "jax"] | None = Field(
+        None, description="the learner role's (fine: central's) placement: null, policy.backend; jax, one jitted "
+        "program between its comms")
 
     def total_envs(self, num_envs: int) -> int:
         return self.shard_envs(num_envs, "actors", "envs_per_actor")
@@ -35,7 +39,7 @@ class _SingleLearner(msrl.DistributedPolicy):
     actor_devices: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, min_length=1, description="backend jax: the JAX devices the actor replicas take in turn (default: all)")
     learner_devices: list[Annotated[int, Field(ge=0)]] | None = Field(
-        None, min_length=1, description="backend jax: the JAX device of the learner (default: all, i.e. the first)")
+        None, min_length=1, description="backend jax: the learner's JAX device, the first listed (default: device 0)")
 
     def _roles(self, actor_role: str, learner_role: str) -> list[msrl.FragmentSpec]:
         if self.backend != "jax" and (self.actor_devices or self.learner_devices):
@@ -66,6 +70,8 @@ class SingleLearnerCoarse(_SingleLearner):
 
 class SingleLearnerFine(_SingleLearner):
     name: Literal["single_learner_fine"] = "single_learner_fine"
+    backend: Literal["threads", "ray", "jax"] = Field("threads", description="threads of this process or Ray actors "
+                                                      "(jax is refused: fine communicates every env step)")
 
     def fragments(self) -> list[msrl.FragmentSpec]:
         return self._roles("env_worker", "central")

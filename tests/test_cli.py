@@ -247,8 +247,8 @@ def test_ray_keys_under_another_backend_are_noted(tmp_path, capsys):
                  "policy.ray_address=auto", "policy.max_actor_restarts=5", "policy.resources.learner.num_gpus=1",
                  "run.total_env_steps=1024", "run.progress=false", "--run-dir", str(tmp_path)]) == 0
     err = capsys.readouterr().err
-    assert ("msrl: note: policy.max_actor_restarts, policy.ray_address, policy.resources only apply with "
-            "policy.backend=ray; ignored under 'threads'\n") in err
+    assert ("msrl: note: policy.ray_address, policy.max_actor_restarts, policy.resources only apply with "
+            "policy.backend=ray; ignored here\n") in err
     # the run's config.yaml lists every key: at their defaults they are not noted
     assert main(["train", str(tmp_path / "config.yaml"), "run.total_env_steps=1024", "run.progress=false",
                  "policy.ray_address=null", "policy.max_actor_restarts=3", "policy.resources={}", "--overwrite",
@@ -279,6 +279,14 @@ def test_config_explains_every_key_and_loads_back_as_the_same_config(tmp_path, c
     assert load_config(out).dump() == load_config(None, ["algorithm.name=dqn", "algorithm.lr=0.001"]).dump()
     assert main(["config", str(out), "policy.name=replay_server"]) == 0
     assert "  # replay-buffer replicas; actors must be a multiple" in capsys.readouterr().out
+    assert main(["config", str(out), "policy={name: single_learner_coarse, actors: 2, envs_per_actor: 3}",
+                 "algorithm.lr=[1e-3,1e-4]"]) == 0
+    words = " ".join(w for w in capsys.readouterr().out.split() if w != "#")  # (comments wrap where they will)
+    for says in ("(> 0; set by single_learner_coarse: its replicas x envs per replica) num_envs: 6",
+                 "(> 0; default: 0.00025; swept: run.sweep holds its values) lr: 0.001",
+                 "(default: start a private one) (no effect unless policy.backend=ray) ray_address: null",
+                 "policy: single_learner_coarse's keys (one of: async, fused,"):
+        assert says in words, says
 
 
 def test_every_key_of_msrls_own_algorithms_policies_and_sections_says_what_it_means():
@@ -287,8 +295,9 @@ def test_every_key_of_msrls_own_algorithms_policies_and_sections_says_what_it_me
     from msrl.policy import Resources
     from msrl.registry import ALGORITHMS, POLICIES
 
-    models = [ALGORITHMS.get(n).Config for n in ALGORITHMS.names() if ALGORITHMS.get(n).__module__.startswith("msrl.")]
-    models += [POLICIES.get(n) for n in POLICIES.names() if POLICIES.get(n).__module__.startswith("msrl.")]
+    models = [ALGORITHMS.get(n).Config for n in ALGORITHMS.names()
+              if ALGORITHMS.get(n).__module__.startswith("msrl.algorithms.")]
+    models += [POLICIES.get(n) for n in POLICIES.names() if POLICIES.get(n).__module__.startswith("msrl.policies.")]
     assert len(models) == 16
     undescribed = [f"{m.__name__}.{k}" for m in (*models, EnvConfig, RunConfig, WandbConfig, Resources)
                    for k, f in m.model_fields.items() if k != "name" and not f.description]

@@ -43,6 +43,9 @@ class A2CConfig(msrl.AlgorithmConfig):
     activation: Literal["tanh", "relu"] = Field("tanh", description="the hidden layers' activation")
     bootstrap_truncated: bool = bootstrap_truncated_field()
 
+    def inert(self) -> dict[str, str]:
+        return {} if self.optimizer == "rmsprop" else {"rms_decay": "algorithm.optimizer=rmsprop"}
+
 
 class Transition(NamedTuple):
     """One step of every environment (values and log-probs are recomputed by the learner)."""

@@ -25,11 +25,13 @@ class DQNConfig(msrl.AlgorithmConfig):
     rollout_len: int = Field(4, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
     updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
     batch_size: int = Field(128, gt=0, le=msrl.INT32_MAX, description="transitions per update")
-    buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions")
+    buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions (per "
+                             "learner under multi_learner; split over replay_server's shards)")
     learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX,
-                                 description="transitions in the buffer before the first update")
+                                 description="transitions in a learner's buffer before its first update")
     lr: float = Field(2.5e-4, gt=0, description="Adam's learning rate")
-    anneal_lr: bool = Field(False, description="decay the learning rate linearly to 0 over the run")
+    anneal_lr: bool = Field(False, description="decay the learning rate linearly over the run's updates (none "
+                            "before learning_starts: it ends above 0)")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     n_step: int = Field(1, gt=0, le=msrl.INT32_MAX, description="steps of the n-step return")
     double: bool = Field(True, description="double DQN: the online network picks the bootstrap action")

@@ -27,11 +27,15 @@ from msrl.rl import Dense, GRUCell, action_dim, flatten
 
 class RecurrentDQNConfig(DQNConfig):
     name: Literal["recurrent_dqn"] = "recurrent_dqn"
+    batch_size: int = Field(128, gt=0, le=msrl.INT32_MAX, description="windows (of sequence_length steps) per update")
     memory_size: int = Field(128, gt=0, le=65_536, description="units of the GRU")
     sequence_length: int = Field(20, gt=1, le=msrl.INT32_MAX, description="steps of a replayed window")
     burn_in: int = Field(4, ge=0, le=msrl.INT32_MAX, description="first steps of a window that only warm up the "
                          "hidden state (no loss)")
     priority_eta: float = Field(0.9, ge=0, le=1, description="a window's priority: eta max|td| + (1 - eta) mean|td|")
+
+    def inert(self) -> dict[str, str]:
+        return {**super().inert(), **({} if self.prioritized else {"priority_eta": "algorithm.prioritized=true"})}
 
 
 class Step(NamedTuple):

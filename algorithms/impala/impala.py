@@ -33,6 +33,8 @@ class IMPALAConfig(A2CConfig):
     epochs: int = Field(1, gt=0, le=msrl.INT32_MAX, description="passes over each batch")
     minibatches: int = Field(1, gt=0, le=msrl.INT32_MAX, description="minibatches per pass, split over environments "
                              "(whole trajectories)")
+    bootstrap_truncated: bool = Field(False, description="false only: V-trace ends the return at every episode end "
+                                      "(ppo and a2c bootstrap a truncation)")
 
 
 class Transition(NamedTuple):

@@ -34,6 +34,8 @@ from msrl.rl import ActorCritic, action_dim, flatten
 
 class MAPPOConfig(PPOConfig):
     name: Literal["mappo"] = "mappo"
+    network: Literal["mlp", "nature_cnn"] = Field("mlp", description="mlp only: a shared actor MLP and a central "
+                                                  "critic MLP (ppo has nature_cnn)")
     agent_ids: bool = Field(True, description="append a one-hot agent index to each agent's observation, so the "
                             "shared actor can tell the agents apart")
 

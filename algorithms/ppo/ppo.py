@@ -26,8 +26,8 @@ class PPOConfig(msrl.AlgorithmConfig):
     anneal_lr: bool = Field(True, description="decay the learning rate linearly to 0 over the run")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE's lambda")
-    clip_eps: float = Field(0.2, gt=0, description="the probability ratio (and the value's change) is clipped to ± "
-                            "this")
+    clip_eps: float = Field(0.2, gt=0, description="the probability ratio is clipped to 1 ± this, the value's change "
+                            "from the rollout's to ± this")
     ent_coef: float = Field(0.01, ge=0, description="weight of the entropy bonus in the loss")
     vf_coef: float = Field(0.5, ge=0, description="weight of the value loss in the loss")
     max_grad_norm: float = Field(0.5, gt=0, description="gradients are clipped to this global norm")
@@ -42,6 +42,9 @@ class PPOConfig(msrl.AlgorithmConfig):
     normalize_reward: bool = Field(False, description="divide rewards by the running std of each env's "
                                    "discounted return")
     bootstrap_truncated: bool = bootstrap_truncated_field()
+
+    def inert(self) -> dict[str, str]:
+        return {} if self.network == "mlp" else dict.fromkeys(("hidden", "activation"), "algorithm.network=mlp")
 
 
 class Transition(NamedTuple):

@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from pydantic import Field
 from msrl.algorithms.ppo.ppo import PPO, PPOConfig, PPOLearner
 
 import msrl
@@ -29,6 +30,14 @@ from msrl.rl import (
 
 class RecurrentPPOConfig(MemoryConfig, PPOConfig):
     name: Literal["recurrent_ppo"] = "recurrent_ppo"
+    minibatches: int = Field(4, gt=0, le=msrl.INT32_MAX, description="minibatches per pass, each the whole sequences "
+                             "of some envs (it must divide the envs a learner sees)")
+    network: Literal["mlp", "nature_cnn"] = Field("mlp", description="mlp only: the GRU actor-critic (ppo has "
+                                                  "nature_cnn)")
+    normalize_obs: bool = Field(False, description="false only: recurrent_ppo does not normalize (ppo does)")
+    normalize_reward: bool = Field(False, description="false only: recurrent_ppo does not normalize (ppo does)")
+    bootstrap_truncated: bool = Field(False, description="false only: recurrent_ppo ends the return at every episode "
+                                      "end (ppo bootstraps a truncation)")
 
 
 class Transition(NamedTuple):

@@ -31,9 +31,10 @@ class OffPolicyConfig(msrl.AlgorithmConfig):
     rollout_len: int = Field(1, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
     updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
     batch_size: int = Field(256, gt=0, le=msrl.INT32_MAX, description="transitions per update")
-    buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions")
-    learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX, description="transitions of uniformly random "
-                                 "actions before the policy acts and the first update")
+    buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions (per "
+                             "learner under multi_learner; split over replay_server's shards)")
+    learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX, description="transitions (all envs) of uniformly "
+                                 "random actions; updates start once a learner's buffer holds this many")
     actor_lr: float = Field(3e-4, gt=0, description="the actor's Adam learning rate")
     critic_lr: float = Field(1e-3, gt=0, description="the critics' Adam learning rate")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
@@ -50,8 +51,8 @@ class SACConfig(OffPolicyConfig):
     name: Literal["sac"] = "sac"
     alpha_lr: float = Field(3e-4, gt=0, description="the temperature's Adam learning rate (alpha learned when alpha "
                             "is null)")
-    alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (None: learned)")
-    target_entropy: float | None = Field(None, description="of the learned temperature (None: -action size)")
+    alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (null: learned)")
+    target_entropy: float | None = Field(None, description="the entropy the learned temperature aims for (null: minus the action size)")
 
     def inert(self) -> dict[str, str]:
         learned = "a learned temperature (algorithm.alpha=null)"

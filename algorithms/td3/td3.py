@@ -24,6 +24,8 @@ from msrl.rl import Dense, TwinQ, action_dim, flat, flatten, mlp, squash_of
 class TD3Config(OffPolicyConfig):
     name: Literal["td3"] = "td3"
     critic_lr: float = Field(3e-4, gt=0, description="the critics' Adam learning rate")
+    tau: float = Field(0.005, gt=0, le=1, description="target <- tau * online + (1 - tau) * target, every "
+                       "policy_delay-th update")
     policy_delay: int = Field(2, gt=0, le=msrl.INT32_MAX, description="critic updates per actor (and target) update")
     exploration_noise: float = Field(0.1, ge=0, description="std of the acting noise, in half-ranges of the actions")
     policy_noise: float = Field(0.2, ge=0, description="std of the target policy's smoothing noise (half-ranges)")
