@@ -106,6 +106,11 @@ def test_bad_multi_learner_configs_name_the_key():
         load_config(CARTPOLE, ["policy.name=multi_learner", "policy.backend=threads"])
     cfg = load_config(CARTPOLE, ["policy.name=multi_learner", "policy.learners=3", "policy.envs_per_learner=2"])
     assert msrl.build(cfg).num_envs == 6
+    # minibatches that divide the whole batch but not a learner's share were a reshape error inside PPO's learn
+    with pytest.raises(msrl.ConfigError, match=r"^algorithm.minibatches: 3 does not divide the batch of 1 envs x 128 "
+                                               r"steps = 128 a learner sees$"):
+        msrl.build(load_config(CARTPOLE, ["policy.name=multi_learner", "policy.learners=3", "env.num_envs=3",
+                                          "algorithm.minibatches=3"]))
     # a Gymnasium env makes the learners' role a host fragment: Ray ran its replicas apart, averaging nothing (each
     # learned alone and the run reported one's parameters); refused before any Ray process starts
     with pytest.raises(msrl.ConfigError, match=r"^policy.backend: policy 'multi_learner' averages the gradients of its 2 "
