@@ -526,23 +526,22 @@ def commented(cfg: ExperimentConfig, width: int = 100) -> str:
     where it has none."""
     import textwrap
 
-    inert = {f"{s}.{k}": v for s in ("algorithm", "policy") for k, v in getattr(cfg, s).inert().items()}
-    inert |= {"env.num_envs": None} if cfg._envs_asked is not None else {}  # (not a default: the policy's count)
-    swept = {f"algorithm.{k}" for k in cfg.run.sweep}
     names = {"algorithm.name": ALGORITHMS.names(), "policy.name": POLICIES.names()}
+    extra = {f"{section}.{key}": f"no effect unless {needs}" for section in ("algorithm", "policy")
+             for key, needs in getattr(cfg, section).inert().items()}
+    extra |= {f"algorithm.{k}": "swept: run.sweep holds its values" for k in cfg.run.sweep}
+    if cfg._envs_asked is not None:  # the policy's count, not a value given: no default to compare it with
+        extra["env.num_envs"] = f"set by {cfg.policy.name}: its replicas x envs per replica"
     defaults, lines = cfg.defaults(), []
 
     def walk(model: BaseModel, data: dict, default: dict, prefix: str, indent: str) -> None:
         for name, field in type(model).model_fields.items():
             key, value = f"{prefix}.{name}", data[name]
             notes = [_bounds(field)] + ([f"one of: {', '.join(names[key])}"] if key in names else [])
-            if default is not None and name in default and default[name] != value and key not in inert and \
-                    "default" not in (field.description or ""):
+            if default is not None and name in default and default[name] != value and \
+                    "default" not in (field.description or "") and not extra.get(key, "").startswith("set by"):
                 notes.append(f"default: {_flow(default[name])}")
-            notes += ["swept: run.sweep holds its values"] if key in swept else []
-            notes += [f"no effect unless {inert[key]}" if inert[key] else f"set by {cfg.policy.name}: its "
-                      "replicas x envs per replica"] if key in inert else []
-            notes = "; ".join(n for n in notes if n)
+            notes = "; ".join(n for n in [*notes, extra.get(key)] if n)
             text = " ".join(filter(None, (field.description, notes and f"({notes})")))
             if text:
                 lines.extend(textwrap.wrap(text, width, initial_indent=f"{indent}# ", subsequent_indent=f"{indent}# "))
