@@ -359,6 +359,11 @@ class RayRuntime(ReplicaRuntime):
                 pass
         return found
 
+    def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+        """As the threads backend's, less a host environment's state: its simulators (worker processes, a C++
+        pool) stay in their replica's process, and no snapshot or checkpoint holds them."""
+        return super().snapshot((*skip, "env") if self.program.env.host_state else skip)
+
     def _call(self, keys, method: str, *args: Any) -> dict:
         refs = {k: self._replicas()[k].call.remote(method, *args) for k in keys}
         out = {}

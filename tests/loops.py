@@ -921,7 +921,7 @@ class Slices(msrl.Algorithm):
 class Shifty(gymnasium.Env):
     """CartPole-shaped until its 40th step (20th for "explode"), then by ``mode``: a wrong observation shape,
     a wrong dtype, NaN, or an exception; a reward that is not one number ("rewards": two, "text": a string); or
-    a ``truncated`` that is not a bool ("flag": a string). "slow": each step takes 0.5 s."""
+    a ``truncated`` that is not a bool ("flag": a string). "slow": each step takes 0.5 s; "hang": an hour."""
 
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gymnasium.spaces.Discrete(2)
@@ -941,6 +941,8 @@ class Shifty(gymnasium.Env):
             raise RuntimeError("environment exploded on purpose")
         if self.mode == "slow":
             time.sleep(0.5)
+        if self.mode == "hang":
+            time.sleep(3600)
         if self.t >= 40 and self.mode == "flag":
             return obs, 1.0, False, "no", {}
         if self.t >= 40 and self.mode in ("rewards", "text"):

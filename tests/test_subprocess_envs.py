@@ -6,7 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from pathlib import Path
 
 import gymnasium
 import jax
@@ -104,6 +106,50 @@ def test_workers_leave_a_terminals_ctrl_c_to_the_run():
     assert [proc.returncode for proc in state.workers.procs] == [0, 0]
 
 
+def test_workers_stuck_in_a_step_are_killed_on_close_and_end_with_their_process():
+    """An env whose step hangs: closing its envs kills the worker (the thread waiting on the step then fails as on a
+    dead worker), and a process that exits while the step hangs leaves no worker behind (they watch their parent;
+    they ignore SIGINT and SIGTERM, so they outlived a stalled run)."""
+    import psutil
+
+    env = make_env("gymnasium:MsrlShifty-v0", subprocesses=2, mode="hang")
+    state = env.init(jax.random.PRNGKey(0), np.arange(4))
+    failed = []
+    stepping = threading.Thread(target=lambda: failed.append(pytest.raises(msrl.TrainingError, env.step, state,
+                                                                           np.zeros(4, np.int32))))
+    stepping.start()
+    time.sleep(0.5)
+    env.close(state)
+    stepping.join(timeout=10)
+    assert failed and "exited with code -9 during step" in str(failed[0].value)
+    code = f"""
+        import os, sys, threading, time, jax, numpy as np
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import loops
+        from msrl.envs import make_env
+        env = make_env("gymnasium:MsrlShifty-v0", subprocesses=2, mode="hang")
+        state = env.init(jax.random.PRNGKey(0), np.arange(4))
+        print(*[p.pid for p in state.workers.procs], flush=True)
+        threading.Thread(target=env.step, args=(state, np.zeros(4, np.int32)), daemon=True).start()
+        time.sleep(0.5)
+        os._exit(0)
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    pids = [int(pid) for pid in out.stdout.split()]
+    assert len(pids) == 2, out.stderr[-2000:]
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(alive, pids))
+
+
 def test_subprocess_config_errors():
     with pytest.raises(msrl.ConfigError, match="env.subprocesses.*only gymnasium:"):
         make_env("gymnax:CartPole-v1", subprocesses=2)
@@ -143,3 +189,17 @@ def test_more_workers_than_a_replicas_envs_is_noted(tmp_path, capsys):
                                                         "run.progress=false", "run.tensorboard=false"], run_dir=tmp_path)
     assert "msrl: note: env.subprocesses=6, but each replica steps 4 environments: 4 worker processes each\n" in \
         capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_session_on_ray_with_worker_envs_snapshots_and_restores():
+    """Its snapshot leaves the host env's state out (its worker processes stay with their replica), and a restore
+    checks only what the snapshot holds: `--resume` of such a run failed with `TypeError: cannot pickle
+    '_thread.lock' object`, restoring fetched every state, the env's too."""
+    with msrl.Session(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.backend=ray", "env.subprocesses=2",
+                                                                "run.progress=false"]) as session:
+        session.run(1)
+        snapshot = session.snapshot()
+        assert "env" not in {name for state in snapshot["actor"] for name in state}
+        session.restore(snapshot)
+        assert len(session.run(1)) == 1

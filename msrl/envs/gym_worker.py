@@ -7,7 +7,8 @@ by an importable module of the user's works here too. The two talk over a socket
 :class:`multiprocessing.connection.Connection` (pickled messages). Each request is ``(command, argument)``; each
 answer ``("ok", value)`` or ``("error", (position, message, traceback))``. The worker steps its envs exactly as
 :class:`~msrl.envs.gymnasium_env.GymnasiumEnv` does in-process (:func:`step_one`), so the numbers are the same;
-the parent checks what comes back. When the parent goes away, the socket closes and the worker ends.
+the parent checks what comes back. When the parent goes away, the socket closes and the worker ends (a watcher
+thread ends it too, should an env's step hang).
 """
 
 from __future__ import annotations
@@ -115,14 +116,30 @@ def serve(conn: Any) -> None:
         conn.send(("ok", value))
 
 
+def end_with(parent: int) -> None:
+    """Exit as soon as process ``parent`` is gone, also while an env's step hangs (the closed socket is seen
+    only between commands): a stalled run's workers do not outlive it."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="msrl-parent-watch").start()
+
+
 if __name__ == "__main__":
     import signal
     from multiprocessing.connection import Connection
 
     # a terminal's Ctrl-C (or `timeout`'s SIGTERM) goes to the whole process group: the parent stops the run
-    # cleanly, and needs its workers for that; they end when it closes their socket
+    # cleanly, and needs its workers for that; they end when it closes their socket, or when it is gone
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    end_with(int(sys.argv[2]))
 
     conn = Connection(int(sys.argv[1]))
     sys.path[:] = conn.recv()  # the parent's first message: import what it would (not from this script's folder)

@@ -12,6 +12,7 @@ seed, same calls), so the numbers are the same.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import reprlib
 import socket
@@ -110,7 +111,7 @@ class Workers:
         self.conns: list[Connection] = []
         for _ in self.parts:
             mine, theirs = socket.socketpair()
-            self.procs.append(subprocess.Popen([sys.executable, self.SCRIPT, str(theirs.fileno())],
+            self.procs.append(subprocess.Popen([sys.executable, self.SCRIPT, str(theirs.fileno()), str(os.getpid())],
                                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
             theirs.close()
             self.conns.append(Connection(mine.detach()))
@@ -164,16 +165,20 @@ class Workers:
         return f"#{ids[0]}..#{ids[-1]}" if len(ids) > 1 else f"#{ids[0]}"
 
     def close(self) -> None:
-        try:
-            self.call("close")
-        except (TrainingError, OSError):
-            pass
+        """Ask every worker to close its envs and end; one still running 5 s later (an env's step hangs) is killed.
+        Safe while another thread waits on a step of theirs: it then fails as a worker that died."""
+        for conn in self.conns:
+            try:
+                conn.send(("close", None))
+            except OSError:  # gone already
+                pass
         for proc, conn in zip(self.procs, self.conns):
-            conn.close()
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+            conn.close()
 
 
 @dataclasses.dataclass

@@ -154,7 +154,11 @@ class Session:
         self._open()
         if iteration is None:
             iteration = getattr(snapshot, "iteration", None)
-        _check_like(snapshot, self.runtime.shapes())
+        from msrl.compiler import COMPONENTS
+
+        held = {name for replicas in snapshot.values() if isinstance(replicas, list)
+                for state in replicas if isinstance(state, dict) for name in state} if isinstance(snapshot, dict) else ()
+        _check_like(snapshot, self.runtime.shapes(tuple(set(COMPONENTS) - set(held))))  # (what it holds, no more)
         self.runtime.restore(snapshot, iteration)
         if iteration is not None:
             self.iteration = int(iteration)
