@@ -415,7 +415,7 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
 
     try:
         mask = kwargs.get("mask_obs") or []
-        kwargs = {k: v for k, v in kwargs.items() if k != "mask_obs"}
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("mask_obs", "render_mode")}  # (frames: rgb_array)
         env = gymnasium.make(env_id.split(":", 1)[1], render_mode="rgb_array", **kwargs)
         obs, _ = env.reset(seed=seed)
         frames = [_frame(env, env_id)]
