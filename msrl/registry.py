@@ -144,7 +144,8 @@ def import_user_module(spec: str, key: str = "--import") -> None:
         if not path.is_file():
             if name in sys.modules:
                 return
-            moved = " (if it is one a run's config.yaml lists, and it has moved, give --import with its new place)"
+            moved = (" (if it is one a run's config.yaml lists, and it has moved, give --import with its new place, "
+                     "or, from Python, import it before msrl.load or msrl.train)")
             raise ConfigError(key, f"{spec}: no such file" + moved * (key == "run.imports"))
         other = _origin(name)
         if name in sys.stdlib_module_names or other not in (None, spec):

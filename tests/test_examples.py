@@ -191,7 +191,8 @@ for spec in ({str(run / "config.yaml")!r}, {str(tmp_path / "mine" / "json.py")!r
 import_user_module({str(moved)!r})  # (as --import does)
 print(msrl.train(None, ["run.total_env_steps=4096"], run_dir={str(run)!r}, resume=True)["env_steps"])""")
     assert lines[:2] == ["run.imports: /nowhere/custom_algorithm.py: no such file (if it is one a run's config.yaml "
-                         "lists, and it has moved, give --import with its new place)",
+                         "lists, and it has moved, give --import with its new place, or, from Python, import it "
+                         "before msrl.load or msrl.train)",
                          f"--import: {tmp_path / 'mine' / 'json.py'}: a module named 'json' exists already (Python's "
                          "own), so this file would not run, or would hide that module; rename it"], lines
     assert lines[-1] == "4096" and yaml.safe_load((run / "config.yaml").read_text())["run"]["imports"] == [str(moved)]

@@ -371,7 +371,8 @@ class Program:
                 f"{'its leaves ' if len(bad) > 1 else 'its leaf '}{', '.join(bad[:3])} "
                 f"{'are' if len(bad) > 1 else 'is'} not per-environment: joining the replicas' values would keep "
                 "one and drop the others", s.file, s.line,
-                "a replay buffer that the learner samples is sharded by policy.name=replay_server" if sampled else
+                "a replay buffer that the learner samples is sharded by policy.name=replay_server (or kept central "
+                "by single_learner_fine)" if sampled else
                 f"compute {what} on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
 
     def _check_rows(self) -> None:
