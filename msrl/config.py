@@ -371,7 +371,8 @@ def _check_switched_algorithm(before: Any, after: Any, overrides: list[str]) -> 
     if stale:
         raise ConfigError(f"algorithm.{_name(stale[0])}", f"{new} has no such key: the config gives it for {old}, "
                           f"which algorithm.name={new} replaces; drop {', '.join(map(str, stale))} from the config, "
-                          f"or start from a config of {new}")
+                          f"or start from a config of {new} (`msrl config algorithm.name={new} -o {new}.yaml` "
+                          "writes one)")
 
 
 def _expanded(node: Any, memo: dict[int, int], open_: set[int]) -> int:

@@ -49,7 +49,8 @@ def test_messages_for_slips_say_what_was_meant(tmp_path):
              (["algorithm.lr=[1e-3,0.001]"], r"^run.sweep.lr: lists a value twice: \[0.001, 0.001\]$"),
              (["algorithm.name=a2c"], (r"^algorithm.epochs: a2c has no such key: the config gives it for ppo, which "
                                        r"algorithm.name=a2c replaces; drop epochs, minibatches, clip_eps from the "
-                                       r"config, or start from a config of a2c$"))]
+                                       r"config, or start from a config of a2c \(`msrl config algorithm.name=a2c "
+                                       r"-o a2c.yaml` writes one\)$"))]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):
             load_config(EXAMPLES / "ppo_cartpole.yaml", overrides)
