@@ -275,7 +275,9 @@ def test_a_buffer_of_yours_with_shards_is_split_like_msrls_own():
     params = {}
     for name in ("conf_sac", "test_own_split_sac"):
         with msrl.Session(load_config(None, [f"algorithm.name={name}", *server_2x2]), seed=0) as session:
-            session.run(6)
+            params["initial"] = session.params()
+            session.run(3)
             params[name] = session.params()
     assert max_diff(params["conf_sac"], params["test_own_split_sac"]) == 0
+    assert max_diff(params["initial"], params["test_own_split_sac"]) > 1e-4  # (it sampled and learned)
 
