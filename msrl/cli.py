@@ -164,7 +164,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         config, overrides = None, [config, *overrides]
     text = commented(load_config(config, overrides))
     if args.output:
-        Path(args.output).write_text(text)
+        Path(args.output).write_text(text, encoding="utf-8")
         print(f"wrote {args.output}")
     else:
         print(text, end="")

@@ -505,12 +505,12 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = (),
 
 
 def _bounds(field: Any) -> str:
-    """A field's choices and bounds as a note (``one of: a, b``, ``> 0``); bounds that only keep a count in int32
+    """A field's choices and bounds as a note (``one of: a, b``, ``>0``); bounds that only keep a count in int32
     or a seed in 32 bits are left out."""
     choices = [a for t in (field.annotation, *get_args(field.annotation)) if getattr(t, "__origin__", None) is Literal
                for a in get_args(t)]
-    signs = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "min_length": "length ≥"}
-    bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in signs.items()
+    signs = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "min_length": "length≥"}  # (no space: not wrapped apart)
+    bounds = [f"{sign}{getattr(m, attr)}" for m in field.metadata for attr, sign in signs.items()
               if hasattr(m, attr) and getattr(m, attr) not in (INT32_MAX, SEED_MAX, 2**63 - 1)]
     return "; ".join(([f"one of: {', '.join(map(str, choices))}"] if len(choices) > 1 else []) + bounds)
 
@@ -540,7 +540,7 @@ def commented(cfg: ExperimentConfig, width: int = 100) -> str:
             key, value = f"{prefix}.{name}", data[name]
             notes = [_bounds(field)] + ([f"one of: {', '.join(names[key])}"] if key in names else [])
             if default is not None and name in default and default[name] != value and \
-                    "default" not in (field.description or "") and not extra.get(key, "").startswith("set by"):
+                    "default:" not in (field.description or "") and not extra.get(key, "").startswith("set by"):
                 notes.append(f"default: {_flow(default[name])}")
             notes = "; ".join(n for n in [*notes, extra.get(key)] if n)
             text = " ".join(filter(None, (field.description, notes and f"({notes})")))

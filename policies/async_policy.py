@@ -97,7 +97,7 @@ class ParameterHolder:
             self.version, self.dropped = int(state["version"]), int(state["dropped"])
 
 
-PLAIN = (bool, int, float, complex, str, bytes, type(None))  # Python values a jitted fragment keeps static
+PLAIN = (bool, int, float, complex, str, bytes, type(None))  # values a jitted fragment keeps static (not numpy's)
 HELD = ("params", "opt_state")  # the learner state the holder carries: all of it, or the policy refuses
 FITS = ("use policy.name=single_learner_coarse or multi_learner for an on-policy loop (msrl.buffer_get), "
         "replay_server, single_learner_fine or multi_learner for one that samples a replay buffer")
@@ -135,8 +135,8 @@ class RemoteLearner:
     def grads(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, jax.Array]:
         """:meth:`_grads`, jitted. A plain Python value the loop passes to ``learn`` (a literal, a config
         value) stays one, as in the loop's own jitted fragments: static, not traced."""
-        static = (tuple(i + 1 for i, a in enumerate(args) if isinstance(a, PLAIN)),
-                  tuple(sorted(k for k, v in kwargs.items() if isinstance(v, PLAIN))))
+        static = (tuple(i + 1 for i, a in enumerate(args) if type(a) in PLAIN),  # (an int loop index: one
+                  tuple(sorted(k for k, v in kwargs.items() if type(v) in PLAIN)))  # compile per value, then cached)
         if static not in self.jitted:
             self.jitted[static] = jax.jit(self._grads, static_argnums=static[0], static_argnames=static[1])
         return self.jitted[static](state, *args, **kwargs)

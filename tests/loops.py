@@ -86,6 +86,24 @@ class Simple(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class FillsInAFunctionOfItsOwn(Base):
+    """A function defined in the scanned loop fills a list of its own (its parameter, not a list made before the
+    loop): accepted, and summed as Python sums it."""
+
+    def train_step(self):
+        obs, total = msrl.env_observe(), 0.0
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+
+            def with_reward(parts, r):
+                parts.append(r.sum())
+                return parts
+
+            total = total + sum(with_reward([], reward))
+        return {"total": total}
+
+
 class ActsOnly(Base):
     """Collects, never learns (a data-collection or evaluation loop)."""
 

@@ -200,9 +200,9 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "fused"), "--render", str(tmp_path / "x")]) == 2  # gymnax: no renderer
     assert "--render" in capsys.readouterr().err
 
-    train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every_steps=1024",
-                                                   "env.kwargs={render_mode: rgb_array}"],  # (--render gave it twice)
-          run_dir=tmp_path / "host")
+    host = [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every_steps=1024",
+            "env.kwargs={render_mode: rgb_array}"]  # (--render gave gymnasium.make a render_mode twice)
+    train(EXAMPLES / "ppo_cartpole_threads.yaml", host, run_dir=tmp_path / "host")
     (tmp_path / "frames").mkdir()
     (tmp_path / "frames" / "frame_9999.png").write_bytes(b"an earlier, longer episode's")
     assert main(["eval", str(tmp_path / "host"), "--episodes", "2", "--render", str(tmp_path / "frames")]) == 0

@@ -274,16 +274,16 @@ def test_config_explains_every_key_and_loads_back_as_the_same_config(tmp_path, c
     out = tmp_path / "dqn.yaml"
     assert main(["config", "algorithm.name=dqn", "algorithm.lr=0.001", "-o", str(out)]) == 0
     text = out.read_text()
-    assert "  # Adam's learning rate (> 0; default: 0.00025)\n  lr: 0.001\n" in text
-    assert "(≥ 0; no effect unless algorithm.prioritized=true)\n  per_alpha: 0.6\n" in text
+    assert "  # Adam's learning rate (>0; default: 0.00025)\n  lr: 0.001\n" in text
+    assert "(≥0; no effect unless algorithm.prioritized=true)\n  per_alpha: 0.6\n" in text
     assert load_config(out).dump() == load_config(None, ["algorithm.name=dqn", "algorithm.lr=0.001"]).dump()
     assert main(["config", str(out), "policy.name=replay_server"]) == 0
     assert "  # replay-buffer replicas; actors must be a multiple" in capsys.readouterr().out
     assert main(["config", str(out), "policy={name: single_learner_coarse, actors: 2, envs_per_actor: 3}",
                  "algorithm.lr=[1e-3,1e-4]"]) == 0
     words = " ".join(w for w in capsys.readouterr().out.split() if w != "#")  # (comments wrap where they will)
-    for says in ("(> 0; set by single_learner_coarse: its replicas x envs per replica) num_envs: 6",
-                 "(> 0; default: 0.00025; swept: run.sweep holds its values) lr: 0.001",
+    for says in ("(>0; set by single_learner_coarse: its replicas x envs per replica) num_envs: 6",
+                 "(>0; default: 0.00025; swept: run.sweep holds its values) lr: 0.001",
                  "(default: start a private one) (no effect unless policy.backend=ray) ray_address: null",
                  "policy: single_learner_coarse's keys (one of: async, fused,"):
         assert says in words, says

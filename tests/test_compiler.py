@@ -107,6 +107,12 @@ def test_nested_loops_statements_unpacking_static_if(env):
     assert "bonus=total" in src
 
 
+def test_a_function_defined_in_a_scanned_loop_may_fill_its_own_list(env):
+    prog, jit_state, rows, eager_state, results = fused_vs_eager(loops.FillsInAFunctionOfItsOwn, env)
+    assert rows[-1]["total"] == pytest.approx(float(results[-1]["total"]))
+    assert "_msrl_scan(" in prog.fragments["main"].source
+
+
 def test_helper_methods_are_inlined(env):
     prog, jit_state, rows, eager_state, results = fused_vs_eager(loops.Helpers, env)
     assert prog.env_steps_per_iteration == 3 * NUM_ENVS

@@ -143,11 +143,11 @@ class PPO(msrl.Algorithm):
                                    f"than {msrl.INT32_MAX} optimizer steps per update")
         if cfg.anneal_lr:  # ... and in the whole run
             ctx.per_run(batch, cfg.epochs * cfg.minibatches)
-        if ctx.learner_envs * cfg.rollout_len % cfg.minibatches:  # (each learner's own batch: multi_learner's share)
+        own = ctx.learner_envs * cfg.rollout_len  # the batch each learner splits (multi_learner: its share)
+        if own % cfg.minibatches:
             raise msrl.ConfigError("algorithm.minibatches", f"{cfg.minibatches} does not divide the batch of "
-                                   f"{ctx.learner_envs} envs x {cfg.rollout_len} steps = "
-                                   f"{ctx.learner_envs * cfg.rollout_len}" + (" a learner sees" if ctx.learner_envs <
-                                                                              ctx.num_envs else ""))
+                                   f"{ctx.learner_envs} envs x {cfg.rollout_len} steps = {own}"
+                                   + (" a learner sees" if ctx.learner_envs < ctx.num_envs else ""))
         net = self.network(ctx.env_spec)
         self.actor = NormalizedActor(ActorCriticActor(net)) if cfg.normalize_obs else ActorCriticActor(net)
         self.learner = PPOLearner(net, cfg, ctx.env_spec.example_obs(), max(1, ctx.total_env_steps // batch),

@@ -52,7 +52,8 @@ class SACConfig(OffPolicyConfig):
     alpha_lr: float = Field(3e-4, gt=0, description="the temperature's Adam learning rate (alpha learned when alpha "
                             "is null)")
     alpha: float | None = Field(None, gt=0, description="a fixed entropy temperature (null: learned)")
-    target_entropy: float | None = Field(None, description="the entropy the learned temperature aims for (null: minus the action size)")
+    target_entropy: float | None = Field(None, description="the entropy the learned temperature aims for (null: "
+                                         "minus the action size)")
 
     def inert(self) -> dict[str, str]:
         learned = "a learned temperature (algorithm.alpha=null)"

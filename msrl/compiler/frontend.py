@@ -134,8 +134,9 @@ _FILLS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "p
 def _outer_container_change(body: list[ast.stmt]) -> ast.Call | None:
     """A statement of ``body`` that fills or empties a container (``xs.append(v)``, ``d.update(...)``, its value
     unused) made outside ``body``: one not bound anywhere in it, so not fresh at each pass."""
-    fresh = {n.id for s in body for n in _scope_walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    for n in (n.value for s in body for n in _scope_walk(s) if isinstance(n, ast.Expr)):
+    block = list(_scope_walk(ast.Module(body, [])))  # (a function defined in it keeps its own names)
+    fresh = {n.id for n in block if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for n in (n.value for n in block if isinstance(n, ast.Expr)):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _FILLS and \
                 isinstance(n.func.value, ast.Name) and n.func.value.id not in fresh | {"self"}:
             return n
@@ -369,7 +370,7 @@ class Frontend:
                 raise src.error(st, "`return` must be the last statement of the training loop",
                                 "compute the value and return it once at the end")
             return self._return(src, st, rename, loop)
-        nested_return = next((n for n in ast.walk(st) if isinstance(n, ast.Return)), None)
+        nested_return = next((n for n in _scope_walk(st) if isinstance(n, ast.Return)), None)  # (not a def's own)
         if nested_return is not None and not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             raise src.error(nested_return, "`return` must be the last statement of the training loop, not inside "
                             f"`{type(st).__name__.lower()}`", "assign the value and return it once at the end")

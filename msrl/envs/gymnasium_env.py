@@ -172,9 +172,10 @@ class Workers:
                 conn.send(("close", None))
             except OSError:  # gone already
                 pass
+        deadline = time.monotonic() + 5.0
         for proc, conn in zip(self.procs, self.conns):
             try:
-                proc.wait(timeout=5)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -154,11 +154,7 @@ class Session:
         self._open()
         if iteration is None:
             iteration = getattr(snapshot, "iteration", None)
-        from msrl.compiler import COMPONENTS
-
-        held = {name for replicas in snapshot.values() if isinstance(replicas, list)
-                for state in replicas if isinstance(state, dict) for name in state} if isinstance(snapshot, dict) else ()
-        _check_like(snapshot, self.runtime.shapes(tuple(set(COMPONENTS) - set(held))))  # (what it holds, no more)
+        _check_like(snapshot, self.runtime.shapes(_not_held(snapshot)))
         self.runtime.restore(snapshot, iteration)
         if iteration is not None:
             self.iteration = int(iteration)
@@ -198,6 +194,17 @@ class Snapshot(dict):
                 Snapshot, lambda s: ([(jax.tree_util.DictKey(k), s[k]) for k in sorted(s)], (sorted(s), s.iteration)),
                 lambda aux, values: Snapshot(dict(zip(aux[0], values)), aux[1]))
             Snapshot._registered = True
+
+
+def _not_held(snapshot: Any) -> tuple[str, ...]:
+    """The components no replica's state in ``snapshot`` holds: what checking it against this session's own states
+    need not fetch (a host env's simulators may not even leave their process)."""
+    from msrl.compiler import COMPONENTS
+    from msrl.services import SNAPSHOT_KEY
+
+    replicas = [r for frag, reps in snapshot.items() if frag != SNAPSHOT_KEY and isinstance(reps, list) for r in reps] \
+        if isinstance(snapshot, dict) else []
+    return tuple(c for c in COMPONENTS if not any(isinstance(r, dict) and c in r for r in replicas))
 
 
 def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
