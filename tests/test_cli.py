@@ -284,9 +284,10 @@ def test_config_explains_every_key_and_loads_back_as_the_same_config(tmp_path, c
     words = " ".join(w for w in capsys.readouterr().out.split() if w != "#")  # (comments wrap where they will)
     for says in ("(>0; set by single_learner_coarse: its replicas x envs per replica) num_envs: 6",
                  "(>0; default: 0.00025; swept: run.sweep holds its values) lr: 0.001",
-                 "(default: start a private one) (no effect unless policy.backend=ray) ray_address: null",
-                 "policy: single_learner_coarse's keys (one of: async, fused,"):
+                 "(default: start a private one) (no effect unless policy.backend=ray) ray_address: null"):
         assert says in words, says
+    choices = words.split("policy: single_learner_coarse's keys (one of: ")[1].split(")")[0].split(", ")
+    assert {"async", "fused", "multi_learner", "replay_server", "single_learner_fine"} <= set(choices)  # (+ tests')
 
 
 def test_every_key_of_msrls_own_algorithms_policies_and_sections_says_what_it_means():
