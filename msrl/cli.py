@@ -133,6 +133,15 @@ def _graph_png(program: Any, path: str) -> None:
     plt.close(fig)
 
 
+def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """The config file and the overrides, where the file may be left out (``msrl config algorithm.name=sac``,
+    ``msrl train --resume DIR KEY=VALUE``): a first argument that is a KEY=VALUE, not a file, is an override."""
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).exists():
+        return None, [config, *overrides]
+    return config, overrides
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from msrl.runner import summary_json, train
 
@@ -143,9 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.overwrite and not args.run_dir:
         raise ConfigError("--overwrite", "replaces the run in --run-dir DIR; without --run-dir each run gets a fresh "
                           "directory")
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not Path(config).exists():  # `train --resume DIR KEY=VALUE`
-        config, overrides = None, [config, *overrides]
+    config, overrides = _config_and_overrides(args)
     if config is None and not args.resume:
         raise ConfigError("config", "msrl train needs a config file (or --resume RUN_DIR, which reads the run's own)"
                           + (": it goes before the KEY=VALUE overrides" if any("=" not in o for o in overrides)
@@ -159,10 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     from msrl.config import commented, load_config
 
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not Path(config).exists():  # `msrl config algorithm.name=sac`
-        config, overrides = None, [config, *overrides]
-    text = commented(load_config(config, overrides))
+    text = commented(load_config(*_config_and_overrides(args)))
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
         print(f"wrote {args.output}")

@@ -531,8 +531,8 @@ def commented(cfg: ExperimentConfig, width: int = 100) -> str:
     extra = {f"{section}.{key}": f"no effect unless {needs}" for section in ("algorithm", "policy")
              for key, needs in getattr(cfg, section).inert().items()}
     extra |= {f"algorithm.{k}": "swept: run.sweep holds its values" for k in cfg.run.sweep}
-    if cfg._envs_asked is not None:  # the policy's count, not a value given: no default to compare it with
-        extra["env.num_envs"] = f"set by {cfg.policy.name}: its replicas x envs per replica"
+    set_by_policy = {"env.num_envs"} if cfg._envs_asked is not None else set()  # (no default to compare it with)
+    extra |= dict.fromkeys(set_by_policy, f"set by {cfg.policy.name}: its replicas x envs per replica")
     defaults, lines = cfg.defaults(), []
 
     def walk(model: BaseModel, data: dict, default: dict, prefix: str, indent: str) -> None:
@@ -540,7 +540,7 @@ def commented(cfg: ExperimentConfig, width: int = 100) -> str:
             key, value = f"{prefix}.{name}", data[name]
             notes = [_bounds(field)] + ([f"one of: {', '.join(names[key])}"] if key in names else [])
             if default is not None and name in default and default[name] != value and \
-                    "default:" not in (field.description or "") and not extra.get(key, "").startswith("set by"):
+                    "default:" not in (field.description or "") and key not in set_by_policy:
                 notes.append(f"default: {_flow(default[name])}")
             notes = "; ".join(n for n in [*notes, extra.get(key)] if n)
             text = " ".join(filter(None, (field.description, notes and f"({notes})")))

@@ -161,7 +161,7 @@ def import_user_module(spec: str, key: str = "--import") -> None:
     try:
         importlib.import_module(name)
     except ImportError as e:
-        if e.name != name and _module_exists(name):  # it ran, and an import of its own failed: say where
+        if e.name != name and _find_spec(name) is not None:  # it ran, and an import of its own failed: say where
             raise user_code_error(e, name, key) from e
         here = f" (a file here? write {name}.py)" if Path(f"{name}.py").is_file() else ""
         raise ConfigError(key, f"cannot import {name!r}: {e}{here}") from None
@@ -178,10 +178,6 @@ def _origin(name: str) -> str | None:
     where = (getattr(module, "__file__", None) or "a module without a file") if module is not None else \
         getattr(_find_spec(name), "origin", None)
     return str(Path(where).resolve()) if where and Path(where).is_file() else where
-
-
-def _module_exists(name: str) -> bool:
-    return _find_spec(name) is not None
 
 
 def _find_spec(name: str) -> Any:
