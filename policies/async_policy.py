@@ -31,6 +31,7 @@ import optax
 from pydantic import Field
 
 import msrl
+from msrl.compiler import run_init
 
 _CAPTURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("msrl_async_grads", default=None)
 
@@ -221,7 +222,8 @@ class Async(msrl.DistributedPolicy):
         checked_init(learner, jax.random.PRNGKey(0), partial(jax.eval_shape, learner.init))  # refuse it now
 
         def make(seed: int) -> ParameterHolder:
-            params = jax.device_get(checked_init(learner, msrl.component_keys(seed)["learner"])["params"])
+            key = msrl.component_keys(seed)["learner"]  # (computed as every replica's initial state is: the same bits)
+            params = jax.device_get(run_init(partial(checked_init, learner), key)["params"])
             return ParameterHolder(learner.tx, params, max_staleness)
 
         return {msrl.PARAMETERS: msrl.Service(make, name="async's parameter holder")}

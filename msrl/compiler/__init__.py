@@ -76,11 +76,13 @@ def _lapack_without_scipy_linalg() -> None:
                 sys.modules.pop(name, None)
 
 
-def _jitted(init: Callable, *args: Any) -> Any:
+def run_init(init: Callable, *args: Any) -> Any:
     """A component's ``init(*args)`` as one jitted program (a single XLA compile, kept in the persistent
     compilation cache; run eagerly, a network's initialization is dozens of small compiles every start), or
-    eagerly where it cannot be traced (host-side state). It runs once, so LLVM does not optimize it: that is a third
-    of the compile time of a network's random initializers (the values agree to rounding with an optimized compile)."""
+    eagerly where it cannot be traced (host-side state). Every replica, service and policy computes an initial
+    state this way, so all of them start from the same bits. It runs once, so LLVM does not optimize it: that is a
+    third of the compile time of a network's random initializers (the values agree to rounding with an optimized
+    compile, not bitwise)."""
     _lapack_without_scipy_linalg()
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))  # (inside a program)
     try:
@@ -679,15 +681,17 @@ class Program:
             if c == "env" and comp.host_state:
                 out[c] = comp.init(keys[c], env_ids)
             elif c in ("env", "actor"):
-                out[c] = _jitted(comp.init, keys[c], env_ids)
+                out[c] = run_init(comp.init, keys[c], env_ids)
             elif c == "learner":
-                out[c] = _jitted(comp.init, keys[c])
+                out[c] = run_init(comp.init, keys[c])
             elif c == "buffer":
                 spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
-                out[c] = None if spec is None else _jitted(lambda key, comp=comp, spec=spec: comp.init(key, spec), keys[c])
+                out[c] = None if spec is None else run_init(lambda key, comp=comp, spec=spec: comp.init(key, spec),
+                                                            keys[c])
             elif c == "params":
                 learner = components["learner"]
-                out[c] = learner.policy_params(out["learner"] if "learner" in out else _jitted(learner.init, keys["learner"]))
+                state = out["learner"] if "learner" in out else run_init(learner.init, keys["learner"])
+                out[c] = learner.policy_params(state)
         return out
 
     def _item_spec(self, num_envs: int) -> Any:
