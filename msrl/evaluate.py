@@ -60,6 +60,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     checkpoint file ``run_dir`` names. A run of several seeds or swept values gives the policy of one member: the
     one whose folder ``run_dir`` is (``RUN_DIR/lr=0.001``), or that of seed ``run_seed``, or else the first."""
     run_dir, member = Path(run_dir).expanduser(), None
+    if run_seed is not None and (isinstance(run_seed, bool) or not isinstance(run_seed, (int, np.integer))):
+        raise ConfigError(arg("run_seed"), f"must be a whole number (a seed the run trained), got {run_seed!r}")
     if run_dir.is_file():  # a checkpoint of one's choice: RUN_DIR/checkpoints/ckpt_NNNNNNNNN.msgpack
         path = run_dir
         states, meta = checkpoint.load(path)

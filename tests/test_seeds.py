@@ -98,6 +98,8 @@ def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(
         policy.act(np.zeros(5))  # (not flax's error from inside the network)
     with pytest.raises(ConfigError, match=r"^run_seed: .* trained seeds 5..7, not 4"):
         msrl.load(run, run_seed=4)
+    with pytest.raises(ConfigError, match=r"^run_seed: must be a whole number \(a seed the run trained\), got '7'$"):
+        msrl.load(run, run_seed="7")  # (was "trained seeds 5..7, not 7")
     with pytest.raises(ConfigError, match=r"^run_seed: .*seed_6 is the folder of seed 6, not 5: drop run_seed, "):
         msrl.load(run / "seed_6", run_seed=5)
     # a seed's folder is the run's: resuming or training into it alone is refused, naming the run

@@ -249,6 +249,12 @@ def test_a_closed_session_and_another_programs_snapshot_are_clear_errors():
         with pytest.raises(msrl.ConfigError, match=r"holds fragment 'main' \(1 replicas\); this program's are "
                                                    r"'actor' \(2\), 'learner' \(1\)"):
             other.restore({"main": [{}]})
+        with pytest.raises(msrl.ConfigError, match=r"holds no fragment 'actor'; this program's fragments \(replicas\) "
+                                                   r"are 'actor' \(2\), 'learner' \(1\)$"):
+            other.restore({})  # (was a KeyError)
+        with pytest.raises(msrl.ConfigError, match=r"'actor' replica 0 must be a dict of component -> state, got "
+                                                   r"NoneType$"):
+            other.restore({"actor": [None, None], "learner": [{}]})  # (was an AttributeError)
         other.restore(other.snapshot())  # its own: accepted
 
 

@@ -215,12 +215,15 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
 
     if not isinstance(snapshot, dict):
         raise ConfigError("snapshot", f"must be a dict of fragment -> replica states, got {type(snapshot).__name__}")
+    ours = ", ".join(f"{k!r} ({len(v)})" for k, v in own.items())
     for frag, replicas in snapshot.items():
         if frag not in own or not isinstance(replicas, list) or len(replicas) != len(own[frag]):
             count = len(replicas) if isinstance(replicas, list) else "?"
-            mine = ", ".join(f"{k!r} ({len(v)})" for k, v in own.items())
-            raise ConfigError("snapshot", f"holds fragment {frag!r} ({count} replicas); this program's are {mine}")
+            raise ConfigError("snapshot", f"holds fragment {frag!r} ({count} replicas); this program's are {ours}")
         for r, (states, mine) in enumerate(zip(replicas, own[frag])):
+            if not isinstance(states, dict):
+                raise ConfigError("snapshot", f"{frag!r} replica {r} must be a dict of component -> state, got "
+                                  f"{type(states).__name__}")
             for name, state in states.items():
                 if name not in mine:
                     raise ConfigError("snapshot", f"{frag!r} replica {r} holds state {name!r}; this program's "
@@ -230,6 +233,9 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
                 if not like:
                     raise ConfigError("snapshot", f"{frag!r} replica {r}'s {name!r} state differs in structure, "
                                       "shapes or dtypes from this program's: it is a snapshot of another program")
+    for frag in own:
+        if frag not in snapshot:
+            raise ConfigError("snapshot", f"holds no fragment {frag!r}; this program's fragments (replicas) are {ours}")
 
 
 def _signature(x: Any) -> tuple[tuple[int, ...], str]:
