@@ -210,7 +210,10 @@ class Environment:
         episode of every env that completed one), ``finished`` (how many such envs) and ``episodes``
         (completed); optionally ``nonfinite``, how many non-finite numbers the observations and running returns
         hold: msrl's NaN guard then stops a run naming the environment."""
-        raise NotImplementedError
+        from msrl.errors import CompileError, defined_at
+
+        raise CompileError(f"{type(self).__name__} defines no stats(state), the episode statistics msrl logs "
+                           f"({', '.join(STATS)}; optionally length_sum, nonfinite)", *defined_at(type(self)))
 
     def episode_counts(self, state: PyTree) -> tuple[Any, Any] | None:
         """``(episodes [N], last_return [N])``: how many episodes each environment completed and the return of
@@ -227,6 +230,7 @@ class Environment:
         return self
 
 
+STATS = ("return_sum", "finished", "episodes")  # what Environment.stats returns (optionally length_sum, nonfinite)
 ENV_METHODS = ("init", "observe", "reset", "starts", "step", "transition", "_reset", "_step")
 
 
@@ -295,7 +299,10 @@ class Learner:
     grad_transforms: tuple[optax.GradientTransformation, ...] = ()
 
     def optimizer(self) -> optax.GradientTransformation:
-        raise NotImplementedError
+        from msrl.errors import CompileError, defined_at
+
+        raise CompileError(f"{type(self).__name__} defines no optimizer(), the optax transformation its self.tx "
+                           "chains", *defined_at(type(self)))
 
     @property
     def tx(self) -> optax.GradientTransformation:

@@ -71,6 +71,14 @@ def quote(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def defined_at(cls: type) -> tuple[str | None, int | None]:
+    """The file and line of ``cls``'s definition, where Python can tell."""
+    try:
+        return inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return None, None
+
+
 def did_you_mean(name: object, choices: object) -> str:
     """``"did you mean 'x'? "`` where ``name`` looks like a typo of one of ``choices``, else ``""``."""
     import difflib

@@ -281,6 +281,65 @@ def test_a_function_of_a_module_that_calls_the_api_is_named_with_what_to_do(env)
         msrl.compile(loops.ModuleFunction(), Fused(), env, NUM_ENVS)
 
 
+class LearnerWithoutPolicyParams(msrl.Learner):
+    def init(self, key):
+        return {"w": jnp.zeros(())}
+
+    def learn(self, state, batch):
+        return state, {}
+
+
+class LearnerWithoutOptimizer(LearnerWithoutPolicyParams):
+    def init(self, key):
+        return {"w": jnp.zeros(()), "opt": self.tx.init(jnp.zeros(()))}
+
+    def policy_params(self, state):
+        return {"w": state["w"]}
+
+
+class MisspeltTrainStep(loops.Base):
+    def train_stepp(self):
+        return msrl.env_step(0)
+
+
+class MisspeltApi(loops.Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        msrl.env_stepp(msrl.agent_act(obs).action)  # E:misspelt_api
+
+
+def _with(**components):
+    alg = loops.Simple()
+    vars(alg).update(components)
+    return alg
+
+
+@pytest.mark.parametrize("make, says, at", [
+    (lambda: _with(learner=LearnerWithoutPolicyParams()), r"LearnerWithoutPolicyParams, Simple's learner, defines no "
+     r"policy_params\(state\), which every msrl.Learner needs$", LearnerWithoutPolicyParams),
+    (lambda: _with(learner=LearnerWithoutOptimizer()), r"LearnerWithoutOptimizer defines no optimizer\(\), the optax "
+     r"transformation its self.tx chains", LearnerWithoutOptimizer),
+    (lambda: _with(actor=loops.RandomActor), r"Simple.actor is the class RandomActor, not an object of it\n  hint: "
+     r"build one in __init__: self.actor = RandomActor\(...\)$", loops.Simple),
+    (lambda: _with(learner=object()), r"Simple.learner must be an msrl.Learner \(an object of a subclass of it\), got "
+     r"object$", loops.Simple),
+    (MisspeltTrainStep, r"MisspeltTrainStep defines no train_step\(self\), the training loop msrl compiles \(did you "
+     r"mean 'train_stepp'\?\)$", MisspeltTrainStep),
+    (MisspeltApi, r"module 'msrl' has no attribute 'env_stepp' \(did you mean 'env_step'\?\)$", "misspelt_api")])
+def test_a_component_or_method_msrl_needs_that_is_missing_is_named_at_the_users_line(env, make, says, at):
+    """(Each was a bare traceback ending in NotImplementedError or AttributeError inside msrl, or an error blaming
+    msrl's own algorithm.py, or "never calls msrl.env_step()" for a misspelt msrl.env_step.)"""
+    import inspect
+
+    with pytest.raises(msrl.CompileError, match=says) as info:
+        msrl.compile(make(), Fused(), env, NUM_ENVS)
+    if isinstance(at, str):  # the line marked "# E:<at>" in this file
+        at = (__file__, next(i for i, text in enumerate(open(__file__), 1) if f"# E:{at}" in text))
+    else:  # the class's definition
+        at = (inspect.getsourcefile(at), inspect.getsourcelines(at)[1])
+    assert (info.value.file, info.value.line) == at
+
+
 def test_loop_without_env_step_is_rejected(env):
     with pytest.raises(msrl.CompileError, match="never calls msrl.env_step"):
         msrl.compile(loops.NoEnvStep(), Fused(), env, NUM_ENVS)
@@ -350,10 +409,10 @@ def test_network_initialization_uses_lapack_without_importing_scipy_linalg():
         if sys.argv[1] == "scipy-first":
             import scipy.linalg
         import jax, numpy as np
-        from msrl.compiler import _jitted
+        from msrl.compiler import run_init
         from msrl.rl import ActorCritic
         imported_before = "scipy.linalg" in sys.modules
-        params = _jitted(ActorCritic(2, True, 1).init, jax.random.PRNGKey(7), np.zeros((1, 4), np.float32))
+        params = run_init(ActorCritic(2, True, 1).init, jax.random.PRNGKey(7), np.zeros((1, 4), np.float32))
         linalg_imported = "scipy.linalg" in sys.modules
         import scipy.linalg
         a = np.eye(3) + 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -287,6 +289,29 @@ def test_a_users_env_that_breaks_its_contract_is_refused_naming_its_method(mix, 
     msrl.compile(loops.Simple(), Fused(), UsersEnv(), 4)
 
 
+class _NoStats(UsersEnv):
+    stats = msrl.Environment.stats  # (as an env that defines none)
+
+
+class _OtherStats(UsersEnv):
+    def stats(self, state):
+        return {"return_sum": 0.0, "count": 1}
+
+
+@pytest.mark.parametrize("env, message", [
+    (_NoStats, r"_NoStats defines no stats\(state\), the episode statistics msrl logs \(return_sum, finished, "
+               r"episodes; optionally length_sum, nonfinite\)"),
+    (_OtherStats, r"_OtherStats.stats\(state\) returns no finished, episodes; msrl logs episodes from a dict of "
+                  r"return_sum, finished, episodes")])
+def test_a_jitted_env_without_the_episode_statistics_msrl_logs_is_named_at_its_class(env, message):
+    """(A bare NotImplementedError, or a KeyError: 'finished', from inside msrl once the program ran.)"""
+    from msrl.policies.fused import Fused
+
+    with pytest.raises(msrl.CompileError, match=message) as info:
+        msrl.compile(loops.Simple(), Fused(), env(), 4)
+    assert (info.value.file, info.value.line) == (__file__, inspect.getsourcelines(env)[1])
+
+
 class _ActsAsAColumn(loops.Base):
     """Hands the env one action per environment as a column, [N, 1], where CartPole takes [N] (gymnax's CartPole
     broadcast it to [N, N] without a word)."""
@@ -298,9 +323,21 @@ class _ActsAsAColumn(loops.Base):
         return {"acted": jnp.float32(1.0)}
 
 
+class _ActsWithFloats(loops.Base):
+    """Hands a Discrete env float actions (gymnax's CartPole took them without a word, then the loss was NaN)."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action.astype(jnp.float32) + 0.5)
+        return {"acted": jnp.float32(1.0)}
+
+
 @pytest.mark.parametrize("env_id, loop, message", [
     ("gymnax:CartPole-v1", _ActsAsAColumn, r"msrl.env_step got actions shaped \[4, 1\], but gymnax:CartPole-v1's "
                                            r"actions are one integer for each environment"),
+    ("gymnax:CartPole-v1", _ActsWithFloats, r"msrl.env_step got float32 actions, but gymnax:CartPole-v1's actions are "
+                                            r"integers \(0..1\)\n  hint: hand it the sampled actions' indices"),
     ("gymnax:Pendulum-v1", loops.ActsOnly, r"msrl.env_step got actions shaped \[4\], but gymnax:Pendulum-v1's "
                                            r"actions are shaped \[1\] for each environment")])
 def test_actions_not_shaped_as_the_env_takes_them_are_refused_at_the_loops_line(env_id, loop, message):

@@ -25,8 +25,9 @@ from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import assign_roles, partition
-from msrl.components import SHAPE_PROBE, Environment, MultiAgentSpec, vouched_rowwise
-from msrl.errors import CompileError, ConfigError, method_name
+from msrl.components import (SHAPE_PROBE, STATS, Actor, Environment, Learner, MultiAgentSpec, ReplayBuffer,
+                             vouched_rowwise)
+from msrl.errors import CompileError, ConfigError, defined_at, method_name
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
 from msrl.replay import shard_part
@@ -92,6 +93,33 @@ def run_init(init: Callable, *args: Any) -> Any:
     except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
         return init(*args)
     return program(*args)
+
+
+REQUIRED = {"actor": (Actor, {"act": "act(state, params, obs)"}),
+            "learner": (Learner, {"init": "init(key)", "learn": "learn(state, batch)",
+                                  "policy_params": "policy_params(state)"}),
+            "buffer": (ReplayBuffer, {})}
+
+
+def _check_component_objects(algorithm: Any, components: dict[str, Any]) -> None:
+    """Each of the algorithm's components is an object of msrl's class for it (not the class itself, not another
+    kind of object) that defines the methods every such component needs."""
+    owner = type(algorithm).__name__
+    for name, (base, methods) in REQUIRED.items():
+        value = components.get(name)
+        if value is None:
+            continue
+        if isinstance(value, type):
+            raise CompileError(f"{owner}.{name} is the class {value.__name__}, not an object of it",
+                               *defined_at(type(algorithm)), f"build one in __init__: self.{name} = "
+                               f"{value.__name__}(...)")
+        if not isinstance(value, base):
+            raise CompileError(f"{owner}.{name} must be an msrl.{base.__name__} (an object of a subclass of it), got "
+                               f"{type(value).__name__}", *defined_at(type(algorithm)))
+        missing = [sig for method, sig in methods.items() if getattr(type(value), method) is getattr(base, method)]
+        if missing:
+            raise CompileError(f"{type(value).__name__}, {owner}'s {name}, defines no {', '.join(missing)}, which "
+                               f"every msrl.{base.__name__} needs", *defined_at(type(value)))
 
 
 def _hint(e: CompileError, instead: str) -> str:
@@ -160,11 +188,28 @@ def _check_actions(env: Any, action: Any) -> None:
     spec = env.spec
     if isinstance(spec, MultiAgentSpec) or not hasattr(action, "shape"):  # (a multi-agent spec: its adapter's)
         return
+    if spec.discrete and hasattr(action, "dtype") and not jnp.issubdtype(action.dtype, jnp.integer):
+        raise CompileError(f"msrl.env_step got {action.dtype} actions, but {spec.id}'s actions are integers "
+                           f"(0..{spec.action_space.n - 1})", hint="hand it the sampled actions' indices (jnp.int32)")
     want = () if spec.discrete else tuple(spec.action_space.shape)
     if tuple(action.shape[1:]) != want:
         each = "one integer" if spec.discrete else f"shaped {list(want)}"
         raise CompileError(f"msrl.env_step got actions shaped {list(action.shape)}, but {spec.id}'s actions are "
                            f"{each} for each environment", hint=f"hand it [num_envs{''.join(f', {d}' for d in want)}]")
+
+
+def _check_env_stats(env: Environment, state: Any) -> None:
+    """A jitted env's ``stats(state)`` is a dict of the episode statistics msrl logs (a CompileError at its class
+    otherwise: it is first called in the program, where a KeyError would name none of the user's lines)."""
+    stats = env.stats(state)
+    missing = [k for k in STATS if not isinstance(stats, dict) or k not in stats]
+    if missing:
+        while isinstance(getattr(env, "env", None), Environment):  # (msrl's wrappers: the user's env)
+            env = env.env
+        got = f"no {', '.join(missing)}" if isinstance(stats, dict) else f"a {type(stats).__name__}"
+        raise CompileError(f"{type(env).__name__}.stats(state) returns {got}; msrl logs episodes from a dict of "
+                           f"{', '.join(STATS)} (optionally length_sum, nonfinite: see msrl.Environment.stats)",
+                           *defined_at(type(env)))
 
 
 def component_keys(seed: int) -> dict[str, jax.Array]:
@@ -241,6 +286,7 @@ class Program:
                  analysis: dict[str, Any] | None = None):
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
+        _check_component_objects(algorithm, self.components)
         self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
         # the program's own learner: the policy sets its gradient transforms there, not on the algorithm's, which
         # another program compiled from the same algorithm object (under another policy) shares
@@ -538,6 +584,8 @@ class Program:
             finally:
                 SHAPE_PROBE.reset(token)
             self._check_metrics(result)
+            if "env" in states and not self.env.host_state:
+                _check_env_stats(components["env"], states["env"])
             return states, result
 
         try:

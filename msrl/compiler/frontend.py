@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from msrl.api import API, ApiSpec, api_spec
 from msrl.compiler.ir import Stmt, leaves, state_var
-from msrl.errors import CompileError
+from msrl.errors import CompileError, defined_at, did_you_mean
 
 RESERVED_PREFIXES = ("_s_", "_c_", "_api", "_h", "_msrl")
 _STATIC_TYPES = (int, float, bool, str, type(None), tuple)
@@ -215,16 +215,23 @@ class Frontend:
 
     # ------------------------------------------------------------------------------------------ entry
     def build(self) -> list[Stmt]:
-        fn = getattr(type(self.alg), self.method, None)
-        if fn is None:
-            raise CompileError(f"{type(self.alg).__name__} has no method {self.method}()")
-        src = Source(fn, f"{type(self.alg).__name__}.{self.method}")
+        from msrl.algorithm import Algorithm
+
+        cls = type(self.alg)
+        fn = getattr(cls, self.method, None)
+        if fn is None or fn is getattr(Algorithm, self.method, None):
+            methods = [n for n, v in vars(cls).items() if callable(v) and not n.startswith("__")]
+            near = did_you_mean(self.method, methods)
+            raise CompileError(f"{cls.__name__} defines no {self.method}(self), the training loop msrl compiles"
+                               + (f" ({near.strip()})" if near else ""), *defined_at(cls))
+        src = Source(fn, f"{cls.__name__}.{self.method}")
         args = src.fdef.args
         if [a.arg for a in args.args] != ["self"] or args.vararg or args.kwarg or args.kwonlyargs:
             raise src.error(src.fdef, f"{self.method}() must take only `self`", "the compiler threads all state")
         self.namespace.update(src.namespace)
         self._all_locals = _node_names(src.fdef, ast.Store)
         self.statics = self._static_locals(src)
+        self._check_api_names(src)
         body = src.fdef.body
         stmts = [s for i, st in enumerate(body) for s in self._stmt(src, st, i == len(body) - 1, {}, None)]
         if not any(s.kind == "api" and s.api.name == "env_step" for s in leaves(stmts)):
@@ -233,6 +240,18 @@ class Frontend:
         return stmts
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _check_api_names(self, src: Source) -> None:
+        """A name the loop reads from one of msrl's modules that it lacks (``msrl.env_stepp``) is an error at its
+        line, not a loop that "never calls msrl.env_step()" or a failure while tracing."""
+        for node in ast.walk(src.fdef):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                module = self._resolve(src, node.value, self._all_locals)
+                if inspect.ismodule(module) and module.__name__.split(".")[0] == "msrl" and not hasattr(module,
+                                                                                                    node.attr):
+                    near = did_you_mean(node.attr, [n for n in dir(module) if not n.startswith("_")])
+                    raise src.error(node, f"module {module.__name__!r} has no attribute {node.attr!r}"
+                                    + (f" ({near.strip()})" if near else ""))
+
     def _new_id(self) -> str:
         return f"s{next(self.counter)}"
 
