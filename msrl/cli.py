@@ -228,9 +228,16 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_file(path: str | None) -> None:
+    """``--json FILE`` checked before the work whose figures it takes (a folder there was an error after it)."""
+    if path and Path(path).is_dir():
+        raise ConfigError("--json", f"{path} is a folder; give the name of a file to write")
+
+
 def _write_json(path: str | None, data: Any) -> None:
-    """``--json FILE``: ``data`` written to FILE (where given), and a line saying so."""
+    """``--json FILE``: ``data`` written to FILE (where given; its folder made, as -o's are), and a line saying so."""
     if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {path}")
 
@@ -248,6 +255,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from msrl.evaluate import evaluate, evaluate_each
 
+    _json_file(args.json)
     if args.all:
         for flag in ("run_seed", "render"):
             if getattr(args, flag) is not None:
@@ -286,6 +294,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from msrl.bench import run_benchmarks, table
 
+    _json_file(args.json)
     console = Console()
     records = run_benchmarks(directory=args.dir, quick=not args.full, only=args.only, console=console)
     console.print(table(records))

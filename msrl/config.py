@@ -6,6 +6,7 @@ policy brings its own keys. Unknown keys and bad values raise :class:`ConfigErro
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -30,8 +31,8 @@ _YAML_ERRORS = (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError,
 class EnvConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    id: str = Field("gymnax:CartPole-v1", description="SOURCE:ID: gymnax, gymnasium, envpool, brax, jaxmarl, or a "
-                    "name registered with msrl.register_env")
+    id: str = Field("gymnax:CartPole-v1", max_length=200, description="SOURCE:ID: gymnax, gymnasium, envpool, brax, "
+                    "jaxmarl, or a name registered with msrl.register_env")
     num_envs: int = Field(4, gt=0, le=INT32_MAX, description="environments in total, over all replicas")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="to the environment's maker (gymnasium.make, "
                                    "envpool.make, a gymnax env and its EnvParams); mask_obs: observation indices "
@@ -172,9 +173,19 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         return model.model_validate(data)
     except ValidationError as e:
         whole = [(err["loc"], _integral(err["input"])) for err in e.errors()
-                 if err["type"] == "int_parsing" and isinstance(err.get("input"), str) and len(err["loc"]) == 1]
-        if whole and all(n is not None for _, n in whole):  # `1e5` where a whole number goes
-            return _validate(model, {**data, **{loc[0]: n for loc, n in whole}}, prefix)
+                 if err["type"] == "int_parsing" and isinstance(err.get("input"), str)]
+        if whole and all(n is not None for _, n in whole):  # `1e5` where a whole number goes (in a list too)
+            fixed = copy.deepcopy(data)
+            try:
+                for loc, n in whole:
+                    node = fixed
+                    for part in loc[:-1]:
+                        node = node[part]
+                    node[loc[-1]] = n
+            except (KeyError, IndexError, TypeError):  # (a loc through a union's member names no place in the data)
+                pass
+            else:
+                return _validate(model, fixed, prefix)
         err = min(e.errors(), key=lambda err: err["type"] != "extra_forbidden")  # a typo before what it misses
         key = ".".join([prefix, *(_name(p) if isinstance(p, str) else str(p) for p in err["loc"])])
         msg = err["msg"]

@@ -191,10 +191,13 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     from msrl.evaluate import evaluate
 
     train(CARTPOLE, [*QUIET, "run.total_env_steps=102400", "run.checkpoint_every_steps=25600"], run_dir=tmp_path / "fused")
-    assert main(["eval", str(tmp_path / "fused"), "--episodes", "4", "--json", str(tmp_path / "eval.json")]) == 0
+    assert main(["eval", str(tmp_path / "fused"), "--json", str(tmp_path)]) == 2  # (before evaluating, not after)
+    assert f"--json: {tmp_path} is a folder; give the name of a file to write" in capsys.readouterr().err
+    out = tmp_path / "figures" / "eval.json"  # (its folder made, as -o's are)
+    assert main(["eval", str(tmp_path / "fused"), "--episodes", "4", "--json", str(out)]) == 0
     mean = float(capsys.readouterr().out.split()[1])
     assert mean >= 150  # greedy CartPole after 100k steps of PPO (random play scores ~20)
-    figures = json.loads((tmp_path / "eval.json").read_text())
+    figures = json.loads(out.read_text())
     assert figures["return_mean"] == pytest.approx(mean, abs=0.005) and figures["episodes"] == 4
     assert figures["length_mean"] == figures["return_mean"]  # (CartPole: 1 a step)
     assert main(["eval", str(tmp_path / "fused"), "--render", str(tmp_path / "x")]) == 2  # gymnax: no renderer

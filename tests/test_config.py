@@ -150,8 +150,10 @@ def test_a_file_that_is_not_a_mapping_is_named(tmp_path, text, got):
 
 def test_whole_numbers_in_e_notation_go_where_an_integer_does():
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml",
-                      ["run.total_env_steps=1e5", "algorithm.rollout_len=2.56e2"])
-    assert (cfg.run.total_env_steps, cfg.algorithm.rollout_len) == (100_000, 256)
+                      ["run.total_env_steps=1e5", "algorithm.rollout_len=2.56e2", "algorithm.hidden=[1e2, 64]"])
+    assert (cfg.run.total_env_steps, cfg.algorithm.rollout_len, cfg.algorithm.hidden) == (100_000, 256, [100, 64])
+    with pytest.raises(msrl.ConfigError, match=r"algorithm.hidden.0: .*valid integer.*'1.5e0'"):  # (in a list too:
+        load_config(None, ["algorithm.name=ppo", "algorithm.hidden=[1.5e0]"])  # it was refused as text)
     with pytest.raises(msrl.ConfigError, match=r"run.total_env_steps: .*valid integer.*'2.5e0'"):
         load_config(None, ["algorithm.name=ppo", "run.total_env_steps=2.5e0"])
 
@@ -200,7 +202,8 @@ def test_a_billion_laughs_is_refused_at_once_and_quoted_values_are_cut(tmp_path)
     assert small.env.kwargs == {"a": [1, 2], "b": [1, 2]}
 
     for override in ["run.seed=" + "x" * 1_000_000, "algorithm.name=[" + "1, " * 2_000 + "1]",
-                     "run={seed: [" + "[" * 50 + "]" * 50 + "]}"]:
+                     "run={seed: [" + "[" * 50 + "]" * 50 + "]}", "env.id=gymnax:" + "x" * 3_000]:  # (an id was
+        # quoted whole, three times, by the "compiling" line and the env maker's error)
         with pytest.raises(msrl.ConfigError) as info:
             load_config(EXAMPLES / "ppo_cartpole.yaml", [override])
         assert len(str(info.value)) < 500 and ("…" in str(info.value) or "..." in str(info.value)), str(info.value)
