@@ -47,10 +47,12 @@ class Context:
                               f"holds ({INT32_MAX:,}): fewer env steps per run")
         return count
 
-    def check_learning_starts(self, learning_starts: int, buffer: Any, rollout_len: int) -> None:
+    def check_learning_starts(self, learning_starts: int, buffer: Any, rollout_len: int,
+                              batch_size: int | None = None) -> None:
         """A ConfigError if an off-policy warm-up of ``learning_starts`` transitions would never end: more than
         one learner's replay ``buffer`` can offer a sample (its whole steps of the learner's environments, less an
-        n-step window's last steps), or than it offers after the run's whole iterations of ``rollout_len`` steps."""
+        n-step window's last steps), or than it offers after the run's whole iterations of ``rollout_len`` steps;
+        or if a sample of ``batch_size`` is more than the buffer holds (each would repeat transitions)."""
         from msrl.errors import ConfigError
 
         width, window = self.learner_envs, getattr(buffer, "window", 1)
@@ -68,6 +70,10 @@ class Context:
                               f"{offered(iterations * rollout_len):,} transitions the run collects{per} in its "
                               f"{iterations:,} whole iterations (run.total_env_steps={self.total_env_steps:,}): "
                               "learning would never start")
+        if batch_size is not None and batch_size > buffer.capacity:
+            raise ConfigError("algorithm.batch_size", f"{batch_size:,} is more than the {buffer.capacity:,} "
+                              "transitions algorithm.buffer_size holds: every sample would repeat transitions (are the "
+                              "two swapped?)")
 
     @property
     def learner_envs(self) -> int:

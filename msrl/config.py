@@ -245,6 +245,10 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     if "name" not in algo:
         raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")
     algo_cls = ALGORITHMS.get(algo["name"])
+    if algo_cls.Config is sys.modules["msrl.algorithm"].AlgorithmConfig and set(algo) - {"name"}:
+        raise ConfigError(f"algorithm.{min(set(algo) - {'name'})}", f"{algo_cls.__name__} sets no Config of its own, "
+                          "so name is its only key: give it one (class ...Config(msrl.AlgorithmConfig) with name: "
+                          f"Literal[{algo['name']!r}] and its keys) and set Config = that class in {algo_cls.__name__}")
     policy = dict(data.get("policy") or {"name": "fused"})
     policy.setdefault("name", "fused")
     policy_cls = POLICIES.get(policy["name"])

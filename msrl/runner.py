@@ -20,7 +20,8 @@ from msrl import checkpoint, resources
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, dotted, override_list, read_config, validate_config
 from msrl.envs import make_env
-from msrl.errors import ConfigError, Interrupted, MsrlError, TrainingError, arg, user_code_error
+from msrl.errors import (CompileError, ConfigError, Interrupted, MsrlError, TrainingError, arg, defined_at,
+                         user_code_error)
 from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
 from msrl.replay import TrajectoryBuffer
@@ -65,11 +66,15 @@ def make_algorithm(cfg: ExperimentConfig, env_spec: Any) -> Any:
                   learner_replicas=plan.learner_replicas)
     cls = ALGORITHMS.get(cfg.algorithm.name)
     try:
-        return cls(cfg.algorithm, ctx)
+        algorithm = cls(cfg.algorithm, ctx)
     except MsrlError:
         raise
     except Exception as e:
         raise user_code_error(e, cls.__module__, "algorithm") from e
+    if not hasattr(algorithm, "cfg"):
+        raise CompileError(f"{cls.__name__}.__init__ never calls super().__init__(cfg, ctx): self.cfg and self.ctx "
+                           "are unset", *defined_at(cls))
+    return algorithm
 
 
 # a logged row's columns: these first, then the loop's own metrics (under "train/" in TensorBoard)

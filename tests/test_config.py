@@ -350,3 +350,28 @@ def test_a_run_too_long_for_a_schedules_int32_counter_is_refused(example, schedu
     with pytest.raises(msrl.ConfigError, match=rf"^run.total_env_steps: 1,000,000,000,000,000 env steps make [\d,]+ "
                                                rf"steps of a schedule \({schedule}\), more than an int32 counter"):
         msrl.build(load_config(EXAMPLES / f"{example}.yaml", ["run.total_env_steps=1000000000000000"]))
+
+
+@msrl.register_algorithm("no_config_of_its_own")
+class _NoConfigOfItsOwn(msrl.Algorithm):
+    """(Config left as msrl.AlgorithmConfig: a config's keys for it were "unknown key; allowed keys: name".)"""
+
+
+@msrl.register_algorithm("no_super_init")
+class _NoSuperInit(msrl.Algorithm):
+    """(Its loop's first use of self.cfg was "the loop bound could not be evaluated ... no attribute 'cfg'".)"""
+
+    def __init__(self, cfg, ctx):
+        self.rollout_len = 4
+
+
+def test_an_algorithm_without_a_config_of_its_own_or_super_init_says_so():
+    import inspect
+
+    with pytest.raises(msrl.ConfigError, match=r"^algorithm.lr: _NoConfigOfItsOwn sets no Config of its own, so name "
+                                               r"is its only key: give it one"):
+        load_config(None, ["algorithm.name=no_config_of_its_own", "algorithm.lr=0.1"])
+    with pytest.raises(msrl.CompileError, match=r"_NoSuperInit.__init__ never calls super\(\).__init__\(cfg, ctx\)") \
+            as info:
+        msrl.build(load_config(None, ["algorithm.name=no_super_init"]))
+    assert (info.value.file, info.value.line) == (__file__, inspect.getsourcelines(_NoSuperInit)[1])

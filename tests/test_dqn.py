@@ -96,6 +96,8 @@ def test_prioritized_loop_with_buffer_update_compiles_and_runs_fused():
 
 @pytest.mark.parametrize("override, key", [
     ("algorithm.buffer_size=16", "algorithm.buffer_size"),
+    (["algorithm.buffer_size=1000", "algorithm.batch_size=5000", "algorithm.learning_starts=100"],
+     "algorithm.batch_size"),  # (swapped values: it ran)
     ("algorithm.learning_starts=300000", "algorithm.learning_starts"),
     ("run.total_env_steps=500", "algorithm.learning_starts"),  # the example starts learning after 1000
     ("algorithm.tau=0", "algorithm.tau"),
@@ -105,7 +107,7 @@ def test_prioritized_loop_with_buffer_update_compiles_and_runs_fused():
 ])
 def test_bad_config_names_the_key(override, key):
     with pytest.raises(msrl.ConfigError) as err:
-        msrl.build(load_config(EXAMPLE, [override]))
+        msrl.build(load_config(EXAMPLE, [override] if isinstance(override, str) else override))
     assert err.value.key == key
 
 

@@ -193,7 +193,7 @@ class DQN(msrl.Algorithm):
         self.actor = EpsilonGreedy(net, cfg, ctx.num_envs)
         self.learner = DQNLearner(net, cfg, spec.example_obs(), updates)
         self.buffer = self.replay(cfg, updates, window=cfg.n_step + 1)  # n + 1 consecutive steps of one env
-        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len)
+        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len, cfg.batch_size)
 
     @staticmethod
     def replay(cfg: DQNConfig, updates: int, window: int) -> msrl.ReplayBuffer:

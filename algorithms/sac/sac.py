@@ -251,7 +251,7 @@ class ContinuousOffPolicy(msrl.Algorithm):
                                    f"{max(cfg.rollout_len, 2)} steps (rollout_len, and at least 2)")
         self.random_steps = -(-cfg.learning_starts // ctx.num_envs)  # acting steps of uniformly random actions
         self.buffer = msrl.UniformBuffer(cfg.buffer_size)
-        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len)
+        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len, cfg.batch_size)
 
     def normalized(self, actor: msrl.Actor) -> msrl.Actor:
         """``actor``, acting on normalized observations where ``normalize_obs`` says so."""
