@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from msrl.errors import ConfigError, did_you_mean, quote
-from msrl.registry import ALGORITHMS, POLICIES, USER_MODULES, import_user_module
+from msrl.registry import ALGORITHMS, POLICIES, USER_MODULES, import_user_module, main_script
 
 MAX_YAML_VALUES = 100_000  # what a YAML text may expand to through anchors and aliases (a "billion laughs")
 INT32_MAX = 2**31 - 1  # counts that become array sizes or indices (jax's default integers are int32)
@@ -256,7 +256,9 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     for key, values in run.get("sweep", {}).items():  # each value as the key's own value would be
         for v in values:
             _validate(algo_cls.Config, {**algo, key: v}, "algorithm")
-    run = _validate(RunConfig, {**run, "imports": list(USER_MODULES)}, "run")
+    script = main_script()  # (`python my_algorithm.py`: its own registrations)
+    imports = [*USER_MODULES, *([script] if script and script not in USER_MODULES else [])]
+    run = _validate(RunConfig, {**run, "imports": imports}, "run")
     if run.seed + run.num_seeds - 1 > SEED_MAX:
         raise ConfigError("run.num_seeds", f"seeds {run.seed:,} .. {run.seed + run.num_seeds - 1:,} pass the largest "
                           f"seed, {SEED_MAX:,} (a jax PRNG key holds 32 bits): lower run.seed")

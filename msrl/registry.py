@@ -132,6 +132,27 @@ USER_MODULES: list[str] = []  # the user's modules imported by --import or run.i
 # a module's name): every process of a run imports them too, and the run's config.yaml lists them (run.imports)
 
 
+def main_script() -> str | None:
+    """The file Python runs as ``__main__`` (``python my_algorithm.py``) where it registered an algorithm, policy,
+    backend or env maker and guards what it runs with ``if __name__ == "__main__":`` (imported as a module, it only
+    registers): a run lists it in run.imports, so its other processes, msrl eval and --resume import it."""
+    import ast
+
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    envs = sys.modules.get("msrl.envs")
+    held = [*ALGORITHMS._items.values(), *POLICIES._items.values(), *BACKENDS._items.values(),
+            *getattr(envs, "_MAKERS", {}).values()]
+    if not path or not path.endswith(".py") or all(getattr(o, "__module__", None) != "__main__" for o in held):
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    guarded = any(isinstance(node, ast.If) and {"__name__", "__main__"} <= {
+        getattr(n, "id", getattr(n, "value", None)) for n in ast.walk(node.test)} for node in tree.body)
+    return str(Path(path).resolve()) if guarded else None
+
+
 def import_user_module(spec: str, key: str = "--import") -> None:
     """Import the user's module ``spec``, a dotted module name or a .py file (imported by its name from its folder,
     so Ray workers can import it the same way), so that its ``@msrl.register_*`` decorators run; errors name
@@ -141,6 +162,9 @@ def import_user_module(spec: str, key: str = "--import") -> None:
     name = spec
     if spec.endswith(".py"):
         name, spec = path.stem, str(path.resolve())
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main and str(Path(main).resolve()) == spec:  # the script this process runs: what it registers is here
+            return
         if not path.is_file():
             if name in sys.modules:
                 return
