@@ -257,7 +257,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     _json_file(args.json)
     if args.all:
-        for flag in ("run_seed", "render"):
+        for flag in ("run_seed", "member", "render"):
             if getattr(args, flag) is not None:
                 raise ConfigError(f"--{flag.replace('_', '-')}", "evaluates one member; --all evaluates each")
         each = evaluate_each(args.run_dir, episodes=args.episodes, seed=args.seed)
@@ -273,7 +273,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       "means)")
         _write_json(args.json, each)
         return 0
-    out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed)
+    out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed,
+                   member=args.member)
     print(_scored(out))
     if args.render:
         print(f"wrote {out['frames']} frames and episode.gif to {args.render} (the first episode: return "
@@ -347,6 +348,9 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed")
     e.add_argument("--run-seed", type=int, default=None, metavar="N",
                    help="a run of several seeds (run.num_seeds): evaluate seed N's policy (default: the first)")
+    e.add_argument("--member", metavar="NAME", default=None,
+                   help="a run of several seeds or swept values: evaluate the member NAME (its folder's name, e.g. "
+                   "lr=0.001,seed_1), with a checkpoint file given too")
     e.add_argument("--render", metavar="DIR", default=None, help="write the first episode's frames (PNG) and a GIF here")
     e.add_argument("--all", action="store_true", help="a run of several seeds or swept values: evaluate each member, "
                    "and each swept value's mean over its seeds")

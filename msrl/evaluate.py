@@ -54,21 +54,29 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
     return cfg
 
 
-def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, Any, Path, dict]:
+def load_policy(run_dir: Path, run_seed: int | None = None,
+                member: str | None = None) -> tuple[Any, Any, Any, Path, dict]:
     """The run's config, algorithm and policy parameters from its newest good checkpoint (a corrupt or
     non-finite newer one is skipped with a warning; ``meta["checkpoint"]`` names the file used), or from the
     checkpoint file ``run_dir`` names. A run of several seeds or swept values gives the policy of one member: the
-    one whose folder ``run_dir`` is (``RUN_DIR/lr=0.001``), or that of seed ``run_seed``, or else the first."""
-    run_dir, member = Path(run_dir).expanduser(), None
+    one named ``member`` (``lr=0.001,seed_1``), or whose folder ``run_dir`` is (``RUN_DIR/lr=0.001``), or that of
+    seed ``run_seed``, or else the first."""
+    run_dir, asked = Path(run_dir).expanduser(), member
+    if member is not None and not isinstance(member, str):
+        raise ConfigError(arg("member"), f"a member's name (its folder's, e.g. lr=0.001,seed_1), got {member!r}")
     if run_seed is not None and (isinstance(run_seed, bool) or not isinstance(run_seed, (int, np.integer))):
         raise ConfigError(arg("run_seed"), f"must be a whole number (a seed the run trained), got {run_seed!r}")
-    if run_dir.is_file():  # a checkpoint of one's choice: RUN_DIR/checkpoints/ckpt_NNNNNNNNN.msgpack
+    chosen = run_dir.is_file()
+    if chosen:  # a checkpoint of one's choice: RUN_DIR/checkpoints/ckpt_NNNNNNNNN.msgpack
         path = run_dir
         states, meta = checkpoint.load(path)
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     else:
         run = member_folder_of(run_dir)
         if run is not None:  # a member's folder: the run is its parent's
+            if member not in (None, run_dir.name):
+                raise ConfigError(arg("member"), f"{run_dir} is the folder of member {run_dir.name}, not {member}: "
+                                  f"give one of the two")
             run_dir, member = run, run_dir.name
         if not (run_dir / "config.yaml").exists() and not (run_dir / "checkpoints").is_dir():
             raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml, no checkpoints/)"
@@ -85,8 +93,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
     if member is not None:
         names = [m.name for m in each]
         if member not in names:
-            raise ConfigError("RUN_DIR", f"{run_dir / member} is not a member of the run in {run_dir} "
-                              f"(its members: {', '.join(names)})")
+            raise ConfigError(arg("member") if asked else "RUN_DIR", f"{run_dir / member} is not a member of the "
+                              f"run in {run_dir} (its members: {', '.join(names)})")
         i = names.index(member)
         if run_seed is not None and run_seed != each[i].seed:
             twin = next((m for m in each if m.seed == run_seed and m.values == each[i].values), None)
@@ -101,13 +109,16 @@ def load_policy(run_dir: Path, run_seed: int | None = None) -> tuple[Any, Any, A
             raise ConfigError(arg("run_seed"), f"{run_dir} trained seed{'s' if len(seeds) > 1 else ''} "
                               f"{seeds[0]}{f'..{seeds[-1]}' if len(seeds) > 1 else ''}, not {run_seed}")
         if len(found) > 1:
+            instead = f"give {arg('member')} instead (e.g. {each[found[0]].name})" if chosen else \
+                f"evaluate one member's folder instead (e.g. {run_dir / each[found[0]].name})"
             raise ConfigError(arg("run_seed"), f"{run_dir} trained seed {run_seed} with {len(found)} swept values; "
-                              f"evaluate one member's folder instead (e.g. {run_dir / each[found[0]].name})")
+                              + instead)
         i = found[0]
     elif len(each) > 1:
-        print(f"msrl: note: {run_dir} trained {len(each)} members; this is the first, {each[0].name} (another: give "
-              f"its folder, e.g. {run_dir / each[1].name}" + (f", or {arg('run_seed')}" if not cfg.run.sweep else "")
-              + ")", file=sys.stderr, flush=True)
+        another = (f"{arg('member')} {each[1].name}" if chosen else f"give its folder, e.g. {run_dir / each[1].name}") \
+            + (f", or {arg('run_seed')}" if not cfg.run.sweep else "")
+        print(f"msrl: note: {run_dir} trained {len(each)} members; this is the first, {each[0].name} (another: "
+              f"{another})", file=sys.stderr, flush=True)
     swept, cfg = bool(cfg.run.sweep), member_config(cfg, each[i])  # (a member's config sweeps nothing)
     env = make_env(cfg.env.id, **cfg.env.kwargs)
     algorithm = make_algorithm(cfg, env.spec)
@@ -212,10 +223,10 @@ class TrainedPolicy:
     before a fresh batch of episodes, or of another number of environments (a call with another number without
     it is refused: it would forget every environment's state)."""
 
-    def __init__(self, run_dir: str | Path, run_seed: int | None = None):
+    def __init__(self, run_dir: str | Path, run_seed: int | None = None, member: str | None = None):
         if not isinstance(run_dir, (str, os.PathLike)):
             raise ConfigError("run_dir", f"a run directory's path, got {type(run_dir).__name__} {run_dir!r:.100}")
-        self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir), run_seed)
+        self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir), run_seed, member)
         self.env_spec, self.iteration = self.env.spec, meta["iteration"]
         self.recurrent = hasattr(self.algorithm.actor, "greedy_step")
         self._initial_carry, self._step = greedy_policy(self.algorithm.actor)
@@ -326,24 +337,24 @@ def greedy_policy(actor: Any) -> tuple[Any, Any]:
     return initial_carry, step
 
 
-def load(run_dir: str | Path, run_seed: int | None = None) -> TrainedPolicy:
+def load(run_dir: str | Path, run_seed: int | None = None, member: str | None = None) -> TrainedPolicy:
     """``msrl.load(RUN_DIR)``: the policy of the run's newest good checkpoint, or of the checkpoint file given
     (:class:`TrainedPolicy`); of seed ``run_seed`` for a run of several, or of the member whose folder
-    ``RUN_DIR/lr=0.001`` is (a sweep)."""
-    return TrainedPolicy(run_dir, run_seed)
+    ``RUN_DIR/lr=0.001`` is or whose name ``member`` is (a sweep: ``lr=0.001,seed_1`` with a checkpoint file)."""
+    return TrainedPolicy(run_dir, run_seed, member)
 
 
 def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None = None, seed: int = 0,
-             run_seed: int | None = None) -> dict:
+             run_seed: int | None = None, member: str | None = None) -> dict:
     """Mean and std of the greedy policy's return over ``episodes`` (1..MAX_EPISODES) fresh episodes
-    (``run_seed``: which seed's policy, for a run of several)."""
+    (``run_seed``: which seed's policy, for a run of several; ``member``: which member's, as :func:`load`)."""
     if not 1 <= episodes <= MAX_EPISODES:
         raise ConfigError(arg("episodes"), f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
     if not 0 <= seed <= SEED_MAX:
         raise ConfigError(arg("seed"), f"must be between 0 and {SEED_MAX:,}, got {seed}")
     if render is not None and Path(render).exists() and not Path(render).is_dir():
         raise ConfigError(arg("render"), f"{render} is a file; give a folder for the frames and episode.gif")
-    cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed)
+    cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed, member)
     if render is not None and not cfg.env.id.startswith("gymnasium:"):  # (before the episodes are played)
         raise ConfigError(arg("render"), f"{cfg.env.id} has no renderer; {arg('render')} works for gymnasium: "
                           "environments (train with env.id=gymnasium:..., e.g. examples/ppo_cartpole_threads.yaml)")

@@ -163,6 +163,15 @@ def test_a_members_folder_with_another_seed_points_to_that_seeds_member(tmp_path
     member = "lr=0.001,seed_0" if seeds > 1 else "lr=0.001"
     with pytest.raises(ConfigError, match=rf"^run_seed: .*{member} is the folder of seed 0, not 1: drop run_seed{hint}"):
         msrl.load(run / member, run_seed=1)
+    # a checkpoint of one's choice: any member of it by name (a member's folder loads its newest checkpoint only)
+    ckpt, other = next((run / "checkpoints").glob("ckpt_*.msgpack")), "lr=0.0003" + ",seed_1" * (seeds > 1)
+    assert max_diff(msrl.load(ckpt, member=other).params, msrl.load(run / other).params) == 0.0
+    with pytest.raises(ConfigError, match=rf"^run_seed: .* seed 0 with 2 swept values; give member instead \(e.g. "
+                                          rf"{member}\)$"):
+        msrl.load(ckpt, run_seed=0)
+    with pytest.raises(ConfigError, match=rf"^member: .*{member} is the folder of member {member}, not {other}: give "
+                                          "one of the two$"):
+        msrl.load(run / member, member=other)
 
 
 def test_members_of_a_sweep_of_two_keys_are_loaded_and_resumed_in_the_order_trained(tmp_path, capsys):
