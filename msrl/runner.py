@@ -779,7 +779,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         if on_iteration is None or raised:
             return
         try:
-            asked = bool(on_iteration(dict(row)))
+            asked = bool(on_iteration(dict(history[-1])))  # (a run of several: each member's row too)
         except BaseException as e:  # noqa: BLE001 - raised again once the run has stopped and saved (a
             # KeyboardInterrupt or SystemExit too: the iterations done are kept, not lost)
             raised.append((row["iteration"], e))

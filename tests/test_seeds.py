@@ -65,8 +65,11 @@ def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
 
 def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(tmp_path, capsys):
     run = tmp_path / "run"
+    seen = []  # what on_iteration gets: the mean row, and each seed's (it got the mean alone)
     result = msrl.train(CARTPOLE, ["run.num_seeds=3", "run.seed=5", "run.total_env_steps=60000",
-                                   "run.checkpoint_every_steps=30000", "run.progress=false"], run_dir=run)
+                                   "run.checkpoint_every_steps=30000", "run.progress=false"], run_dir=run,
+                        on_iteration=seen.append)
+    assert seen == result.rows
     assert result["seeds"] == [5, 6, 7] and len(result["episode_return_per_seed"]) == 3
     assert result["episode_return"] == pytest.approx(np.mean(result["episode_return_per_seed"]))
     for seed in (5, 6, 7):  # every seed learns (a random policy scores ~22)
