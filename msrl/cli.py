@@ -198,13 +198,15 @@ def cmd_graph(args: argparse.Namespace) -> int:
         if not args.output:
             raise MsrlError("--format png needs -o FILE.png")
         check_image_file(args.output)
-    overrides = list(args.overrides)
+    config, overrides = _config_and_overrides(args)
+    if config is None and not overrides:
+        raise ConfigError("config", "msrl graph needs a config file (or KEY=VALUE overrides naming algorithm.name)")
     if args.policy:
         other = [o for o in overrides if o.startswith("policy.name=") and o != f"policy.name={args.policy}"]
         if other:
             raise ConfigError("--policy", f"--policy {args.policy} and {other[0]} name different policies; give one")
         overrides.append(f"policy.name={args.policy}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(config, overrides)
     check_members(cfg.policy.backend, cfg.run)  # what train refuses (several seeds or a sweep on one backend)
     program = build(cfg)
     if args.output:
@@ -328,8 +330,8 @@ def make_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_config)
 
     g = sub.add_parser("graph", help="show the fragmented dataflow graph after partition")
-    g.add_argument("config")
-    g.add_argument("overrides", nargs="*")
+    g.add_argument("config", nargs="?", help="YAML config (or none: KEY=VALUE overrides naming algorithm.name)")
+    g.add_argument("overrides", nargs="*", help="e.g. policy.name=single_learner_coarse policy.actors=4")
     g.add_argument("--policy", default=None, help="shorthand for policy.name=P (replaces the config file's policy)")
     g.add_argument("--format", choices=["text", "json", "dot", "png"], default=None,
                    help="default: what -o's suffix names (an image's: .png, .svg, .pdf, ...; .json; .dot/.gv), "

@@ -141,11 +141,13 @@ def _check_step_form(env: Any, result: Any) -> None:
 
     name = method_name(env, "step")
     if not (isinstance(result, tuple) and len(result) == 2):
-        got = f"{len(result)} values" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        got = f"{len(result)} values" if isinstance(result, tuple) else \
+            f"an array shaped {list(result.shape)}" if hasattr(result, "shape") else f"a {type(result).__name__}"
         raise CompileError(f"{name} returned {got}; it must return (state, EnvStep) or (state, (obs, reward, done))")
     out = result[1]
     if not isinstance(out, EnvStep) and not (isinstance(out, (tuple, list)) and len(out) == 3):
-        got = f"{len(out)} values" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
+        got = f"{len(out)} values" if isinstance(out, (tuple, list)) else \
+            f"an array shaped {list(out.shape)}" if hasattr(out, "shape") else f"a {type(out).__name__}"
         raise CompileError(f"{name} returned (state, {got}); its output must be an EnvStep or (obs, reward, done)")
     ends = (out.terminated, out.truncated) if isinstance(out, EnvStep) else (out[2],)
     kinds = [jnp.result_type(x) for x in ends]

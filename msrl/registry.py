@@ -178,6 +178,8 @@ def import_user_module(spec: str, key: str = "--import") -> None:
                               + "), so this file would not run, or would hide that module; rename it")
         if str(Path(spec).parent) not in sys.path:
             sys.path.insert(0, str(Path(spec).parent))
+    elif path.is_file() or path.suffix in (".yaml", ".yml", ".json"):  # (a config given as --import: "No module named")
+        raise ConfigError(key, f"{spec} is not a .py file: give a Python file of yours (or a module's name)")
     elif not name or name.startswith(".") or not all(part.isidentifier() for part in name.split(".")):
         raise ConfigError(key, f"{name!r} is neither a .py file nor a module's name")
     if spec in USER_MODULES:

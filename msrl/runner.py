@@ -699,6 +699,9 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     if iterations < 1:
         raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than one iteration "
                           f"({steps_per_iter} env steps)")
+    if not program._count("agent_learn"):  # (a random or scripted agent may mean it: a note, not an error)
+        print(f"msrl: note: {type(program.algorithm).__name__}.train_step never calls msrl.agent_learn: this run "
+              "learns nothing", file=sys.stderr, flush=True)
     if cfg._envs_asked is not None:
         print(f"msrl: note: policy {cfg.policy.name!r} runs env.num_envs={cfg.env.num_envs:,} environments (its "
               f"replicas x envs per replica), not the {cfg._envs_asked:,} the config gives", file=sys.stderr,

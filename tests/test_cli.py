@@ -117,6 +117,13 @@ def test_a_misplaced_config_a_folder_and_a_list_where_one_value_goes_are_named(t
                         ([CARTPOLE, "env.num_envs=[4,8]"], r"env.num_envs: .*\(got \[4, 8\]\); a list sweeps only")]:
         assert main(["train", *args]) == 2
         assert re.search(error, capsys.readouterr().err)
+    (tmp_path / "base.yaml").write_text("algorithm: {name: ppo}\n")
+    for args, error in [(["graph"], r"^msrl: error: config: msrl graph needs a config file"),  # (argparse's
+                        # "required: config, overrides", though overrides are not)
+                        (["train", "--import", str(tmp_path / "base.yaml"), CARTPOLE], r"^msrl: error: --import: "
+                         r".*base.yaml is not a .py file")]:  # (was "No module named 'base'")
+        assert main(args) == 2
+        assert re.search(error, capsys.readouterr().err)
 
 
 def test_resume_names_the_runs_config_and_a_changed_algorithm_or_policy_first(tmp_path, capsys):

@@ -89,6 +89,8 @@ def test_gymnax_env_parameters_are_env_kwargs_too():
     with pytest.raises(msrl.ConfigError, match=r"^env.kwargs.max_steps_in_episode: gymnax:CartPole-v1's parameter "
                                                r"max_steps_in_episode is int \(default 500\), got 2.5$"):
         make_env("gymnax:CartPole-v1", max_steps_in_episode=2.5)
+    with pytest.raises(msrl.ConfigError, match=r"^env.kwargs.max_steps_in_episode: must be a whole number >= 1 "):
+        make_env("gymnax:CartPole-v1", max_steps_in_episode=0)  # (taken: every episode was one step long)
     with pytest.raises(msrl.ConfigError, match=r"rejected \{'nope': 1\}: TypeError: .* \(its parameters, also env"
                                                r".kwargs: max_steps_in_episode, gravity, "):
         make_env("gymnax:CartPole-v1", nope=1)

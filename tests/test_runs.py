@@ -13,11 +13,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Literal
 
 import numpy as np
 import pytest
 
 import msrl
+from msrl.algorithms.ppo.ppo import PPO
 from msrl.cli import main
 from msrl.errors import ConfigError
 from msrl.evaluate import evaluate
@@ -118,6 +120,25 @@ def test_a_policy_that_sets_another_count_of_environments_says_so(tmp_path, caps
         in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "run"), "run.total_env_steps=6144"]) == 0
     assert "envs per replica" not in capsys.readouterr().err  # its config.yaml holds the count it ran
+
+@msrl.register_algorithm("ppo_acting_only")
+class ActingOnly(PPO):
+    class Config(PPO.Config):
+        name: Literal["ppo_acting_only"] = "ppo_acting_only"
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action)
+        return {}
+
+
+def test_a_loop_that_never_learns_is_noted(tmp_path, capsys):
+    """(A loop whose agent_learn was dropped trained without a word and learned nothing.)"""
+    assert main(["train", CARTPOLE, *SHORT, "algorithm.name=ppo_acting_only", "--run-dir", str(tmp_path)]) == 0
+    assert "msrl: note: ActingOnly.train_step never calls msrl.agent_learn: this run learns nothing\n" \
+        in capsys.readouterr().err
+
 
 def test_on_iteration_stops_the_run_after_the_iterations_under_way(tmp_path):
     seen = []

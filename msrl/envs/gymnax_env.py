@@ -218,6 +218,9 @@ class GymnaxEnv(FunctionalEnv):
             if not number or (isinstance(value, float) and np.issubdtype(np.asarray(default).dtype, np.integer)):
                 raise ConfigError(f"env.kwargs.{key}", f"gymnax:{name}'s parameter {key} is "
                                   f"{type(default).__name__} (default {default!r}), got {value!r}")
+            if key == "max_steps_in_episode" and value < 1:  # (0 ended every episode after one step)
+                raise ConfigError(f"env.kwargs.{key}", f"must be a whole number >= 1 (steps before an episode is "
+                                  f"cut off; default {default}), got {value!r}")
         self.params = self.params.replace(**given)
         space = self.env.action_space(self.params)
         if hasattr(space, "n"):
