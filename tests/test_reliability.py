@@ -306,8 +306,8 @@ def test_a_bad_run_dir_is_refused_before_anything_compiles(tmp_path, capsys):
     ("dqn_cartpole.yaml", ["env.id=gymnax:Breakout-MinAtar", "algorithm.buffer_size=2e9"], "algorithm.buffer_size"),
     ("ppo_cartpole.yaml", ["env.id=gymnax:Breakout-MinAtar", "env.num_envs=10000000", "run.total_env_steps=2e9"],
      "env.num_envs"),
-    ("sac_pendulum.yaml", ["algorithm.batch_size=1000000000", "algorithm.updates=4"], "algorithm.batch_size"),  # (it
-    # named env.num_envs: the sample was the largest part)
+    ("sac_pendulum.yaml", ["algorithm.batch_size=1e9", "algorithm.buffer_size=1e9", "algorithm.updates=4"],
+     "algorithm.batch_size"),  # (it named env.num_envs: the samples were the largest part)
     ("recurrent_ppo_cartpole.yaml", ["algorithm.memory_size=65536"], "algorithm.memory_size"),  # (the learner's
     ("ppo_cartpole.yaml", ["algorithm.hidden=[100000,100000]"], "algorithm.hidden"),  # parameters; it named num_envs)
 ])
