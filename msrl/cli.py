@@ -352,7 +352,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="a run of several seeds (run.num_seeds): evaluate seed N's policy (default: the first)")
     e.add_argument("--member", metavar="NAME", default=None,
                    help="a run of several seeds or swept values: evaluate the member NAME (its folder's name, e.g. "
-                   "lr=0.001,seed_1), with a checkpoint file given too")
+                   "lr=0.001,seed_1) of RUN_DIR or of the checkpoint file given")
     e.add_argument("--render", metavar="DIR", default=None, help="write the first episode's frames (PNG) and a GIF here")
     e.add_argument("--all", action="store_true", help="a run of several seeds or swept values: evaluate each member, "
                    "and each swept value's mean over its seeds")

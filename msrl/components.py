@@ -134,6 +134,11 @@ def as_env_step(out: Any) -> EnvStep:
     return EnvStep(obs, reward, done, done & False)
 
 
+def _described(value: Any) -> str:
+    """A value in an error's words: an array by its shape (a tracer's type names JAX's internals), else its type."""
+    return f"an array shaped {list(value.shape)}" if hasattr(value, "shape") else f"a {type(value).__name__}"
+
+
 def _check_step_form(env: Any, result: Any) -> None:
     """A jitted env's ``step`` returned ``(state, EnvStep or (obs, reward, done))`` with bool or integer ends;
     else a CompileError naming the method (raised at the loop's ``env_step``)."""
@@ -141,13 +146,11 @@ def _check_step_form(env: Any, result: Any) -> None:
 
     name = method_name(env, "step")
     if not (isinstance(result, tuple) and len(result) == 2):
-        got = f"{len(result)} values" if isinstance(result, tuple) else \
-            f"an array shaped {list(result.shape)}" if hasattr(result, "shape") else f"a {type(result).__name__}"
+        got = f"{len(result)} values" if isinstance(result, tuple) else _described(result)
         raise CompileError(f"{name} returned {got}; it must return (state, EnvStep) or (state, (obs, reward, done))")
     out = result[1]
     if not isinstance(out, EnvStep) and not (isinstance(out, (tuple, list)) and len(out) == 3):
-        got = f"{len(out)} values" if isinstance(out, (tuple, list)) else \
-            f"an array shaped {list(out.shape)}" if hasattr(out, "shape") else f"a {type(out).__name__}"
+        got = f"{len(out)} values" if isinstance(out, (tuple, list)) else _described(out)
         raise CompileError(f"{name} returned (state, {got}); its output must be an EnvStep or (obs, reward, done)")
     ends = (out.terminated, out.truncated) if isinstance(out, EnvStep) else (out[2],)
     kinds = [jnp.result_type(x) for x in ends]

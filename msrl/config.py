@@ -172,9 +172,9 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        whole = [(err["loc"], _integral(err["input"])) for err in e.errors()
-                 if err["type"] == "int_parsing" and isinstance(err.get("input"), str)]
-        if whole and all(n is not None for _, n in whole):  # `1e5` where a whole number goes (in a list too)
+        whole = [(err["loc"], n) for err in e.errors() if err["type"] == "int_parsing"
+                 and isinstance(err.get("input"), str) and (n := _integral(err["input"])) is not None]
+        if whole:  # `1e5` where a whole number goes (in a list too): those taken, the rest judged again
             fixed = copy.deepcopy(data)
             try:
                 for loc, n in whole:
@@ -245,7 +245,9 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     if "name" not in algo:
         raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")
     algo_cls = ALGORITHMS.get(algo["name"])
-    if algo_cls.Config is sys.modules["msrl.algorithm"].AlgorithmConfig and set(algo) - {"name"}:
+    from msrl.algorithm import AlgorithmConfig  # (loaded with the algorithm's class)
+
+    if algo_cls.Config is AlgorithmConfig and set(algo) - {"name"}:
         raise ConfigError(f"algorithm.{min(set(algo) - {'name'})}", f"{algo_cls.__name__} sets no Config of its own, "
                           "so name is its only key: give it one (class ...Config(msrl.AlgorithmConfig) with name: "
                           f"Literal[{algo['name']!r}] and its keys) and set Config = that class in {algo_cls.__name__}")

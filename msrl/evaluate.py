@@ -16,7 +16,7 @@ from msrl import checkpoint
 from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec, acting
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import MaskedObs, make_env
-from msrl.errors import ConfigError, arg, quote
+from msrl.errors import CLI_FLAGS, ConfigError, arg, quote
 from msrl.policy import prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
 from msrl.services import PARAMETERS, SNAPSHOT_KEY
@@ -92,9 +92,12 @@ def load_policy(run_dir: Path, run_seed: int | None = None,
     i = 0
     if member is not None:
         names = [m.name for m in each]
+        if len(each) == 1:
+            raise ConfigError(arg("member"), f"the run in {run_dir} trained one seed and no sweep: drop "
+                              f"{arg('member')}")
         if member not in names:
-            raise ConfigError(arg("member") if asked else "RUN_DIR", f"{run_dir / member} is not a member of the "
-                              f"run in {run_dir} (its members: {', '.join(names)})")
+            raise ConfigError(arg("member") if asked is not None else "RUN_DIR", f"{run_dir / member} is not a "
+                              f"member of the run in {run_dir} (its members: {', '.join(names)})")
         i = names.index(member)
         if run_seed is not None and run_seed != each[i].seed:
             twin = next((m for m in each if m.seed == run_seed and m.values == each[i].values), None)
@@ -115,7 +118,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None,
                               + instead)
         i = found[0]
     elif len(each) > 1:
-        another = (f"{arg('member')} {each[1].name}" if chosen else f"give its folder, e.g. {run_dir / each[1].name}") \
+        pick = f"--member {each[1].name}" if CLI_FLAGS.get() else f"member={each[1].name!r}"
+        another = (pick if chosen else f"give its folder, e.g. {run_dir / each[1].name}") \
             + (f", or {arg('run_seed')}" if not cfg.run.sweep else "")
         print(f"msrl: note: {run_dir} trained {len(each)} members; this is the first, {each[0].name} (another: "
               f"{another})", file=sys.stderr, flush=True)

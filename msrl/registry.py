@@ -133,24 +133,44 @@ USER_MODULES: list[str] = []  # the user's modules imported by --import or run.i
 
 
 def main_script() -> str | None:
-    """The file Python runs as ``__main__`` (``python my_algorithm.py``) where it registered an algorithm, policy,
-    backend or env maker and guards what it runs with ``if __name__ == "__main__":`` (imported as a module, it only
-    registers): a run lists it in run.imports, so its other processes, msrl eval and --resume import it."""
+    """What Python runs as ``__main__`` (``python my_algorithm.py``: its file; ``python -m pkg.mine``: the module's
+    name), where it registered an algorithm, policy, backend or env maker and runs nothing at import but under
+    ``if __name__ == "__main__":``: a run lists it in run.imports, so its other processes, msrl eval and --resume
+    import it. A script that calls anything at its top level (``msrl.train(...)``) is not listed: importing it would
+    run that again (``--import`` it from a command instead)."""
     import ast
 
-    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
     envs = sys.modules.get("msrl.envs")
     held = [*ALGORITHMS._items.values(), *POLICIES._items.values(), *BACKENDS._items.values(),
             *getattr(envs, "_MAKERS", {}).values()]
     if not path or not path.endswith(".py") or all(getattr(o, "__module__", None) != "__main__" for o in held):
         return None
     try:
-        tree = ast.parse(Path(path).read_text())
+        body = ast.parse(Path(path).read_text()).body
     except (OSError, SyntaxError, ValueError):
         return None
-    guarded = any(isinstance(node, ast.If) and {"__name__", "__main__"} <= {
-        getattr(n, "id", getattr(n, "value", None)) for n in ast.walk(node.test)} for node in tree.body)
-    return str(Path(path).resolve()) if guarded else None
+    guard = [n for n in body if isinstance(n, ast.If) and {"__name__", "__main__"} <= {
+        getattr(x, "id", getattr(x, "value", None)) for x in ast.walk(n.test)}]
+    rest = [n for n in body if n not in guard and not isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                                                     ast.AsyncFunctionDef, ast.ClassDef))]
+    calls = any(isinstance(x, ast.Call) and not (isinstance(n, ast.Assign | ast.AnnAssign) and _harmless(x))
+                for n in rest for x in ast.walk(n))
+    if not guard or calls:
+        return None
+    spec = getattr(main, "__spec__", None)
+    return spec.name if spec is not None and spec.name != "__main__" else str(Path(path).resolve())
+
+
+def _harmless(call: Any) -> bool:
+    """A call a module's top level may make as it is imported (``Path(__file__).parent``, ``TypeVar("T")``,
+    ``logging.getLogger(...)``): one of a few names that only build a value."""
+    import ast
+
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    return name in {"Path", "TypeVar", "getLogger", "namedtuple", "field", "Field", "compile", "partial", "dict",
+                    "list", "tuple", "set", "frozenset", "float", "int", "str", "NamedTuple", "register_pytree_node"}
 
 
 def import_user_module(spec: str, key: str = "--import") -> None:
@@ -158,12 +178,13 @@ def import_user_module(spec: str, key: str = "--import") -> None:
     so Ray workers can import it the same way), so that its ``@msrl.register_*`` decorators run; errors name
     ``key``. A file that is gone is skipped where a module of its name was imported already (``--import`` gave
     its new place); a file whose name another module already has (``random.py``) is refused."""
-    path = Path(spec).expanduser()
+    path, main = Path(spec).expanduser(), sys.modules.get("__main__")
     name = spec
+    if spec == getattr(getattr(main, "__spec__", None), "name", None):  # `python -m NAME` runs it: its names are here
+        return
     if spec.endswith(".py"):
         name, spec = path.stem, str(path.resolve())
-        main = getattr(sys.modules.get("__main__"), "__file__", None)
-        if main and str(Path(main).resolve()) == spec:  # the script this process runs: what it registers is here
+        if getattr(main, "__file__", None) and str(Path(main.__file__).resolve()) == spec:  # the script this runs
             return
         if not path.is_file():
             if name in sys.modules:
@@ -178,7 +199,8 @@ def import_user_module(spec: str, key: str = "--import") -> None:
                               + "), so this file would not run, or would hide that module; rename it")
         if str(Path(spec).parent) not in sys.path:
             sys.path.insert(0, str(Path(spec).parent))
-    elif path.is_file() or path.suffix in (".yaml", ".yml", ".json"):  # (a config given as --import: "No module named")
+    elif path.is_file() or (len(path.parts) > 1 and path.suffix in (".yaml", ".yml", ".json")):  # (a config: it
+        # said "No module named ...")
         raise ConfigError(key, f"{spec} is not a .py file: give a Python file of yours (or a module's name)")
     elif not name or name.startswith(".") or not all(part.isidentifier() for part in name.split(".")):
         raise ConfigError(key, f"{name!r} is neither a .py file nor a module's name")

@@ -699,7 +699,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     if iterations < 1:
         raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than one iteration "
                           f"({steps_per_iter} env steps)")
-    if not program._count("agent_learn"):  # (a random or scripted agent may mean it: a note, not an error)
+    from msrl.compiler.ir import leaves
+
+    if not any(s.kind == "api" and s.api.name == "agent_learn" for s in leaves(program.stmts)):  # (a random or
+        # scripted agent may mean it: a note, not an error)
         print(f"msrl: note: {type(program.algorithm).__name__}.train_step never calls msrl.agent_learn: this run "
               "learns nothing", file=sys.stderr, flush=True)
     if cfg._envs_asked is not None:
@@ -782,7 +785,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         if on_iteration is None or raised:
             return
         try:
-            asked = bool(on_iteration(dict(history[-1])))  # (a run of several: each member's row too)
+            asked = bool(on_iteration({**row, **({"per_seed": [dict(e) for e in each]} if each else {})}))  # (a
+            # copy: the callback's edits do not reach summary.rows)
         except BaseException as e:  # noqa: BLE001 - raised again once the run has stopped and saved (a
             # KeyboardInterrupt or SystemExit too: the iterations done are kept, not lost)
             raised.append((row["iteration"], e))

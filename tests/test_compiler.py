@@ -316,7 +316,7 @@ def _with(**components):
 
 @pytest.mark.parametrize("make, says, at", [
     (lambda: _with(learner=LearnerWithoutPolicyParams()), r"LearnerWithoutPolicyParams, Simple's learner, defines no "
-     r"policy_params\(state\), which every msrl.Learner needs$", LearnerWithoutPolicyParams),
+     r"policy_params\(state\), which gives the actor its parameters$", LearnerWithoutPolicyParams),
     (lambda: _with(learner=LearnerWithoutOptimizer()), r"LearnerWithoutOptimizer defines no optimizer\(\), the optax "
      r"transformation its self.tx chains", LearnerWithoutOptimizer),
     (lambda: _with(actor=loops.RandomActor), r"Simple.actor is the class RandomActor, not an object of it\n  hint: "
@@ -338,6 +338,36 @@ def test_a_component_or_method_msrl_needs_that_is_missing_is_named_at_the_users_
     else:  # the class's definition
         at = (inspect.getsourcefile(at), inspect.getsourcelines(at)[1])
     assert (info.value.file, info.value.line) == at
+
+
+class LearnerThatNeverLearns(msrl.Learner):
+    """init and policy_params, no learn: enough for a loop that only acts."""
+
+    def init(self, key):
+        return {"w": jnp.zeros(())}
+
+    def policy_params(self, state):
+        return {"w": state["w"]}
+
+
+class DuckActor:
+    """An actor of no msrl class: its methods are what the loop needs."""
+
+    def init(self, key, env_ids):
+        return {"keys": jax.vmap(lambda i: jax.random.fold_in(key, i))(env_ids)}
+
+    def act(self, state, params, obs):
+        return state, msrl.ActOutput(action=jnp.zeros(obs.shape[0], jnp.int32) + jnp.int32(params["w"] * 0))
+
+
+def test_components_are_judged_by_what_the_loop_calls(env):
+    """(The first checks refused a learner without learn in a loop that never learns, and an actor of no msrl
+    class, both of which compiled before.)"""
+    acts = loops.ActsOnly()
+    vars(acts).update(learner=LearnerThatNeverLearns(), buffer=msrl.TrajectoryBuffer)  # (an unused class: no error)
+    msrl.compile(acts, Fused(), env, NUM_ENVS)
+    with msrl.Session(program=msrl.compile(_with(actor=DuckActor()), Fused(), env, NUM_ENVS), seed=0) as session:
+        assert session.run(1)
 
 
 def test_loop_without_env_step_is_rejected(env):

@@ -152,8 +152,8 @@ def test_whole_numbers_in_e_notation_go_where_an_integer_does():
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml",
                       ["run.total_env_steps=1e5", "algorithm.rollout_len=2.56e2", "algorithm.hidden=[1e2, 64]"])
     assert (cfg.run.total_env_steps, cfg.algorithm.rollout_len, cfg.algorithm.hidden) == (100_000, 256, [100, 64])
-    with pytest.raises(msrl.ConfigError, match=r"algorithm.hidden.0: .*valid integer.*'1.5e0'"):  # (in a list too:
-        load_config(None, ["algorithm.name=ppo", "algorithm.hidden=[1.5e0]"])  # it was refused as text)
+    with pytest.raises(msrl.ConfigError, match=r"algorithm.hidden.1: .*valid integer.*'1.5e0'"):  # (in a list too:
+        load_config(None, ["algorithm.name=ppo", "algorithm.hidden=[1e2, 1.5e0]"])  # it was refused as text)
     with pytest.raises(msrl.ConfigError, match=r"run.total_env_steps: .*valid integer.*'2.5e0'"):
         load_config(None, ["algorithm.name=ppo", "run.total_env_steps=2.5e0"])
 

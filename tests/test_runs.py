@@ -121,6 +121,7 @@ def test_a_policy_that_sets_another_count_of_environments_says_so(tmp_path, caps
     assert main(["train", "--resume", str(tmp_path / "run"), "run.total_env_steps=6144"]) == 0
     assert "envs per replica" not in capsys.readouterr().err  # its config.yaml holds the count it ran
 
+
 @msrl.register_algorithm("ppo_acting_only")
 class ActingOnly(PPO):
     class Config(PPO.Config):

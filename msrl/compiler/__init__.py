@@ -81,45 +81,61 @@ def run_init(init: Callable, *args: Any) -> Any:
     """A component's ``init(*args)`` as one jitted program (a single XLA compile, kept in the persistent
     compilation cache; run eagerly, a network's initialization is dozens of small compiles every start), or
     eagerly where it cannot be traced (host-side state). Every replica, service and policy computes an initial
-    state this way, so all of them start from the same bits. It runs once, so LLVM does not optimize it: that is a
-    third of the compile time of a network's random initializers (the values agree to rounding with an optimized
-    compile, not bitwise)."""
+    state this way, so all of them start from the same bits. It runs once, so on CPU LLVM does not optimize it: that
+    is a third of the compile time of a network's random initializers (the values agree to rounding with an optimized
+    compile, not bitwise; XLA's GPU backend supports no such setting)."""
     _lapack_without_scipy_linalg()
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))  # (inside a program)
     try:
         if traced:
             return jax.jit(init)(*args)
-        program = jax.jit(init).lower(*args).compile(compiler_options={"xla_backend_optimization_level": 0})
+        once = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+        program = jax.jit(init).lower(*args).compile(compiler_options=once)
     except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
         return init(*args)
     return program(*args)
 
 
-REQUIRED = {"actor": (Actor, {"act": "act(state, params, obs)"}),
-            "learner": (Learner, {"init": "init(key)", "learn": "learn(state, batch)",
-                                  "policy_params": "policy_params(state)"}),
-            "buffer": (ReplayBuffer, {})}
+KINDS = {"actor": (Actor, "act"), "learner": (Learner, "learn"), "buffer": (ReplayBuffer, "insert")}
 
 
-def _check_component_objects(algorithm: Any, components: dict[str, Any]) -> None:
-    """Each of the algorithm's components is an object of msrl's class for it (not the class itself, not another
-    kind of object) that defines the methods every such component needs."""
-    owner = type(algorithm).__name__
-    for name, (base, methods) in REQUIRED.items():
+def _check_component_objects(algorithm: Any, components: dict[str, Any], stmts: list[Stmt]) -> None:
+    """The components the loop uses (and the learner, which a policy prepares) are objects, not classes, of the
+    kind their role needs, with the methods the loop's calls need (a CompileError at the user's class otherwise;
+    a component may be any object with those methods: msrl's classes are not required)."""
+    owner, calls = type(algorithm).__name__, [s for s in leaves(stmts) if s.kind == "api"]
+    params = any("@params" in s.uses for s in calls)
+    used = {s.api.component for s in calls} | {"learner"}
+    for name, (base, method) in KINDS.items():
         value = components.get(name)
-        if value is None:
+        if value is None or name not in used:
             continue
         if isinstance(value, type):
             raise CompileError(f"{owner}.{name} is the class {value.__name__}, not an object of it",
                                *defined_at(type(algorithm)), f"build one in __init__: self.{name} = "
                                f"{value.__name__}(...)")
-        if not isinstance(value, base):
+        if not isinstance(value, base) and not callable(getattr(value, method, None)):
             raise CompileError(f"{owner}.{name} must be an msrl.{base.__name__} (an object of a subclass of it), got "
                                f"{type(value).__name__}", *defined_at(type(algorithm)))
-        missing = [sig for method, sig in methods.items() if getattr(type(value), method) is getattr(base, method)]
-        if missing:
-            raise CompileError(f"{type(value).__name__}, {owner}'s {name}, defines no {', '.join(missing)}, which "
-                               f"every msrl.{base.__name__} needs", *defined_at(type(value)))
+    names = {s.api.name for s in calls}
+    needs = [("actor", "act(state, params, obs)", "msrl.agent_act calls")] * ("agent_act" in names) + \
+        [("learner", "learn(state, batch)", "msrl.agent_learn calls")] * ("agent_learn" in names) + \
+        [("learner", "policy_params(state)", "gives the actor its parameters")] * params + \
+        [("learner", "init(key)", "makes the learner's state")] * ("agent_learn" in names or params)
+    for name, signature, why in needs:
+        value = components.get(name)
+        if value is not None and _undefined(value, signature.partition("(")[0], KINDS[name][0]):
+            raise CompileError(f"{type(value).__name__}, {owner}'s {name}, defines no {signature}, which {why}",
+                               *defined_at(type(value)))
+
+
+def _undefined(value: Any, method: str, base: type) -> bool:
+    """``value`` has no ``method`` of its own (or its class's): none at all, or only ``base``'s placeholder."""
+    own = getattr(value, "__dict__", {})
+    if method in own:
+        return not callable(own[method])
+    found = getattr(type(value), method, None)
+    return found is None or found is getattr(base, method, None)
 
 
 def _hint(e: CompileError, instead: str) -> str:
@@ -201,12 +217,16 @@ def _check_actions(env: Any, action: Any) -> None:
 def _check_env_stats(env: Environment, state: Any) -> None:
     """A jitted env's ``stats(state)`` is a dict of the episode statistics msrl logs (a CompileError at its class
     otherwise: it is first called in the program, where a KeyError would name none of the user's lines)."""
+    from collections.abc import Mapping
+
+    from msrl.envs import MaskedObs
+
     stats = env.stats(state)
-    missing = [k for k in STATS if not isinstance(stats, dict) or k not in stats]
+    missing = [k for k in STATS if not isinstance(stats, Mapping) or k not in stats]
     if missing:
-        while isinstance(getattr(env, "env", None), Environment):  # (msrl's wrappers: the user's env)
+        while isinstance(env, MaskedObs):  # (msrl's wrapper: the user's env)
             env = env.env
-        got = f"no {', '.join(missing)}" if isinstance(stats, dict) else f"a {type(stats).__name__}"
+        got = f"no {', '.join(missing)}" if isinstance(stats, Mapping) else f"a {type(stats).__name__}"
         raise CompileError(f"{type(env).__name__}.stats(state) returns {got}; msrl logs episodes from a dict of "
                            f"{', '.join(STATS)} (optionally length_sum, nonfinite: see msrl.Environment.stats)",
                            *defined_at(type(env)))
@@ -286,17 +306,17 @@ class Program:
                  analysis: dict[str, Any] | None = None):
         self.algorithm, self.policy, self.env, self.num_envs = algorithm, policy, env, num_envs
         self.components = {"env": env, **{k: getattr(algorithm, k, None) for k in COMPONENTS[1:]}}
-        _check_component_objects(algorithm, self.components)
         self.services: dict[str, Any] = {}  # shared objects the backend hosts (msrl.services)
-        # the program's own learner: the policy sets its gradient transforms there, not on the algorithm's, which
-        # another program compiled from the same algorithm object (under another policy) shares
-        self.learner = copy.copy(self.components["learner"])
-        if self.learner is not None:
-            self.components["learner"], self.services = prepare_learner(policy, self.learner)
         self.timings: dict[str, float] = {}  # seconds per compiler phase (no XLA compilation in any)
         self._inputs: dict[int, dict[str, dict[str, Any]]] = {}  # per probed env count: what statements read
         with self._phase("frontend"):
             self.stmts, self.namespace = frontend.parse(algorithm)
+            _check_component_objects(algorithm, self.components, self.stmts)
+            # the program's own learner: the policy sets its gradient transforms there, not on the algorithm's,
+            # which another program compiled from the same algorithm object (under another policy) shares
+            self.learner = copy.copy(self.components["learner"])
+            if self.learner is not None:
+                self.components["learner"], self.services = prepare_learner(policy, self.learner)
             self._check_components()
         self.env_steps_per_iteration = num_envs * self._count("env_step")  # >= num_envs: the frontend checks
         with self._phase("fdg+partition"):  # roles first: the buffer's role says how many shards it has

@@ -220,7 +220,8 @@ class Frontend:
         cls = type(self.alg)
         fn = getattr(cls, self.method, None)
         if fn is None or fn is getattr(Algorithm, self.method, None):
-            methods = [n for n, v in vars(cls).items() if callable(v) and not n.startswith("__")]
+            methods = [n for n in dir(cls) if not n.startswith("__") and n != self.method
+                       and callable(getattr(cls, n, None))]
             near = did_you_mean(self.method, methods)
             raise CompileError(f"{cls.__name__} defines no {self.method}(self), the training loop msrl compiles"
                                + (f" ({near.strip()})" if near else ""), *defined_at(cls))
@@ -248,7 +249,8 @@ class Frontend:
                 module = self._resolve(src, node.value, self._all_locals)
                 if inspect.ismodule(module) and module.__name__.split(".")[0] == "msrl" and not hasattr(module,
                                                                                                     node.attr):
-                    near = did_you_mean(node.attr, [n for n in dir(module) if not n.startswith("_")])
+                    names = {*dir(module), *getattr(module, "__all__", ())}  # (and the names it loads lazily)
+                    near = did_you_mean(node.attr, sorted(n for n in names if not n.startswith("_")))
                     raise src.error(node, f"module {module.__name__!r} has no attribute {node.attr!r}"
                                     + (f" ({near.strip()})" if near else ""))
 

@@ -211,6 +211,8 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
     """``snapshot`` holds, for fragments and replicas of this program, states shaped as this session's own."""
     import jax
 
+    from msrl.services import SNAPSHOT_KEY
+
     from msrl.errors import ConfigError
 
     if not isinstance(snapshot, dict):
@@ -234,7 +236,7 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
                     raise ConfigError("snapshot", f"{frag!r} replica {r}'s {name!r} state differs in structure, "
                                       "shapes or dtypes from this program's: it is a snapshot of another program")
     for frag in own:
-        if frag not in snapshot:
+        if frag not in snapshot and frag != SNAPSHOT_KEY:  # (the services' states: a snapshot may hold none)
             raise ConfigError("snapshot", f"holds no fragment {frag!r}; this program's fragments (replicas) are {ours}")
 
 
