@@ -209,3 +209,19 @@ def test_cli_imports_user_modules(capsys):
     assert "inference: replicas=1" in capsys.readouterr().out
     assert main(["graph", "--import", "no_such_module_xyz", str(root / "examples" / "ppo_cartpole.yaml")]) == 2
     assert "--import: cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("top, listed", [("", True), ("print('training')\n", False), ("main()\n", False)])
+def test_a_script_is_listed_in_run_imports_only_if_importing_it_runs_nothing(tmp_path, top, listed):
+    """(A script that trains at its top level and also has an `if __name__ == "__main__":` was listed: msrl eval
+    and --resume would have imported it, training again.)"""
+    import subprocess
+
+    script = tmp_path / "mine.py"
+    script.write_text("from pathlib import Path\nimport msrl\nfrom msrl.envs import register_env\nHERE = "
+                      "Path(__file__).parent\n\n@register_env('mine_script')\ndef maker(name, **kw):\n    ...\n\n"
+                      "def main():\n    from msrl.registry import main_script\n    print(main_script())\n\n"
+                      f"{top}if __name__ == '__main__':\n    main()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == (str(script) if listed else "None")
