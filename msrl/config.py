@@ -271,6 +271,12 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         run=run,
     )
     asked, cfg.env.num_envs = cfg.env.num_envs, cfg.policy.total_envs(cfg.env.num_envs)  # envs_per_actor x actors
+    again = cfg.policy.total_envs(cfg.env.num_envs)
+    if again != cfg.env.num_envs:  # (the run's config.yaml holds its answer: its resume ran another count)
+        raise ConfigError("policy.name", f"policy {cfg.policy.name!r}: its total_envs({asked}) gives "
+                          f"{cfg.env.num_envs}, but total_envs({cfg.env.num_envs}) gives {again}; given its own "
+                          "answer it must give it again (the count of environments that run, whatever env.num_envs "
+                          "says)")
     if asked != cfg.env.num_envs:
         cfg._envs_asked = asked
     return cfg

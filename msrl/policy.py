@@ -124,6 +124,7 @@ _ANSWERS = {"fragments": "a list of msrl.FragmentSpec (self.role(...))", "assign
 def answer(policy: Policy, method: str, *args: Any) -> Any:
     """``policy.method(*args)`` (one of the four questions), checked: it answers with what the compiler reads, and
     an error in a policy's own code names the policy, the method and its file:line (a ConfigError)."""
+    import keyword
     import numbers
     import reprlib
 
@@ -150,6 +151,10 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
                           f"{reprlib.repr(out)}; it returns {_ANSWERS[method]}")
     if method == "fragments":
         for f in out:
+            if not f.name.isidentifier() or keyword.iskeyword(f.name):  # (it names the generated functions, and
+                # checkpoints' keys: FRAGMENT/replica/component)
+                raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() name a role {f.name!r}; a "
+                                  "role's name is a Python identifier (letters, digits, _), e.g. 'actor'")
             if f.backend not in ("jax", policy.backend):
                 raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() place the role {f.name!r} "
                                   f"on backend {f.backend!r}, but the policy runs on policy.backend={policy.backend!r} "

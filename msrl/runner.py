@@ -621,8 +621,10 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than the "
                               f"{meta['env_steps']} env steps the checkpoint {path} already holds; resume with "
                               f"at least {meta['env_steps']} (that many finishes at once)")
+        done, summary = meta["iteration"], Path(run_dir) / "summary.json"
+        left = not done or cfg.run.total_env_steps // (meta["env_steps"] // done) > done
         before = (meta["config"].get("run") or {}).get("total_env_steps")
-        if before is not None and before != cfg.run.total_env_steps:
+        if left and before is not None and before != cfg.run.total_env_steps:
             alg = cfg.algorithm
             named = [k for k, on in (("anneal_lr's learning rate", getattr(alg, "anneal_lr", False)),
                                      ("prioritized replay's beta", getattr(alg, "prioritized", False))) if on]
@@ -631,9 +633,9 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                   "follows the new total from the checkpoint on (its value at update k is that of a run of the new "
                   "length: a rate annealed to 0 rises again), so the run differs from one of either length",
                   file=sys.stderr, flush=True)
-        done, summary = meta["iteration"], Path(run_dir) / "summary.json"
-        if done and cfg.run.total_env_steps // (meta["env_steps"] // done) <= done and summary.is_file():
-            result = TrainResult(json.loads(summary.read_text()))  # nothing left to run: as it was, compiling nothing
+        ended = json.loads(summary.read_text()) if not left and summary.is_file() else {}
+        if ended.get("env_steps") == meta["env_steps"]:  # nothing left to run, and the summary is of this checkpoint
+            result = TrainResult(ended)  # (not of a newer one that was lost): as it was, compiling nothing
             result.rows = []
             return result
     made_here = run_dir is None or not Path(run_dir).exists()

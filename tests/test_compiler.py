@@ -480,11 +480,19 @@ class _Yours(msrl.DistributedPolicy):
             return [self.role("learner", self.learners, "backend")]
         if self.mistake == "elsewhere":
             return [self.role("actor", 2, "backend"), msrl.FragmentSpec(name="learner", backend="ray")]
+        if self.mistake in ("dash", "many"):
+            return [self.role("my-actor" if self.mistake == "dash" else "actor", 2 if self.mistake == "dash" else 16,
+                              "backend"), self.role("learner", 1, "backend")]
         return [self.role("actor", 2, "backend"), self.role("learner", self.learners, "backend")]
+
+    def total_envs(self, num_envs):
+        return num_envs * 2 if self.mistake == "doubles" else super().total_envs(num_envs)
 
     def assign(self, loop):
         if self.mistake == "typo":
             return {s.id: "actor" for s in loop.statments}
+        if self.mistake == "partial":
+            return {s.id: "actor" for s in loop.statements[1:]}
         if self.mistake == "learners":
             return loop.roles(lambda s: "learner")
         learner = loop.downstream_of(loop.calls("agent_learn"))
@@ -493,6 +501,8 @@ class _Yours(msrl.DistributedPolicy):
     def link(self, var, src, dst):
         if self.mistake == "tuple":
             return ("gather", "env")
+        if var == "@params" and self.mistake == "lag2":
+            return msrl.Link(axis="replicated", lag=2)
         if var != "@params" and self.mistake in ("batch", "lag", "every"):
             return {"batch": msrl.Link(axis="batch"), "lag": msrl.Link(lag=1), "every": msrl.Link(every=2)}[self.mistake]
         return super().link(var, src, dst)
@@ -526,6 +536,16 @@ class _Yours(msrl.DistributedPolicy):
     ("lag", msrl.ConfigError, r"gives `obs` \(actor -> learner\) lag=1: only the parameters \(@params\) may arrive late"),
     ("every", msrl.ConfigError, r"gives `obs` \(actor -> learner\) every=2: only the parameters \(@params\) may "
                                 r"arrive late or skip iterations"),
+    ("dash", msrl.ConfigError, r"its fragments\(\) name a role 'my-actor'; a role's name is a Python identifier"),  # (a
+    # SyntaxError in the generated code)
+    ("doubles", msrl.ConfigError, r"^policy.name: policy 'test_yours': its total_envs\(8\) gives 16, but "
+                                  r"total_envs\(16\) gives 32; given its own answer it must give it again"),  # (its
+    # config.yaml said 16, and its resume refused the 32 it ran)
+    ("partial", msrl.CompileError, r"policy 'test_yours''s assign\(\) gives `.*` no role \(its roles: actor, "
+                                   r"learner\); every statement of the loop has one"),  # (was "in fragment None")
+    ("many", msrl.ConfigError, r"^env.num_envs: 8 environments cannot be split over 16 replicas of fragment 'actor'$"),
+    ("lag2", msrl.ConfigError, r"gives `@params` \(learner -> actor\) lag=2: the parameters may arrive at most 1 "
+                               r"iteration late"),  # (it trained, and no checkpoint of it could be resumed)
 ])
 def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, message):
     """(A wrong answer was an AttributeError deep in the compiler or optax; declaring per-environment values

@@ -101,6 +101,15 @@ def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     assert "4,096 to 6,144; any schedule an algorithm of your own builds from it follows the new total" \
         in capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["iterations"] == 12
+    # the newest checkpoint lost, a resume to the next one's steps ends there: its summary, rows and config (it
+    # returned the lost checkpoint's summary, kept its rows and said the schedule follows a new total)
+    max(run.glob("checkpoints/ckpt_*.msgpack")).unlink()
+    summary = msrl.train(None, ["run.total_env_steps=4096"], run_dir=run, resume=True)
+    assert (summary["iterations"], summary["env_steps"]) == (8, 4096)
+    assert "follows the new total" not in capsys.readouterr().err
+    assert len((run / "metrics.csv").read_text().splitlines()) == 1 + 8
+    assert json.loads((run / "summary.json").read_text())["iterations"] == 8
+    assert msrl.train(None, ["run.total_env_steps=4096"], run_dir=run, resume=True).rows == []  # (as it was)
 
 
 def test_a_run_dir_named_like_a_seeds_folder_is_a_run_of_its_own(tmp_path):

@@ -328,6 +328,10 @@ class Program:
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.plan: Plan = partition(self.stmts, self.fdg, policy, fragments, assign, tuple(self.services), shards)
+        for spec in self.plan.fragments.values():  # (as the backends split them: a KeyError in the row check)
+            if num_envs % spec.replicas:
+                raise ConfigError("env.num_envs", f"{num_envs} environments cannot be split over {spec.replicas} "
+                                  f"replicas of fragment {spec.name!r}")
         self.env_axes: dict[tuple[str, str], list[int | None]] = {}  # needed only to gather/scatter/split
         self.item_axes: list[int | None] | None = None
         self._doubled: dict[tuple[str, str], Any] = {}  # the shapes traced with twice the environments

@@ -39,6 +39,10 @@ def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, rece
     if link.every < 1 or link.lag < 0:
         raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` every={link.every}, lag={link.lag}: "
                           "every must be >= 1 and lag >= 0")
+    if link.lag > 1:  # (it trained, then no checkpoint of it could be resumed)
+        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) lag={link.lag}: the "
+                          "parameters may arrive at most 1 iteration late (a checkpoint holds the learner's last "
+                          "parameters, so a resumed run can send those again, not older ones)")
     late = f"lag={link.lag}" if link.lag else f"every={link.every}" if link.every > 1 else ""
     if late and var != "@params":
         raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) {late}: only the "
@@ -58,7 +62,9 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
         if assign.get(s.id) not in fragments:
             raise CompileError(
                 f"policy {policy.name!r} placed `{s.source}` in fragment {assign.get(s.id)!r}, "
-                f"which is not one of its fragments ({', '.join(fragments)})", s.file, s.line)
+                f"which is not one of its fragments ({', '.join(fragments)})" if s.id in assign else
+                f"policy {policy.name!r}'s assign() gives `{s.source}` no role (its roles: {', '.join(fragments)}); "
+                "every statement of the loop has one", s.file, s.line)
     plan = answer(policy, "learner_plan")
     averaged = reduces_over_replicas(plan.grad_transforms) or plan.wrap is not None  # (a wrap: async's holder)
     for s in leaves(stmts):
