@@ -328,8 +328,8 @@ class Program:
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.plan: Plan = partition(self.stmts, self.fdg, policy, fragments, assign, tuple(self.services), shards)
-        for spec in self.plan.fragments.values():  # (as the backends split them: a KeyError in the row check)
-            if num_envs % spec.replicas:
+        for spec in self.plan.fragments.values():  # (a KeyError in the row check; an uneven split the backends
+            if spec.replicas > num_envs:  # refuse, the compiler's analysis takes)
                 raise ConfigError("env.num_envs", f"{num_envs} environments cannot be split over {spec.replicas} "
                                   f"replicas of fragment {spec.name!r}")
         self.env_axes: dict[tuple[str, str], list[int | None]] = {}  # needed only to gather/scatter/split
