@@ -192,16 +192,21 @@ def split_along(value: Any, parts: int, axes: list[int | None], interleave: bool
     return [jax.tree.unflatten(tree, [s[r] for s in split]) for r in range(parts)]
 
 
+def unsplit(num_envs: int, replicas: int, fragment: str) -> Exception:
+    """The error of ``num_envs`` environments that ``replicas`` replicas of ``fragment`` cannot share equally."""
+    from msrl.errors import ConfigError
+
+    return ConfigError("env.num_envs", f"{num_envs} environments cannot be split over {replicas} replicas of "
+                       f"fragment {fragment!r}")
+
+
 def replica_env_ids(num_envs: int, fragment: Any) -> list[Any]:
     """The global environment indices of each replica of ``fragment`` (contiguous, equal slices)."""
     import numpy as np
 
-    from msrl.errors import ConfigError
-
     n = fragment.spec.replicas
     if num_envs % n:
-        raise ConfigError("env.num_envs", f"{num_envs} environments cannot be split over {n} replicas of "
-                          f"fragment {fragment.name!r}")
+        raise unsplit(num_envs, n, fragment.name)
     return list(np.arange(num_envs).reshape(n, -1))
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
+from msrl.backend import unsplit
 from msrl.compiler import frontend, rows
 from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
@@ -330,8 +331,7 @@ class Program:
             self.plan: Plan = partition(self.stmts, self.fdg, policy, fragments, assign, tuple(self.services), shards)
         for spec in self.plan.fragments.values():  # (a KeyError in the row check; an uneven split the backends
             if spec.replicas > num_envs:  # refuse, the compiler's analysis takes)
-                raise ConfigError("env.num_envs", f"{num_envs} environments cannot be split over {spec.replicas} "
-                                  f"replicas of fragment {spec.name!r}")
+                raise unsplit(num_envs, spec.replicas, spec.name)
         self.env_axes: dict[tuple[str, str], list[int | None]] = {}  # needed only to gather/scatter/split
         self.item_axes: list[int | None] | None = None
         self._doubled: dict[tuple[str, str], Any] = {}  # the shapes traced with twice the environments

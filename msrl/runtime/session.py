@@ -211,9 +211,8 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
     """``snapshot`` holds, for fragments and replicas of this program, states shaped as this session's own."""
     import jax
 
-    from msrl.services import SNAPSHOT_KEY
-
     from msrl.errors import ConfigError
+    from msrl.services import SNAPSHOT_KEY
 
     if not isinstance(snapshot, dict):
         raise ConfigError("snapshot", f"must be a dict of fragment -> replica states, got {type(snapshot).__name__}")
