@@ -16,6 +16,7 @@ from msrl import checkpoint
 from msrl.components import Actor, Box, MultiAgentObs, MultiAgentSpec, acting
 from msrl.config import SEED_MAX, load_config
 from msrl.envs import MaskedObs, make_env
+from msrl.envs.gymnasium_env import GymnasiumEnv
 from msrl.errors import CLI_FLAGS, ConfigError, arg, quote
 from msrl.policy import prepare_learner
 from msrl.runner import make_algorithm, member_folder_of
@@ -300,10 +301,11 @@ class TrainedPolicy:
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         """msrl's actions as the environment's own ``step`` takes them, as msrl's env adapters hand them on: a
         Box's within its bounds, a Gymnasium ``Discrete(n, start=k)``'s shifted from ``0..n-1`` to ``k..k+n-1``."""
+        env = self.env.env if isinstance(self.env, MaskedObs) else self.env
+        if isinstance(env, GymnasiumEnv):
+            return env.env_actions(actions)
         space = self.env_spec.action_space
-        if isinstance(space, Box):
-            return np.clip(actions, space.low, space.high)
-        return actions + getattr(self.env, "start", 0)
+        return np.clip(actions, space.low, space.high) if isinstance(space, Box) else actions
 
     def _multi_agent(self, agents: np.ndarray) -> MultiAgentObs:
         """A batch of every agent's observations as the env gives them: with the global state of JaxMARL's
@@ -438,6 +440,8 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         frames = [_frame(env, env_id)]
     except (gymnasium.error.DependencyNotInstalled, ImportError) as e:
         raise ConfigError(arg("render"), f"{env_id} cannot render here: {e}") from None
+    except NotImplementedError:  # gymnasium.Env's render
+        raise ConfigError(arg("render"), f"{env_id} has no renderer: its render() raised NotImplementedError") from None
     except TypeError as e:  # an env of one's own whose constructor takes no render_mode
         raise ConfigError(arg("render"), f"{env_id} did not make itself with render_mode='rgb_array': {e}") from None
     initial_carry, act = policy

@@ -938,7 +938,8 @@ class Slices(msrl.Algorithm):
 # ------------------------------------------------------------------------------------------- host envs
 class Shifty(gymnasium.Env):
     """CartPole-shaped until its 40th step (20th for "explode"), then by ``mode``: a wrong observation shape,
-    a wrong dtype, NaN, or an exception; a reward that is not one number ("rewards": two, "text": a string); or
+    a wrong dtype, NaN, or an exception; a reward that is not one number ("rewards": two, "text": a string) or
+    beyond float32's range ("huge"); or
     a ``truncated`` that is not a bool ("flag": a string). "slow": each step takes 0.5 s; "hang": an hour."""
 
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -963,8 +964,8 @@ class Shifty(gymnasium.Env):
             time.sleep(3600)
         if self.t >= 40 and self.mode == "flag":
             return obs, 1.0, False, "no", {}
-        if self.t >= 40 and self.mode in ("rewards", "text"):
-            return obs, (np.ones(2) if self.mode == "rewards" else "1.0"), False, False, {}
+        if self.t >= 40 and self.mode in ("rewards", "text", "huge"):
+            return obs, {"rewards": np.ones(2), "text": "1.0", "huge": 1e300}[self.mode], False, False, {}
         if self.t >= 40:
             obs = {"shape": np.zeros(5, np.float32), "dtype": obs.astype(np.float64),
                    "nan": np.full(4, np.nan, np.float32)}[self.mode]
@@ -978,13 +979,14 @@ class Quirky(gymnasium.Env):
     """Gymnasium-API corners, by ``mode``: "limit" ends in a terminal state on its 5th step, which its
     TimeLimit of 5 also truncates; "start" takes actions 1..3 (``Discrete(3, start=1)``) and refuses others;
     "old_step" and "old_reset" return what the old Gym API did; "wide" says its observations have 3 numbers;
-    "unbounded" takes any real action (``Box(-inf, inf)``), "narrow" one in ``Box(-0.01, 0.01)`` and refuses others."""
+    "unbounded" takes any real action (``Box(-inf, inf)``), "narrow" one in a float64 ``Box(-0.012, 0.012)`` (in float32
+    0.0120000001) and refuses others."""
 
-    def __init__(self, mode: str = "limit"):
+    def __init__(self, mode: str = "limit", render_mode: str | None = None):  # (it has no render())
         self.mode = mode
         self.observation_space = gymnasium.spaces.Box(-10.0, 10.0, (3 if mode == "wide" else 2,), np.float32)
-        bound = {"unbounded": np.inf, "narrow": 0.01}.get(mode)
-        self.action_space = (gymnasium.spaces.Box(-bound, bound, (1,), np.float32) if bound else
+        bound = {"unbounded": np.inf, "narrow": 0.012}.get(mode)
+        self.action_space = (gymnasium.spaces.Box(-bound, bound, (1,), np.float64) if bound else
                              gymnasium.spaces.Discrete(3, start=1 if mode == "start" else 0))
 
     def reset(self, seed=None, options=None):

@@ -36,12 +36,14 @@ QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_st
     ("nan", r"returned a non-finite observation"),
     ("rewards", r"returned the reward array\(\[1., 1.\]\) \(ndarray\); step\(\) returns one number as its reward"),
     ("text", r"returned the reward '1.0' \(str\); step\(\) returns one number"),
+    ("huge", r"returned a reward beyond float32's range \(msrl's observations and rewards are float32\): 1e\+300\. "),
     ("flag", r"failed in step: TypeError: Shifty.step\(\) returned truncated='no' \(str\); Gymnasium's API returns a "
              r"bool"),  # (it was read as True: an episode ended at every step)
 ])
 def test_a_host_env_that_changes_midrun_is_named_with_its_step(tmp_path, mode, expect):
     """(A reward of two numbers was numpy's "setting an array element with a sequence", a string one was read as a
-    number.) msrl's own message needs no traceback of the replica's."""
+    number, a finite one beyond float32's range was called non-finite.) msrl's own message needs no traceback of the
+    replica's."""
     with pytest.raises(msrl.TrainingError, match=expect) as info:
         train(EXAMPLES / "ppo_cartpole_threads.yaml",
               [*QUIET, "env.id=gymnasium:MsrlShifty-v0", f"env.kwargs.mode={mode}", "run.total_env_steps=4096"],

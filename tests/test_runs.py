@@ -437,19 +437,27 @@ def test_a_run_refused_by_anothers_lock_leaves_the_folder_it_found_missing(tmp_p
 
 def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):
     """act() hands back what the environment's own step takes, as msrl's adapters hand actions on: a Gymnasium
-    ``Discrete(3, start=1)``'s 1..3 (it returned msrl's 0..2, which the env refuses or takes as other actions),
-    and a Box's actions within its bounds (a Gaussian policy's mean is not: it returned those unclipped)."""
+    ``Discrete(3, start=1)``'s 1..3 (it returned msrl's 0..2, which the env refuses or takes as other actions; with
+    ``mask_obs`` still so until 2026-11-29), and a Box's actions within its bounds (a Gaussian policy's mean is not:
+    it returned those unclipped), in its dtype (a float64 Box's bounds were rounded to float32: in training and in
+    act(), 0.0120000001 reached a Box whose bound is 0.012). Its render() raising NotImplementedError: a ConfigError."""
     import gymnasium
     import loops  # noqa: F401 - registers gymnasium's MsrlQuirky-v0
 
     msrl.train(CARTPOLE, [*SHORT, "run.total_env_steps=1024", "env.id=gymnasium:MsrlQuirky-v0",
-                          "env.kwargs={mode: start}", "policy.name=single_learner_coarse", "policy.backend=threads"],
-               run_dir=tmp_path / "start")
+                          "env.kwargs={mode: start, mask_obs: [1]}", "policy.name=single_learner_coarse",
+                          "policy.backend=threads"], run_dir=tmp_path / "start")
     policy, env = msrl.load(tmp_path / "start"), gymnasium.make("MsrlQuirky-v0", mode="start")
     obs, _ = env.reset(seed=0)
-    actions = policy.act(np.stack([obs, obs + 1, obs - 3]))
+    batch = np.stack([obs, obs + 1, obs - 3])
+    actions = policy.act(batch)
     assert set(actions.tolist()) <= {1, 2, 3}
+    greedy = policy.algorithm.actor.greedy(policy.params, batch * np.float32([1, 0]))  # (mask_obs hides obs[1])
+    np.testing.assert_array_equal(actions, np.asarray(greedy) + 1)
     env.step(policy.act(obs))  # (it raises on an action outside 1..3)
+    with pytest.raises(msrl.ConfigError, match=r"^render: gymnasium:MsrlQuirky-v0 has no renderer: its render\(\) "
+                                               r"raised NotImplementedError$"):
+        evaluate(tmp_path / "start", episodes=1, render=tmp_path / "frames")
 
     msrl.train(EXAMPLES / "ppo_pendulum.yaml", [*SHORT, "run.total_env_steps=1024", "env.num_envs=4",
                                                 "env.id=gymnasium:MsrlQuirky-v0", "env.kwargs={mode: narrow}",
@@ -458,9 +466,9 @@ def test_load_acts_as_the_environment_itself_takes_actions(tmp_path):
     policy, env = msrl.load(tmp_path / "box"), gymnasium.make("MsrlQuirky-v0", mode="narrow")
     obs = np.stack([env.reset(seed=0)[0] + i for i in range(8)])
     means = np.asarray(policy.algorithm.actor.greedy(policy.params, obs))
-    assert np.abs(means).max() > 0.01, means  # the policy's own numbers leave the Box here
-    np.testing.assert_array_equal(policy.act(obs), np.clip(means, -0.01, 0.01))
-    env.step(policy.act(obs[0]))  # (it raises on an action outside [-0.01, 0.01])
+    assert np.abs(means).max() > 0.012, means  # the policy's own numbers leave the Box here
+    np.testing.assert_array_equal(policy.act(obs), np.clip(means.astype(np.float64), -0.012, 0.012))
+    env.step(policy.act(obs[0]))  # (it raises on an action outside [-0.012, 0.012])
 
 
 def test_load_masks_as_training_did_acts_alike_on_one_or_many_and_takes_a_chosen_checkpoint(tmp_path, capsys):

@@ -87,6 +87,9 @@ def serve(conn: Any) -> None:
                 command, arg = conn.recv()
             except (EOFError, OSError):  # the parent is gone
                 return
+            except Exception as e:  # noqa: BLE001 - what was sent does not unpickle here: not the env's frames
+                conn.send(("error", (None, f"{type(e).__name__}: {e}", "")))
+                continue
             if command == "make":  # (env spec, kwargs, seeds): make the envs and reset each with its seed
                 import gymnasium
 

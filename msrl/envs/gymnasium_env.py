@@ -130,7 +130,7 @@ class Workers:
     def slices(self, per_env: list) -> list[list]:
         return [per_env[p[0]:p[-1] + 1] for p in self.parts]
 
-    def call(self, command: str, per_worker: list | None = None) -> list:
+    def call(self, command: str, per_worker: list | None = None, step: int | None = None) -> list:
         for k, conn in enumerate(self.conns):
             try:
                 conn.send((command, None if per_worker is None else per_worker[k]))
@@ -144,7 +144,8 @@ class Workers:
                 raise self.died(k, command) from None
             if status == "error" and error is None:
                 at, message, trace = value
-                where = f"#{self.ids[self.parts[k][0] + at]}" if at is not None else self.span(k)
+                where = (f"#{self.ids[self.parts[k][0] + at]}" if at is not None else self.span(k)) + (
+                    "" if step is None else f" at step {step}")
                 hint = (" (an env defined in your script's __main__ is unknown to worker processes: define it in "
                         "an importable module)" if "__main__" in message else "")
                 error = TrainingError(f"environment {self.env_id} {where}, in its worker process, failed in "
@@ -221,6 +222,8 @@ class GymnasiumEnv(Environment):
         action_space = host_spaces(f"gymnasium:{name}", obs_space, act_space,
                                    " (wrap it with gymnasium's FlattenObservation)", shifts=True)
         self.start = int(act_space.start) if isinstance(act_space, gymnasium.spaces.Discrete) else 0
+        self.bounds = (act_space.low, act_space.high, act_space.dtype) if isinstance(act_space, gymnasium.spaces.Box) \
+            else None
         self.spec = EnvSpec(f"gymnasium:{name}", tuple(obs_space.shape), np.dtype(np.float32), action_space)
 
     def init(self, key: jax.Array, env_ids: Any) -> HostEnvState:
@@ -256,16 +259,20 @@ class GymnasiumEnv(Environment):
         state.counts.restart()
         return state, state.obs
 
+    def env_actions(self, action: Any) -> np.ndarray:
+        """msrl's actions as this env's own ``step`` takes them: a Box's in its dtype, clipped to its bounds in that
+        dtype (a float64 Box's 0.1 is 0.100000001 in msrl's float32), a ``Discrete(n, start=k)``'s from ``k``."""
+        if self.bounds is not None:
+            low, high, dtype = self.bounds
+            return np.clip(np.asarray(action).astype(dtype), low, high)
+        return np.asarray(action) + self.start
+
     def step(self, state: HostEnvState, action: Any):
-        action = np.asarray(action)
-        if isinstance(self.spec.action_space, Box):
-            action = np.clip(action, self.spec.action_space.low, self.spec.action_space.high)
-        elif self.start:  # a Discrete(n, start=k): msrl's action i is the env's k + i
-            action = action + self.start
+        action = self.env_actions(action)
         actions = action.tolist() if action.ndim == 1 else list(action)
         if state.workers is not None:
             state.busy, state.beat = -1, time.monotonic()
-            results = state.workers.call("step", state.workers.slices(actions))
+            results = state.workers.call("step", state.workers.slices(actions), state.steps)
             state.slowest = max(state.slowest, time.monotonic() - state.beat)
         else:
             results = []
@@ -278,18 +285,21 @@ class GymnasiumEnv(Environment):
         reward = np.empty(n, np.float32)
         terminated, truncated = np.empty(n, np.bool_), np.empty(n, np.bool_)
         final = np.empty((n, *self.spec.obs_shape), np.float32)
-        for i, (o, r, terminated[i], truncated[i], first) in enumerate(results):
-            reward[i] = self._reward(state, i, r)
-            final[i] = self._checked(state, i, o)
-            obs[i] = final[i] if first is None else self._checked(state, i, first)
+        with np.errstate(over="ignore"):  # (a float64 beyond float32's range: named below)
+            for i, (o, r, terminated[i], truncated[i], first) in enumerate(results):
+                reward[i] = self._reward(state, i, r)
+                final[i] = self._checked(state, i, o)
+                obs[i] = final[i] if first is None else self._checked(state, i, first)
         state.busy, state.beat = None, time.monotonic()
         done = terminated | truncated
         if not (np.isfinite(obs).all() and np.isfinite(final).all() and np.isfinite(reward).all()):
             good = np.isfinite(obs).reshape(n, -1).all(1) & np.isfinite(final).reshape(n, -1).all(1)
             i = int(np.flatnonzero(~(good & np.isfinite(reward)))[0])
-            raise TrainingError(f"{self._where(state, i)} returned a non-finite "
-                                f"{'reward' if good[i] else 'observation'}: "
-                                f"{reward[i] if good[i] else (obs[i] if not np.isfinite(obs[i]).all() else final[i])}")
+            o, r, _, _, first = results[i]
+            what, got = ("reward", r) if good[i] else ("observation", o if not np.isfinite(final[i]).all() else first)
+            raise TrainingError(f"{self._where(state, i)} returned " + (
+                f"a non-finite {what}: {got}" if not np.isfinite(np.asarray(got, np.float64)).all() else
+                f"a {what} beyond float32's range (msrl's observations and rewards are float32): {got}"))
         state.steps += 1
         state.counts.count(reward, done)
         state.obs = obs.astype(np.float32)
