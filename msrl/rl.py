@@ -414,16 +414,20 @@ def update_stats(stats: dict, batch, reduce=lambda tree: tree) -> dict:
     return {"count": count, "mean": mean, "var": var}
 
 
+# Both multiply by ``rsqrt`` rather than divide by ``sqrt``: XLA's CPU compiler turns a division by a broadcast
+# into a product with its reciprocal for a batch of 2 or more rows, not for 1 (a reshape then), so one
+# environment's row was normalized 5e-7 apart from the same row in a batch (an actor of 1 env vs fused).
 def normalize(stats: dict, x):
-    """``x`` (a batch, leaves shaped ``[..., *stats' shape]``) standardized by ``stats``, clipped to +-10."""
-    return jax.tree.map(lambda x, m, v: jnp.clip((jnp.asarray(x, jnp.float32) - m) / jnp.sqrt(v + NORM_EPS),
+    """``x`` (a batch, leaves shaped ``[..., *stats' shape]``) standardized by ``stats``, clipped to +-10: each row
+    bitwise alike in a batch of any size."""
+    return jax.tree.map(lambda x, m, v: jnp.clip((jnp.asarray(x, jnp.float32) - m) * jax.lax.rsqrt(v + NORM_EPS),
                                                  -NORM_CLIP, NORM_CLIP), x, stats["mean"], stats["var"])
 
 
 def scale_reward(stats: dict, reward):
     """``reward`` divided by the standard deviation in ``stats`` (not centred: a shift would change which
     policy is best where episodes end), clipped to +-10."""
-    return jnp.clip(reward / jnp.sqrt(stats["var"] + NORM_EPS), -NORM_CLIP, NORM_CLIP)
+    return jnp.clip(reward * jax.lax.rsqrt(stats["var"] + NORM_EPS), -NORM_CLIP, NORM_CLIP)
 
 
 def discounted_returns(ret, reward, done, gamma: float):
