@@ -118,7 +118,10 @@ class DiagGaussian(NamedTuple):
     log_std: jnp.ndarray
 
     def sample(self, seed: jax.Array) -> jnp.ndarray:
-        return self.mean + jnp.exp(self.log_std) * jax.random.normal(seed, self.mean.shape, self.mean.dtype)
+        # the std computed on its own: fused with the normal draw, XLA's CPU code rounded exp(log_std) * noise
+        # differently for one environment's row than in a batch (an actor of one env acted 6e-8 from fused)
+        std = jax.lax.optimization_barrier(jnp.exp(self.log_std))
+        return self.mean + std * jax.random.normal(seed, self.mean.shape, self.mean.dtype)
 
     def log_prob(self, x: jnp.ndarray) -> jnp.ndarray:
         z = (x - self.mean) * jnp.exp(-self.log_std)
