@@ -643,8 +643,9 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     if locked and not resume:  # it holds, which prepare_run_dir would take for a run to resume or overwrite)
         hold.enter_context(lock_run_dir(Path(run_dir), arg("run_dir")))
     replace = run_dir is not None and prepare_run_dir(Path(run_dir), resume, overwrite)
+    fresh = run_dir is None
     try:
-        run_dir = _fresh_run_dir(cfg) if run_dir is None else Path(run_dir)
+        run_dir = _fresh_run_dir(cfg) if fresh else Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(arg("run_dir"), f"cannot create {run_dir or 'runs/'}: {e.strerror}") from None
@@ -665,6 +666,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                               "run.compile_cache=false or MSRL_COMPILE_CACHE=DIR") from None
 
     stage = (lambda text: print(f"msrl: {text}", file=sys.stderr, flush=True)) if cfg.run.progress else (lambda _: None)
+    if fresh:
+        stage(f"the run is written to {run_dir} ({arg('run_dir')} names another)")
     signals = _Signals().__enter__()  # from here on SIGTERM, like SIGINT, ends the run cleanly
     try:
         return _run(cfg, run_dir, resume, states if resume else None, meta if resume else None,

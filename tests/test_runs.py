@@ -363,8 +363,12 @@ def test_runs_started_together_without_a_run_dir_each_get_their_own(tmp_path, mo
     cfg = load_config(CARTPOLE)
     first, second = _fresh_run_dir(cfg), _fresh_run_dir(cfg)  # (the same second: the name takes a suffix)
     assert first != second and first.is_dir() and second.is_dir()
-    assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0"]) == 2
+    capsys.readouterr()
+    assert main(["train", CARTPOLE, *SHORT, "env.id=gymnax:NoSuchEnv-v0", "run.progress=true"]) == 2
     assert sorted((tmp_path / "runs").iterdir()) == sorted([tmp_path / first, tmp_path / second])  # its own went
+    # the folder msrl chose is named as the run starts (for eval, plot and --resume: it was named nowhere)
+    assert re.search(r"\nmsrl: the run is written to runs/ppo-fused-\d{8}-\d{6}(-\d+)? \(--run-dir names another\)\n",
+                    capsys.readouterr().err)
 
 
 def test_a_project_folder_with_its_own_config_and_checkpoints_is_not_taken_for_a_run(tmp_path):
