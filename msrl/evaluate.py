@@ -407,6 +407,10 @@ def evaluate_each(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> lis
     (each result's ``member`` names it)."""
     from msrl.plot import member_folders
 
+    if Path(run_dir).expanduser().is_file():
+        raise ConfigError("RUN_DIR", f"{run_dir} is a checkpoint file; each member is evaluated from a run "
+                          f"directory (its newest checkpoint); evaluate one member of this checkpoint with "
+                          f"{arg('member')} NAME")
     folders = member_folders(Path(run_dir).expanduser())
     if not folders:
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run of several seeds or swept values (run.num_seeds, "

@@ -95,6 +95,10 @@ def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(
     means = [e["return_mean"] for e in each]
     assert out[3] == (f"the run: mean return {np.mean(means):.2f} ± {np.std(means):.2f} over its 3 seeds (the std is "
                       "that of the seeds' means)")
+    ckpt = sorted((run / "checkpoints").glob("ckpt_*"))[-1]  # (was "is not a run of several seeds")
+    assert main(["eval", str(ckpt), "--all"]) == 2
+    assert f"msrl: error: RUN_DIR: {ckpt} is a checkpoint file; each member is evaluated from a run directory (its " \
+           "newest checkpoint); evaluate one member of this checkpoint with --member NAME\n" == capsys.readouterr().err
     policy = msrl.load(run, run_seed=7)
     assert policy.act(np.zeros(4, np.float32)).shape == () and policy.act([0.0] * 4).shape == ()  # (a list too)
     with pytest.raises(ValueError, match=r"shaped \(4,\) \(a batch: \(n, 4\)\), got \(5,\)"):
