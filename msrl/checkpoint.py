@@ -183,29 +183,34 @@ def restore_state(template: Any, states: dict[str, list[Any]], key: str, path: P
     return jax.tree.unflatten(tree, out)
 
 
-def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
-                      defaults: dict[str, Any] | None = None) -> None:
-    """Refuse to resume under a config that changes the training itself (anything but the run keys above). A
-    key the checkpoint does not hold (it was saved before msrl had the key) was trained at its value in
-    ``defaults`` (:meth:`ExperimentConfig.defaults`), where given."""
-    def diff(a: Any, b: Any, key: str) -> tuple[str, Any, Any] | None:
+def config_differences(saved: dict[str, Any], now: dict[str, Any],
+                       defaults: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """The keys (dotted, with the two values) in which config ``now`` changes the training of ``saved``: anything
+    but the run keys above; the names first (another algorithm's or policy's keys are not keys msrl added since).
+    A key ``saved`` does not hold (it was saved before msrl had the key) was trained at its value in ``defaults``
+    (:meth:`ExperimentConfig.defaults`), where given."""
+    def diffs(a: Any, b: Any, key: str):
         if isinstance(a, dict) and isinstance(b, dict):
             for k in sorted(set(a) | set(b)):
                 dotted = f"{key}.{k}" if key else k
                 if k in {"run": RESUMABLE_RUN_KEYS, "policy": RESUMABLE_POLICY_KEYS}.get(key, ()) or \
                         k not in a and defaults is not None and b[k] == lookup(defaults, dotted, _ABSENT):
                     continue
-                found = diff(a.get(k, _ABSENT), b.get(k, _ABSENT), dotted)
-                if found:
-                    return found
-            return None
-        return None if a == b else (key, a, b)
+                yield from diffs(a.get(k, _ABSENT), b.get(k, _ABSENT), dotted)
+        elif a != b:
+            yield key, a, b
 
-    # the names first: another algorithm's (or policy's) keys are not keys msrl added since
     names = [(k, lookup(saved, k), lookup(now, k)) for k in ("algorithm.name", "policy.name")]
-    found = next((n for n in names if n[1] != n[2]), None) or diff(saved, now, "")
+    return [n for n in names if n[1] != n[2]] or list(diffs(saved, now, ""))
+
+
+def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
+                      defaults: dict[str, Any] | None = None) -> None:
+    """Refuse to resume under a config that changes the training itself (:func:`config_differences`), naming
+    the first key that does."""
+    found = config_differences(saved, now, defaults)
     if found:
-        key, a, b = found
+        key, a, b = found[0]
         known = defaults is not None and lookup(defaults, key, _ABSENT) is not _ABSENT  # (not a user's dict's)
         was = f"{key}={a!r}" if a is not _ABSENT else f"msrl before {key} was a key" if known else f"no {key}"
         raise ConfigError(key, f"the checkpoint {path} was trained with {was}, this config has "

@@ -46,10 +46,16 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
     cfg = load_config(saved)
     if not file.exists():  # (a checkpoint kept without its run directory)
         return cfg
-    try:  # (a key msrl added since the checkpoint, at its default in config.yaml, is no difference)
-        checkpoint.check_same_config(saved, yaml.safe_load(file.read_text()) or {}, path, cfg.defaults())
-    except (ConfigError, yaml.YAMLError, OSError) as e:
-        what = f"its {e.key} differs" if isinstance(e, ConfigError) else "it does not read"
+    try:
+        now = yaml.safe_load(file.read_text()) or {}
+    except (yaml.YAMLError, OSError):
+        now = None
+    if isinstance(now, dict):  # (a key msrl added since the checkpoint, at its default in config.yaml, is none)
+        keys = [k for k, _, _ in checkpoint.config_differences(saved, now, cfg.defaults())]
+        what = f"its {', '.join(keys)} differ{'s' if len(keys) == 1 else ''}"
+    else:
+        keys, what = [None], "it does not read"
+    if keys:
         print(f"msrl: note: {file} is not the config the checkpoint {path} was trained with ({what}); using the "
               "checkpoint's own", file=sys.stderr, flush=True)
     return cfg

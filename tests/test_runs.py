@@ -293,6 +293,12 @@ def test_load_uses_the_config_the_checkpoint_was_trained_with(tmp_path, capsys):
     np.testing.assert_array_equal(policy.act(obs), actions)
     assert f"note: {config} is not the config the checkpoint {tmp_path}/checkpoints/ckpt_000000004.msgpack was " \
         "trained with (its algorithm.activation differs); using the checkpoint's own" in capsys.readouterr().err
+    config.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: 0.005", config.read_text()))  # each key named (was the first)
+    msrl.load(tmp_path)
+    assert "(its algorithm.activation, algorithm.lr differ)" in capsys.readouterr().err
+    config.write_text("- a list\n")
+    msrl.load(tmp_path)
+    assert "was trained with (it does not read); using" in capsys.readouterr().err
 
 
 def test_piped_progress_ends_with_where_a_stopped_run_stopped(tmp_path, capsys):
