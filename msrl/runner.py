@@ -730,7 +730,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
               "here", file=sys.stderr, flush=True)
     if iterations * steps_per_iter != cfg.run.total_env_steps:
         print(f"msrl: note: run.total_env_steps={cfg.run.total_env_steps:,} rounded down to {iterations:,} whole "
-              f"iterations of {steps_per_iter:,} env steps: {iterations * steps_per_iter:,}", file=sys.stderr, flush=True)
+              f"iteration{'s' if iterations != 1 else ''} of {steps_per_iter:,} env steps: "
+              f"{iterations * steps_per_iter:,}", file=sys.stderr, flush=True)
     # several iterations per dispatch, but at least ~10 progress updates in a run
     auto = max(1, min(TARGET_STEPS_PER_DISPATCH // steps_per_iter, iterations // 10))
     per_dispatch = min(cfg.run.iterations_per_dispatch or auto, iterations)

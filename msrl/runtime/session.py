@@ -263,7 +263,7 @@ def check_members(backend: str, run: Any) -> None:
 
         what = "swept values" if run.sweep else "seeds"
         raise ConfigError("run.sweep" if run.sweep else "run.num_seeds", f"the {backend} backend runs one seed per "
-                          f"program; several {what} in one program need policy.name=fused (backend jax)")
+                          f"program; several {what} in one program need the jax backend (policy.name=fused)")
 
 
 def vmap_seeds(seed_batching: str) -> bool:
