@@ -197,6 +197,9 @@ def cmd_graph(args: argparse.Namespace) -> int:
     if args.format == "png":
         if not args.output:
             raise MsrlError("--format png needs -o FILE.png")
+        if args.code:
+            raise ConfigError("--code", "adds the generated code to text, JSON or DOT output, not to an image: drop "
+                              "--code, or write -o FILE.dot (or .json, .txt)")
         check_image_file(args.output)
     config, overrides = _config_and_overrides(args)
     if config is None and not overrides:

@@ -79,6 +79,8 @@ def test_graph_dot_and_png(tmp_path, capsys):
     assert matplotlib.image.imread(tmp_path / "fdg.jpg").shape[0] > 100
     assert main(["graph", CARTPOLE, "--format", "text", "-o", str(png)]) == 2
     assert f"--format: -o {png} names an image, not text" in capsys.readouterr().err
+    assert main(["graph", CARTPOLE, "--code", "-o", str(png)]) == 2  # (it wrote the image without the code)
+    assert "--code: adds the generated code to text, JSON or DOT output, not to an image" in capsys.readouterr().err
     assert main(["graph", CARTPOLE, "--code", "-o", str(tmp_path / "fdg.dot")]) == 0  # the code as DOT comments
     dot = (tmp_path / "fdg.dot").read_text()
     after = dot[dot.index("\n}\n") + 3:]  # what follows the graph's closing brace
