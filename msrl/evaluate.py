@@ -239,7 +239,8 @@ class TrainedPolicy:
             raise ConfigError("run_dir", f"a run directory's path, got {type(run_dir).__name__} {run_dir!r:.100}")
         self.config, self.env, self.algorithm, self.params, meta = load_policy(Path(run_dir), run_seed, member)
         self.env_spec, self.iteration = self.env.spec, meta["iteration"]
-        self.recurrent = hasattr(self.algorithm.actor, "greedy_step")
+        actor = self.algorithm.actor  # (recurrent PPO's ``memory: none`` holds no state: any batch, as PPO's)
+        self.recurrent = hasattr(actor, "greedy_step") and getattr(getattr(actor, "net", None), "memory", "") != "none"
         self._initial_carry, self._step = greedy_policy(self.algorithm.actor)
         self._carry, self._n = None, None  # the hidden state, and the number of environments it is for
 

@@ -253,6 +253,10 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys, monkeypatch):
     with pytest.raises(ValueError, match=r"^act: this recurrent policy holds the hidden state of 2 environments, "
                                          r"got 1; call reset\(\) first"):  # (it forgot both without a word)
         policy.act(obs[:1])
+    msrl.train(load_config(RPPO, [*SMALL, "algorithm.memory=none", "run.total_env_steps=64", "run.progress=false",
+                                  "run.tensorboard=false"]), run_dir=tmp_path / "none")
+    memoryless = msrl.load(tmp_path / "none")  # (it held a hidden state of zeros and refused another batch size)
+    assert not memoryless.recurrent and memoryless.act(obs).shape == (2,) and memoryless.act(obs[0]).shape == ()
     with pytest.raises(ValueError, match=r"^act: done is one bool per environment, shaped \(2,\), got \(\)$"):
         policy.act(obs, done=True)
     policy.reset()
