@@ -242,6 +242,7 @@ class TrainedPolicy:
         actor = self.algorithm.actor  # (recurrent PPO's ``memory: none`` holds no state: any batch, as PPO's)
         self.recurrent = hasattr(actor, "greedy_step") and getattr(getattr(actor, "net", None), "memory", "") != "none"
         self._initial_carry, self._step = greedy_policy(self.algorithm.actor)
+        self._env_actions = env_actions(self.env)
         self._carry, self._n = None, None  # the hidden state, and the number of environments it is for
 
     def reset(self) -> None:
@@ -304,15 +305,6 @@ class TrainedPolicy:
         self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
         actions = self._env_actions(np.asarray(actions))
         return actions[0] if single else actions
-
-    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """msrl's actions as the environment's own ``step`` takes them, as msrl's env adapters hand them on: a
-        Box's within its bounds, a Gymnasium ``Discrete(n, start=k)``'s shifted from ``0..n-1`` to ``k..k+n-1``."""
-        env = self.env.env if isinstance(self.env, MaskedObs) else self.env
-        if isinstance(env, GymnasiumEnv):
-            return env.env_actions(actions)
-        space = self.env_spec.action_space
-        return np.clip(actions, space.low, space.high) if isinstance(space, Box) else actions
 
     def _multi_agent(self, agents: np.ndarray) -> MultiAgentObs:
         """A batch of every agent's observations as the env gives them: with the global state of JaxMARL's
@@ -405,7 +397,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
         from msrl.envs.gymnasium_env import seed_words
 
         out["frames"], out["render_return"] = _render(cfg.env.id, cfg.env.kwargs, (initial_carry, act), params,
-                                                      Path(render), seed_words(jax.random.PRNGKey(seed), [0])[0])
+                                                      Path(render), seed_words(jax.random.PRNGKey(seed), [0])[0],
+                                                      env_actions(env))
     return out
 
 
@@ -425,6 +418,16 @@ def evaluate_each(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> lis
     return [{**evaluate(folder, episodes, seed=seed), "member": folder.name} for folder in folders]
 
 
+def env_actions(env: Any) -> Any:
+    """``f(actions)``: msrl's actions as ``env``'s own ``step`` takes them, as msrl's env adapters hand them on: a
+    Box's within its bounds (a Gymnasium Box's in its dtype), a Gymnasium ``Discrete(n, start=k)``'s from ``k``."""
+    inner = env.env if isinstance(env, MaskedObs) else env
+    if isinstance(inner, GymnasiumEnv):
+        return inner.env_actions
+    space = env.spec.action_space
+    return (lambda a: np.clip(a, space.low, space.high)) if isinstance(space, Box) else (lambda a: a)
+
+
 def _frame(env: Any, env_id: str) -> np.ndarray:
     """``env.render()``: an RGB image (H, W, 3), or a ConfigError naming what it gave."""
     frame = env.render()
@@ -434,9 +437,10 @@ def _frame(env: Any, env_id: str) -> np.ndarray:
     return frame
 
 
-def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed: int) -> tuple[int, float]:
-    """One greedy episode of a Gymnasium environment (reset with ``seed``) as frame_NNNN.png files and
-    episode.gif; its number of frames and its return."""
+def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed: int,
+            to_env: Any) -> tuple[int, float]:
+    """One greedy episode of a Gymnasium environment (reset with ``seed``; ``to_env``: its actions from msrl's, as
+    training hands them on) as frame_NNNN.png files and episode.gif; its number of frames and its return."""
     for driver in ("SDL_AUDIODRIVER", "SDL_VIDEODRIVER"):  # pygame's init: no sound card or display needed
         os.environ.setdefault(driver, "dummy")
     import gymnasium
@@ -457,16 +461,12 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         raise ConfigError(arg("render"), f"{env_id} did not make itself with render_mode='rgb_array': {e}") from None
     initial_carry, act = policy
     carry, start, done, score = initial_carry(1), np.ones(1, bool), False, 0.0
-    space = env.action_space
-    shift = int(space.start) if isinstance(space, gymnasium.spaces.Discrete) else 0
     while not done and len(frames) < MAX_FRAMES:
         seen = np.asarray(obs, np.float32).copy()
         seen.reshape(-1)[mask] = 0.0  # env.kwargs.mask_obs, as in training
         carry, action = act(params, carry, seen[None], start)
-        action, start = np.asarray(action)[0], np.zeros(1, bool)
-        if isinstance(space, gymnasium.spaces.Box):  # as training and the score clip it
-            action = np.clip(action, space.low, space.high)
-        obs, reward, terminated, truncated, _ = env.step(action + shift)
+        action, start = to_env(np.asarray(action))[0], np.zeros(1, bool)
+        obs, reward, terminated, truncated, _ = env.step(action)
         score += float(reward)
         frames.append(_frame(env, env_id))
         done = terminated or truncated
