@@ -205,17 +205,24 @@ def config_differences(saved: dict[str, Any], now: dict[str, Any],
 
 
 def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
-                      defaults: dict[str, Any] | None = None) -> None:
+                      defaults: dict[str, Any] | None = None, overridden: Any = (), edited: Path | None = None) -> None:
     """Refuse to resume under a config that changes the training itself (:func:`config_differences`), naming
-    the first key that does."""
+    the first key that does: one of the ``overridden`` keys where one differs (a key derived from it, such as
+    ``env.num_envs`` from ``policy.actors``, may differ too). ``edited``: the run's own config.yaml, where the
+    config is read from it (a difference not overridden is then an edit of that file)."""
     found = config_differences(saved, now, defaults)
     if found:
-        key, a, b = found[0]
+        key, a, b = next((f for f in found if f[0] in overridden), found[0])
         known = defaults is not None and lookup(defaults, key, _ABSENT) is not _ABSENT  # (not a user's dict's)
         was = f"{key}={a!r}" if a is not _ABSENT else f"msrl before {key} was a key" if known else f"no {key}"
-        raise ConfigError(key, f"the checkpoint {path} was trained with {was}, this config has "
-                          f"{'no such key' if b is _ABSENT else repr(b)}; resume with the run's own config "
-                          "(RUN_DIR/config.yaml) or start a new run")
+        now_has = "no such key" if b is _ABSENT else repr(b)
+        if key in overridden:
+            advice = f"resume without setting {key}, or start a new run"
+        elif edited is not None:
+            now_has, advice = f"{now_has} ({edited} was edited since)", "put its value back there, or start a new run"
+        else:
+            advice = "resume with the run's own config (RUN_DIR/config.yaml) or start a new run"
+        raise ConfigError(key, f"the checkpoint {path} was trained with {was}, this config has {now_has}; {advice}")
 
 
 _ABSENT = object()  # a key one config has and the other does not

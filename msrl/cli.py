@@ -250,7 +250,8 @@ def _write_json(path: str | None, data: Any) -> None:
 def _scored(out: dict) -> str:
     """One ``msrl eval`` line: the return over the episodes, and what was evaluated."""
     which = f", {out['member']}" if "member" in out else f", seed {out['run_seed']}" if "run_seed" in out else ""
-    return (f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {out['episodes']} episodes of "
+    episodes = f"{out['episodes']} episode{'s' * (out['episodes'] != 1)}"
+    return (f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {episodes} of "
             f"{out['length_mean']:,.1f} steps on average, {out['env_steps']:,} env steps (greedy; {out['checkpoint']}, "
             f"iteration {out['iteration']}{which})")
 

@@ -90,7 +90,7 @@ def load_policy(run_dir: Path, run_seed: int | None = None,
                               if run_dir.is_dir() else f"{run_dir} does not exist")
         good = checkpoint.latest_good(run_dir)
         if good is None:
-            raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint ({_why_none(run_dir)})")
+            raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint ({why_no_checkpoint(run_dir)})")
         path, states, meta = good
         _note_if_the_run_went_on(run_dir, meta, path)
     meta = {**meta, "checkpoint": str(path)}
@@ -164,7 +164,7 @@ def _run_file(run_dir: Path, name: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _why_none(run_dir: Path) -> str:
+def why_no_checkpoint(run_dir: Path) -> str:
     """Why a run directory holds no checkpoint, as its lock, summary.json and config.yaml tell."""
     from msrl.runner import writer_of
 

@@ -20,7 +20,7 @@ from msrl import checkpoint, resources
 from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, dotted, override_list, read_config, validate_config
 from msrl.envs import make_env
-from msrl.errors import (CompileError, ConfigError, Interrupted, MsrlError, TrainingError, arg, defined_at,
+from msrl.errors import (CLI_FLAGS, CompileError, ConfigError, Interrupted, MsrlError, TrainingError, arg, defined_at,
                          user_code_error)
 from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
@@ -398,8 +398,9 @@ def lock_run_dir(run_dir: Path, key: str) -> contextlib.AbstractContextManager:
         held.close()
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # (no flock here: ENOLCK, ...)
             return contextlib.nullcontext()
+        then = "then resume it" if key == arg("resume") else f"or choose another {arg('run_dir')}"
         raise ConfigError(key, f"{run_dir} is in use by another run (process {pid or '?'}) writing into it; wait "
-                          f"for it to end, or choose another {arg('run_dir')}") from None
+                          f"for it to end, {then}") from None
     if held.writable():
         held.seek(0)
         held.truncate()
@@ -496,6 +497,12 @@ class _Signals:
         self.old = {}
 
 
+def _continue_with(run_dir: Path) -> str:
+    """How the user continues an interrupted run: the command, or the call in Python."""
+    return f"msrl train --resume {run_dir}" if CLI_FLAGS.get() else \
+        f"msrl.train(None, run_dir={str(run_dir)!r}, resume=True)"
+
+
 class TrainResult(dict):
     """What :func:`train` returns: the summary (a dict, as written to ``summary.json``) with the run's metric
     rows this call logged (one per ``run.log_every_steps``, as metrics.csv holds them) as ``.rows``."""
@@ -586,12 +593,13 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     data = cfg.dump() if isinstance(cfg, ExperimentConfig) else read_config(cfg, overrides, switch_check=saved is None)
     if saved is not None:
         _same_algorithm_and_policy(saved, data)
+    own = saved is not None and isinstance(cfg, (str, Path)) and Path(cfg).resolve() == saved.resolve()
+    overridden = {o.split("=", 1)[0].strip() for o in overrides}
     if not isinstance(cfg, ExperimentConfig):
         try:
             cfg = validate_config(data)
         except ConfigError as e:  # resuming with the run's own config: name it
-            if saved is None or not isinstance(cfg, (str, Path)) or Path(cfg).resolve() != saved.resolve() or \
-                    any(o.split("=", 1)[0].strip() == e.key for o in overrides):
+            if not own or e.key in overridden:
                 raise
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
@@ -604,15 +612,20 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             hold.enter_context(lock_run_dir(Path(run_dir), arg("resume")))
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
         if good is None:
+            from msrl.evaluate import why_no_checkpoint
+
+            why = why_no_checkpoint(Path(run_dir))
             raise ConfigError(arg("resume"), f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume "
-                              f"from; start it again with {arg('overwrite', '')}")
+                              f"from ({why}); " + ("wait for it to end, then resume it" if why.startswith("none yet")
+                                                   else f"start it again with {arg('overwrite', '')}"))
         path, states, meta = good
         order = checkpoint.sweep_order(meta, Path(run_dir) / "config.yaml")
         swept = order or list((meta["config"].get("run") or {}).get("sweep") or {})
         if set(swept) != set(cfg.run.sweep):  # (before the values a new swept key's first one differs in)
             raise ConfigError("run.sweep", f"the checkpoint {path} swept {', '.join(swept) or 'nothing'}; this config "
                               f"sweeps {', '.join(cfg.run.sweep) or 'nothing'}: a resumed run keeps its members")
-        checkpoint.check_same_config(meta["config"], cfg.dump(), path, cfg.defaults())
+        checkpoint.check_same_config(meta["config"], cfg.dump(), path, cfg.defaults(), overridden,
+                                     saved if own else None)
         if order is not None and list(cfg.run.sweep) != order:  # the saved states' members are in the run's order
             raise ConfigError("run.sweep", f"the checkpoint {path} swept {', '.join(order)} in that order (its "
                               f"members in that order); this config sweeps {', '.join(cfg.run.sweep)}: give the keys "
@@ -628,7 +641,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             alg = cfg.algorithm
             named = [k for k, on in (("anneal_lr's learning rate", getattr(alg, "anneal_lr", False)),
                                      ("prioritized replay's beta", getattr(alg, "prioritized", False))) if on]
-            what = " and ".join(named) or "any schedule an algorithm of your own builds from it"
+            what = " and ".join(named) or "any schedule the algorithm builds from it"
             print(f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; {what} "
                   "follows the new total from the checkpoint on (its value at update k is that of a run of the new "
                   "length: a rate annealed to 0 rises again), so the run differs from one of either length",
@@ -830,7 +843,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         text = f"{str(e).rstrip().rstrip('.')}" + ("\n" if "\n" in str(e).strip() else ". ") + \
             f"The last complete iteration is {done} of {iterations}; {note}"
         if signals.received:
-            return Interrupted(f"{signals.received}: {text}" + (f". Continue with: msrl train --resume {run_dir}"
+            return Interrupted(f"{signals.received}: {text}" + (f". Continue with: {_continue_with(run_dir)}"
                                                                  if newest is not None else ""))
         return TrainingError(text)
 
@@ -888,6 +901,12 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                            f"checkpoint in {run_dir} (msrl.train(..., resume=True) continues it)")
             except Exception:  # noqa: BLE001 - the interrupt is what the user sees
                 pass
+        if signals.received and not isinstance(e, Interrupted) and isinstance(e, KeyboardInterrupt):
+            newest = checkpoint.latest(run_dir)  # (the second signal)
+            raise Interrupted(f"{signals.received} again: stopped at once, saving nothing of the iterations under way; "
+                              + (f"the last checkpoint is {newest}. Continue with: {_continue_with(run_dir)}"
+                                 if newest is not None else f"{run_dir} holds no checkpoint: start it again with "
+                                 f"{arg('overwrite', '')}")) from None
         raise
     finally:
         try:
@@ -921,7 +940,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         raise error
     if signals.received:
         raise Interrupted(f"{signals.received}: stopped after iteration {session.iteration} of {iterations}; "
-                          f"checkpoint and summary saved. Continue with: msrl train --resume {run_dir}")
+                          f"checkpoint and summary saved. Continue with: {_continue_with(run_dir)}")
     result = TrainResult(summary)
     result.rows = history
     return result

@@ -146,6 +146,23 @@ def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):
         train(CARTPOLE, [*QUIET, "env.num_envs=8"], run_dir=tmp_path, resume=True)
     with pytest.raises(msrl.ConfigError, match="holds no checkpoint"):
         train(CARTPOLE, QUIET, run_dir=tmp_path / "empty", resume=True)
+    saved = tmp_path / "config.yaml"  # the run's own config, edited since: that file is named, not the override
+    saved.write_text(saved.read_text().replace("lr: 0.001", "lr: 0.005"))
+    for cfg in (saved, None):
+        with pytest.raises(msrl.ConfigError, match=rf"^algorithm\.lr: .* trained with algorithm\.lr=0\.001, this "
+                           rf"config has 0\.005 \({saved} was edited since\); put its value back there, or start "
+                           "a new run"):
+            train(cfg, QUIET, run_dir=tmp_path, resume=True)
+
+
+def test_resume_names_the_key_the_user_set_not_one_derived_from_it(tmp_path):
+    coarse = [*QUIET, "policy.name=single_learner_coarse", "policy.actors=2", "policy.envs_per_actor=2",
+              "run.total_env_steps=2048", "run.checkpoint_every_steps=1024"]
+    train(CARTPOLE, coarse, run_dir=tmp_path)
+    # (policy.actors=1 makes env.num_envs 2, which it named: a key the user had not touched)
+    with pytest.raises(msrl.ConfigError, match=r"^policy\.actors: .* trained with policy\.actors=2, this config has 1; "
+                       r"resume without setting policy\.actors, or start a new run"):
+        train(None, ["policy.actors=1"], run_dir=tmp_path, resume=True)
 
 
 def test_a_resume_without_the_buffer_in_checkpoints_says_the_replay_buffer_starts_empty(tmp_path, capsys):

@@ -169,7 +169,13 @@ def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsy
     (tmp_path / "config.yaml").write_text(Path(CARTPOLE).read_text())
     with lock_run_dir(tmp_path, "run_dir"):  # a run training into it now (its lock names this process)
         assert main(["eval", str(tmp_path)]) == 2
-    assert f"holds no checkpoint (none yet: process {os.getpid()} is training this run)" in capsys.readouterr().err
+        assert f"holds no checkpoint (none yet: process {os.getpid()} is training this run)" in capsys.readouterr().err
+        assert main(["train", "--resume", str(tmp_path)]) == 2  # (it said: start it again with --overwrite)
+        assert f"(none yet: process {os.getpid()} is training this run); wait for it to end, then resume it\n" in \
+            capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path)]) == 2  # (it ended: whatever it was, --overwrite starts it anew)
+    assert "holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from (it stopped before its first " \
+        "checkpoint); start it again with --overwrite\n" in capsys.readouterr().err
     (tmp_path / "summary.json").write_text('{"env_steps": 40960}')  # it ended; its checkpoints were removed
     assert main(["eval", str(tmp_path)]) == 2
     assert "(the run ended at 40,960 env steps, as its summary.json says; its checkpoints were removed)" in \

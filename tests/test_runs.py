@@ -232,11 +232,15 @@ def test_a_second_signal_stops_at_once_without_waiting_for_the_dispatch_under_wa
             msrl.train({str(CARTPOLE)!r}, ["run.total_env_steps=10240000", "run.iterations_per_dispatch=1000",
                        "run.checkpoint_every_steps=0", "run.progress=false", "run.tensorboard=false"],
                        run_dir={str(tmp_path / "run")!r}, on_iteration=first)
-        except KeyboardInterrupt:
-            print(f"stopped {{time.time() - sent[-1]:.2f}} s after the second", flush=True)
+        except KeyboardInterrupt as e:
+            print(f"stopped {{time.time() - sent[-1]:.2f}} s after the second:", type(e).__name__, e, flush=True)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert "stopped" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    # (it said only "interrupted": the user did not learn that nothing was saved)
+    assert proc.stdout.strip().endswith("Interrupted SIGINT again: stopped at once, saving nothing of the iterations "
+                                        f"under way; {tmp_path / 'run'} holds no checkpoint: start it again with "
+                                        "overwrite=True"), proc.stdout
     assert not list((tmp_path / "run" / "checkpoints").glob("ckpt_*"))  # (nothing saved after the second)
     assert float(proc.stdout.split("stopped ")[1].split()[0]) < 1.5, proc.stdout
 
@@ -399,15 +403,15 @@ def test_a_run_dir_another_run_is_writing_is_refused(tmp_path):
         while not (run / ".msrl.lock").is_file() or not (run / ".msrl.lock").read_text().strip():
             assert proc.poll() is None and time.time() < deadline
             time.sleep(0.05)
-        in_use = rf"{run} is in use by another run \(process {proc.pid}\) writing into it; wait for it to end, or " \
-                 "choose another run_dir$"
-        with pytest.raises(ConfigError, match=rf"^run_dir: {in_use}"):
+        in_use = rf"{run} is in use by another run \(process {proc.pid}\) writing into it; wait for it to end, "
+        with pytest.raises(ConfigError, match=rf"^run_dir: {in_use}or choose another run_dir$"):
             msrl.train(CARTPOLE, SHORT, run_dir=run)
         while not (run / "metrics.csv").is_file() or not list((run / "checkpoints").glob("ckpt_*")):
             assert proc.poll() is None and time.time() < deadline
             time.sleep(0.05)
         for resume in (False, True):  # (once it holds a run: not told to resume or overwrite a run under way)
-            with pytest.raises(ConfigError, match=rf"^{'resume' if resume else 'run_dir'}: {in_use}"):
+            then = "then resume it" if resume else "or choose another run_dir"
+            with pytest.raises(ConfigError, match=rf"^{'resume' if resume else 'run_dir'}: {in_use}{then}$"):
                 msrl.train(CARTPOLE, SHORT, run_dir=run, resume=resume)
         assert proc.poll() is None
     finally:
@@ -559,4 +563,6 @@ def test_ctrl_c_stops_a_loop_of_runs_that_goes_on_past_failed_ones(tmp_path):
                            run_dir=tmp_path / str(seed), on_iteration=ctrl_c)
             except Exception:  # noqa: BLE001 - the user's loop
                 continue
-    assert isinstance(info.value, msrl.Interrupted) and "--resume" in str(info.value) and started == [0]
+    assert isinstance(info.value, msrl.Interrupted) and started == [0]
+    # (in Python, the call that continues it; the CLI names its command)
+    assert f"Continue with: msrl.train(None, run_dir={str(tmp_path / '0')!r}, resume=True)" in str(info.value)
