@@ -648,6 +648,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                   file=sys.stderr, flush=True)
         ended = json.loads(summary.read_text()) if not left and summary.is_file() else {}
         if ended.get("env_steps") == meta["env_steps"]:  # nothing left to run, and the summary is of this checkpoint
+            print(f"msrl: note: the run already ended at {meta['env_steps']:,} env steps; nothing is left to train "
+                  "(a larger run.total_env_steps continues it)", file=sys.stderr, flush=True)
             result = TrainResult(ended)  # (not of a newer one that was lost): as it was, compiling nothing
             result.rows = []
             return result

@@ -393,7 +393,10 @@ def test_a_kill_while_metrics_csv_is_cut_back_loses_no_row(tmp_path, capsys):
     written = (tmp_path / "summary.json").read_text()
     capsys.readouterr()
     same = train(None, ["run.progress=true"], run_dir=tmp_path, resume=True)  # nothing left: done at once, agreeing
-    assert "compiling" not in capsys.readouterr().err  # (nor a Ray cluster, TensorBoard or W&B files)
+    err = capsys.readouterr().err
+    assert "compiling" not in err  # (nor a Ray cluster, TensorBoard or W&B files)
+    assert "note: the run already ended at 5,120 env steps; nothing is left to train (a larger " \
+        "run.total_env_steps continues it)" in err  # (it printed its summary alone)
     assert (tmp_path / "summary.json").read_text() == written and same == json.loads(written)  # (sps, wall_time)
     assert same["iterations"] == 10 and same["env_steps"] == 5120 == checkpoint.load(
         checkpoint.latest(tmp_path))[1]["env_steps"]

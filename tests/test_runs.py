@@ -98,7 +98,7 @@ def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     flat = tmp_path / "flat"
     assert main(["train", CARTPOLE, *SHORT, "algorithm.anneal_lr=false", "--run-dir", str(flat)]) == 0
     assert main(["train", "--resume", str(flat), "run.total_env_steps=6144"]) == 0
-    assert "4,096 to 6,144; any schedule an algorithm of your own builds from it follows the new total" \
+    assert "4,096 to 6,144; any schedule the algorithm builds from it follows the new total" \
         in capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["iterations"] == 12
     # the newest checkpoint lost, a resume to the next one's steps ends there: its summary, rows and config (it
