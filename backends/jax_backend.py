@@ -41,7 +41,7 @@ class JaxRuntime(Runtime):
     def __init__(self, program: Any, seed: int, iterations_per_dispatch: int,
                  members: list[tuple[int, dict[str, float]]] | None = None, vmap_seeds: bool = True):
         members = members or [(seed, {})]
-        self.program, self.fragment = program, next(iter(program.fragments.values()))
+        self.program, self.fragment, self.seed = program, next(iter(program.fragments.values())), seed
         self.replicas, self.members = self.fragment.spec.replicas, len(members)
         self.k = max(1, int(iterations_per_dispatch))
         self._unread = 0  # iterations a stream that stopped early dispatched without handing over their rows
@@ -128,6 +128,7 @@ class JaxRuntime(Runtime):
             self._state = self._place([init[0] if self.members == 1 else stack(init) for init in inits])
             self._hp = self._place([self._hp]) if self.members > 1 else self._hp
             self._compiled = self._lower(chunk, self._state, self._hp, swept).compile()
+            self._recompile = lambda: self._lower(chunk, self._state, self._hp, swept).compile()
         self.compile_seconds = time.perf_counter() - t0
 
     def _lower(self, chunk: Any, state: Any, hp: Any, swept: list[str]) -> Any:
@@ -232,7 +233,15 @@ class JaxRuntime(Runtime):
             self._states = [{**state, **self._place([jax.tree.map(lambda x, m=m: x[m], saved)], device)}
                             for m, (state, device) in enumerate(zip(self._states, self.devices))]
             return
-        self._state = {**self._state, **self._place(snapshot[self.fragment.name])}
+        env, states = self.program.env, snapshot[self.fragment.name]
+        if env.host_simulator and "env" in self._state:  # no snapshot holds a pool's episodes: this one's stay
+            states = [{k: v for k, v in state.items() if k != "env"} for state in states]
+        self._state = {**self._state, **self._place(states)}
+        if env.host_simulator and "env" in self._state and iteration is not None:  # (one replica, one member)
+            env.close(self._state["env"])  # a restored run's episodes start afresh, as a replica backend's do
+            ids = replica_env_ids(self.program.num_envs, self.fragment)[0]
+            self._state["env"] = self._place([self.program.init_states(["env"], self.seed, ids, fold=iteration)])["env"]
+            self._compiled = self._recompile()  # (the program calls the pool it was traced with)
 
     def params(self) -> Any:
         learner = self.program.components["learner"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import os
 import sys
 from pathlib import Path
@@ -353,10 +354,11 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
              run_seed: int | None = None, member: str | None = None) -> dict:
     """Mean and std of the greedy policy's return over ``episodes`` (1..MAX_EPISODES) fresh episodes
     (``run_seed``: which seed's policy, for a run of several; ``member``: which member's, as :func:`load`)."""
-    if not 1 <= episodes <= MAX_EPISODES:
-        raise ConfigError(arg("episodes"), f"must be between 1 and {MAX_EPISODES:,}, got {episodes}")
-    if not 0 <= seed <= SEED_MAX:
-        raise ConfigError(arg("seed"), f"must be between 0 and {SEED_MAX:,}, got {seed}")
+    whole = lambda x: isinstance(x, numbers.Integral) and not isinstance(x, bool)  # noqa: E731
+    if not whole(episodes) or not 1 <= episodes <= MAX_EPISODES:
+        raise ConfigError(arg("episodes"), f"must be between 1 and {MAX_EPISODES:,}, got {episodes!r:.100}")
+    if not whole(seed) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(arg("seed"), f"must be between 0 and {SEED_MAX:,}, got {seed!r:.100}")
     if render is not None and Path(render).exists() and not Path(render).is_dir():
         raise ConfigError(arg("render"), f"{render} is a file; give a folder for the frames and episode.gif")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed, member)

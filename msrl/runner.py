@@ -572,6 +572,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                    made: list[Path] | None = None, **sections: Any) -> TrainResult:
     if resume and run_dir is None:
         raise ConfigError(arg("resume"), f"resuming needs the run's directory ({arg('run_dir')})")
+    if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):  # (an int: taken for a file descriptor)
+        raise ConfigError(arg("run_dir"), f"a run directory's path, got {type(run_dir).__name__} {run_dir!r:.100}")
     if run_dir is not None:
         try:
             os.stat(run_dir)

@@ -206,6 +206,26 @@ def test_ppo_envpool_same_parameters_however_the_envs_are_split_or_stepped():
     assert ref_rows[-1]["episodes"] > 0
 
 
+def test_a_restored_envpool_xla_run_restarts_its_episodes_under_fused_as_under_coarse():
+    """A restore (a resume) starts the pools' episodes afresh, seeded for the snapshot's iteration: fused did not
+    (it kept the pools it had), so a resumed fused run left coarse's numbers."""
+    def restored(overrides):
+        cfg = load_config(EXAMPLES / "ppo_cartpole_envpool.yaml", ["run.seed=0", "algorithm.rollout_len=16",
+                                                                    "algorithm.epochs=1", *QUICK, *overrides])
+        with msrl.Session(cfg) as session:
+            session.run(2)
+            snap = session.snapshot(skip=("env",))
+        with msrl.Session(cfg) as session:
+            session.restore(snap)
+            rows = session.run(2)
+            return session.params(), rows
+
+    (fused, fused_rows), (coarse, coarse_rows) = (restored(["policy.name=fused", "policy.backend=jax"]),
+                                                  restored(["policy.actors=2", "policy.envs_per_actor=4"]))
+    assert max_diff(fused, coarse) == 0.0
+    assert [r["episode_return"] for r in fused_rows] == [r["episode_return"] for r in coarse_rows]
+
+
 @pytest.mark.parametrize("name, kwargs", [("CartPole-v1", {}), ("Pendulum-v1", {}),
                                           ("HalfCheetah-v4", {"max_episode_steps": 100}),
                                           ("Breakout-v5", {"episodic_life": True, "reward_clip": True})])

@@ -151,6 +151,22 @@ def test_a_session_run_past_the_total_holds_the_annealed_learning_rate_at_zero(c
         for bad in (-1, 2.5):  # (-1 ran nothing without a word, 2.5 was a bare TypeError)
             with pytest.raises(msrl.ConfigError, match="iterations: a whole number >= 0 of iterations to run"):
                 session.run(bad)
+        for bad in (-5, "x"):  # (-5 was taken: rows then counted from -4; "x" was a bare ValueError)
+            with pytest.raises(msrl.ConfigError, match="iteration: the iteration the snapshot was taken after"):
+                session.restore(session.snapshot(), iteration=bad)
+
+
+def test_a_session_takes_what_the_config_says_and_refuses_what_it_cannot_take():
+    cartpole = EXAMPLES / "ppo_cartpole.yaml"
+    with msrl.Session(cartpole, ["run.iterations_per_dispatch=3"]) as session:  # (the config's key was dropped)
+        assert session.runtime.k == 3
+    for bad in (0, -3, "4", True):  # (clamped to 1, or "4" taken, without a word)
+        with pytest.raises(msrl.ConfigError, match="iterations_per_dispatch: a whole number >= 1"):
+            msrl.Session(cartpole, iterations_per_dispatch=bad)
+    with pytest.raises(msrl.ConfigError, match=r"^overrides: a list of KEY.PATH=VALUE strings, got one string"):
+        msrl.Session(cartpole, "run.seed=1")  # (read letter by letter: "r: overrides are written KEY.PATH=VALUE")
+    with pytest.raises(TypeError, match="or a compiled program .program=...., got neither"):
+        msrl.Session()  # (it said "not both")
 
 
 class Endless(msrl.Environment):

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator
 class Session:
     """A program running on its backend. Give a config (an :class:`msrl.config.ExperimentConfig`, or a
     YAML path with ``overrides``), or a compiled ``program`` (``msrl.compile``) with a ``seed``.
-    ``iterations_per_dispatch``: iterations a jitted program runs per call (default: one).
+    ``iterations_per_dispatch``: iterations a jitted program runs per call (default: the config's
+    ``run.iterations_per_dispatch`` where it sets one, else one).
     ``stall_timeout_s``: a replica making no progress this long raises a TrainingError (default: the config's
     ``run.stall_timeout_s``; 0: never). ``seeds``: run the program for seeds ``seed .. seed + seeds - 1`` at
     once (default: the config's ``run.num_seeds``), each for every combination of the config's ``run.sweep``
@@ -28,24 +29,33 @@ class Session:
     ``seed_batching``: how the members share the program (default: the config's ``run.seed_batching``, or ``auto``)."""
 
     def __init__(self, config: Any = None, overrides: list[str] | tuple = (), *, program: Any = None,
-                 seed: int | None = None, iterations_per_dispatch: int = 1, stall_timeout_s: float | None = None,
+                 seed: int | None = None, iterations_per_dispatch: int | None = None,
+                 stall_timeout_s: float | None = None,
                  seeds: int | None = None, seed_batching: str | None = None, sweep: dict | None = None):
-        from msrl.config import ExperimentConfig, RunConfig, load_config
+        from msrl.config import ExperimentConfig, RunConfig, load_config, override_list
+        from msrl.errors import ConfigError
         from msrl.registry import BACKENDS
         from msrl.sweep import members
 
         if (config is None) == (program is None):
-            raise TypeError("Session takes a config or a compiled program, not both")
+            raise TypeError("Session takes a config (a YAML file's path, a dict of its sections or a validated config) "
+                            f"or a compiled program (program=...), {'not both' if program is not None else 'got neither'}")
         self.config = None
         if program is None:
             from msrl.runner import build
 
-            self.config = config if isinstance(config, ExperimentConfig) else load_config(config, list(overrides))
+            self.config = config if isinstance(config, ExperimentConfig) else load_config(config,
+                                                                                          override_list(overrides))
             program = build(self.config)
             seed = self.config.run.seed if seed is None else seed
             seeds = self.config.run.num_seeds if seeds is None else seeds
             seed_batching = seed_batching or self.config.run.seed_batching
             sweep = self.config.run.sweep if sweep is None else sweep
+            if iterations_per_dispatch is None:
+                iterations_per_dispatch = self.config.run.iterations_per_dispatch
+        k = 1 if iterations_per_dispatch is None else iterations_per_dispatch
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
+            raise ConfigError("iterations_per_dispatch", f"a whole number >= 1 of iterations per call, got {k!r:.100}")
         run = RunConfig.model_construct(seed=int(seed or 0), num_seeds=int(seeds or 1), sweep=sweep or {})
         self.program, self.seed, self.seeds, self.iteration = program, run.seed, run.num_seeds, 0
         self.members = members(run)  # what the program runs for: every combination of swept values x every seed
@@ -55,7 +65,7 @@ class Session:
         if len(self.members) > 1:
             several = {"members": [(m.seed, m.values) for m in self.members],
                        "vmap_seeds": vmap_seeds(seed_batching or "auto")}
-        self.runtime = backend.build(program, self.seed, max(1, int(iterations_per_dispatch)), **several)
+        self.runtime = backend.build(program, self.seed, int(k), **several)
         self._total_env_steps = self.config.run.total_env_steps if self.config is not None else None
         self.closed, self.broken = False, None
         if stall_timeout_s is None:
@@ -154,6 +164,11 @@ class Session:
         self._open()
         if iteration is None:
             iteration = getattr(snapshot, "iteration", None)
+        elif not isinstance(iteration, numbers.Integral) or isinstance(iteration, bool) or iteration < 0:
+            from msrl.errors import ConfigError
+
+            raise ConfigError("iteration", f"the iteration the snapshot was taken after: a whole number >= 0, got "
+                              f"{iteration!r:.100}")
         _check_like(snapshot, self.runtime.shapes(_not_held(snapshot)))
         self.runtime.restore(snapshot, iteration)
         if iteration is not None:
