@@ -38,8 +38,9 @@ class Session:
         from msrl.sweep import members
 
         if (config is None) == (program is None):
+            given = "not both" if program is not None else "got neither"
             raise TypeError("Session takes a config (a YAML file's path, a dict of its sections or a validated config) "
-                            f"or a compiled program (program=...), {'not both' if program is not None else 'got neither'}")
+                            f"or a compiled program (program=...), {given}")
         self.config = None
         if program is None:
             from msrl.runner import build
