@@ -73,6 +73,25 @@ def test_spread_env_keys_depend_on_global_index_only():
     assert not np.array_equal(np.asarray(env.observe(other)[1].agents), np.asarray(env.observe(full)[1].agents))
 
 
+def test_spread_steps_each_env_as_any_batch_does():
+    """The example's 64 envs vs 2 actors x 32 and 64 x 1: the same numbers (XLA's CPU compiler rounded MPE's contact
+    distances by the batch's size, which made single_learner_coarse leave fused on the example's config)."""
+    env = make_env(SPREAD_ID, num_agents=3, num_landmarks=3)
+    init, step = jax.jit(env.init), jax.jit(env.step)
+    key = jax.random.PRNGKey(0)
+    parts = {64: [jnp.arange(64)], 32: [jnp.arange(32), jnp.arange(32, 64)], 1: [jnp.array([i]) for i in (0, 5, 41)]}
+    states = {n: [init(key, ids) for ids in each] for n, each in parts.items()}
+    for a in jax.random.randint(jax.random.PRNGKey(1), (60, 64, 3), 0, 5):  # (some agents touch by step 60)
+        out = {}
+        for n, each in parts.items():
+            for j, ids in enumerate(each):
+                states[n][j], (obs, _, _) = step(states[n][j], a[ids])
+                out[n, j] = np.asarray(obs.agents)
+        np.testing.assert_array_equal(out[64, 0], np.concatenate([out[32, 0], out[32, 1]]))
+        for j, i in enumerate((0, 5, 41)):
+            np.testing.assert_array_equal(out[64, 0][i], out[1, j][0])
+
+
 def test_bad_multi_agent_configs_are_errors_naming_the_key():
     with pytest.raises(msrl.ConfigError, match="env.id.*not a JaxMARL environment.*MPE_simple_spread_v3"):
         make_env("jaxmarl:MPE_nothing_v0")
@@ -159,7 +178,7 @@ def test_coarse_matches_fused_parameters(backend, fused_run, request):
         request.getfixturevalue("ray_cluster")
     fused, fused_rows = fused_run
     coarse, rows = final_params(["policy.name=single_learner_coarse", "policy.actors=2", f"policy.backend={backend}"])
-    assert max_diff(fused, coarse) <= 1e-5
+    assert max_diff(fused, coarse) <= (0.0 if backend == "threads" else 1e-5)
     assert max_diff(fused, jax.tree.map(np.zeros_like, fused)) > 1e-3  # the parameters moved
     assert [r["episodes"] for r in rows] == [r["episodes"] for r in fused_rows] and rows[-1]["episodes"] > 0
     np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in fused_rows], rtol=1e-4)
