@@ -46,12 +46,10 @@ class JaxRuntime(Runtime):
         self.k = max(1, int(iterations_per_dispatch))
         self._unread = 0  # iterations a stream that stopped early dispatched without handing over their rows
         env = program.env
-        if env.host_simulator and (self.members > 1 or self.replicas > 1):
-            hint = ("train one seed per run" if self.members > 1 else
-                    "run each replica as its own process (policy.backend=ray)")
+        if env.host_simulator and self.replicas > 1:  # (several members: refused by check_members)
             raise ConfigError("env.xla", f"{env.spec.id}'s pools step from inside one XLA program each, which cannot be "
-                              f"batched over {'run.num_seeds / run.sweep members' if self.members > 1 else 'replicas'} "
-                              f"on the jax backend; {hint}, or place the envs on threads "
+                              "batched over replicas on the jax backend; run each replica as its own process "
+                              "(policy.backend=ray), or place the envs on threads "
                               "(policy.name=single_learner_coarse policy.backend=threads)")
         frag_fn = self.fragment.fn
         swept = list(members[0][1])

@@ -210,7 +210,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
             raise ConfigError("--policy", f"--policy {args.policy} and {other[0]} name different policies; give one")
         overrides.append(f"policy.name={args.policy}")
     cfg = load_config(config, overrides)
-    check_members(cfg.policy.backend, cfg.run)  # what train refuses (several seeds or a sweep on one backend)
+    check_members(cfg.policy.backend, cfg.run, cfg.env.id)  # what train refuses (seeds or a sweep where it cannot)
     program = build(cfg)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

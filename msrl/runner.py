@@ -605,7 +605,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                 raise
             raise ConfigError(e.key, f"{saved}: {e.message}") from None
     spread_over_cores(cfg)  # (before anything starts JAX)
-    check_members(cfg.policy.backend, cfg.run)  # (before compiling)
+    check_members(cfg.policy.backend, cfg.run, cfg.env.id)  # (before compiling)
     if cfg.run.wandb is not None:  # (before compiling)
         _import_wandb()
     if resume:  # refuse before building anything

@@ -77,9 +77,14 @@ def test_envpool_bad_ids_and_kwargs_are_config_errors():
     # Atari kwargs EnvPool takes and then crashes the process on (a segfault, an OpenCV abort) or ignores
     for key, value, text in [("noop_max", 0, "a whole number >= 1"), ("img_height", 0, "a whole number >= 1"),
                              ("img_width", -3, "a whole number >= 1"),
-                             ("repeat_action_probability", 2.0, r"a probability in \[0, 1\]")]:
+                             ("repeat_action_probability", 2.0, r"a probability in \[0, 1\]"),
+                             ("num_threads", -3, r"a whole number >= 0 \(0: EnvPool's default\)")]:  # (an abort)
         with pytest.raises(msrl.ConfigError, match=rf"^env\.kwargs\.{key}: must be {text}, got {value}$"):
             make_env("envpool:Breakout-v5", **{key: value})
+    # (pybind's TypeError was cut to "incompatible constructor arguments. The following argument types are ...:")
+    with pytest.raises(msrl.ConfigError, match=r"^env\.kwargs\.episodic_life: envpool:Breakout-v5 takes a bool "
+                                              r"\(default False\), got 'yes'$"):
+        make_env("envpool:Breakout-v5", episodic_life="yes")
     with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*\['num_envs', 'seed'\] are set by msrl"):
         make_env("envpool:CartPole-v1", seed=1, num_envs=3)
     with pytest.raises(msrl.ConfigError, match=r"env\.id.*Discrete observation space"):
@@ -279,8 +284,11 @@ def test_envpool_xla_refuses_what_it_cannot_do():
     batched) and a loop that resets every env."""
     with pytest.raises(msrl.ConfigError, match="env.xla"):
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.xla=true"]))
-    with pytest.raises(msrl.ConfigError, match="env.xla.*cannot be batched"):
-        _ppo_params(["policy.name=fused", "policy.backend=jax", "run.num_seeds=2"])
+    one_seed = "run.num_seeds: envpool:CartPole-v1's simulators train one seed per run"
+    with pytest.raises(msrl.ConfigError, match=one_seed):  # (it said: place the envs on threads, where the hint
+        _ppo_params(["policy.name=fused", "policy.backend=jax", "run.num_seeds=2"])  # was: use the jax backend)
+    with pytest.raises(msrl.ConfigError, match=one_seed):
+        _ppo_params(["run.num_seeds=2"])
     with pytest.raises(msrl.ConfigError, match="env.xla.*msrl.env_reset"):
         make_env("envpool:CartPole-v1", xla=True).reset(None)
 

@@ -98,6 +98,10 @@ class EnvPoolEnv(Environment):
             value = kwargs.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"env.kwargs.{key}", f"must be a whole number >= 1, got {value!r}")
+        threads = kwargs.get("num_threads")  # (below 0: EnvPool aborts the process)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+            raise ConfigError("env.kwargs.num_threads", f"must be a whole number >= 0 (0: EnvPool's default), got "
+                              f"{threads!r}")
         p = kwargs.get("repeat_action_probability")  # (sticky actions; EnvPool takes any number)
         if p is not None and (isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1):
             raise ConfigError("env.kwargs.repeat_action_probability", f"must be a probability in [0, 1], got {p!r}")
@@ -108,6 +112,14 @@ class EnvPoolEnv(Environment):
         try:
             spec = envpool.make_spec(name, **kwargs)
         except Exception as e:  # noqa: BLE001 - EnvPool's config raises TypeError/AssertionError/ValueError
+            if isinstance(e, TypeError):  # pybind's "incompatible constructor arguments": name the kwarg
+                defaults = envpool.make_spec(name).config._asdict()
+                for key, value in kwargs.items():
+                    want = type(defaults.get(key))
+                    if key in defaults and not isinstance(value, want) and not (want is float and
+                                                                                isinstance(value, int)):
+                        raise ConfigError(f"env.kwargs.{key}", f"envpool:{name} takes a {want.__name__} (default "
+                                          f"{defaults[key]!r}), got {value!r}") from None
             raise ConfigError("env.kwargs" if kwargs else "env.id", f"envpool:{name} cannot be made"
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from None

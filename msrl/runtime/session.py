@@ -60,7 +60,7 @@ class Session:
         run = RunConfig.model_construct(seed=int(seed or 0), num_seeds=int(seeds or 1), sweep=sweep or {})
         self.program, self.seed, self.seeds, self.iteration = program, run.seed, run.num_seeds, 0
         self.members = members(run)  # what the program runs for: every combination of swept values x every seed
-        check_members(program.policy.backend, run)
+        check_members(program.policy.backend, run, program.env.spec.id)
         backend = BACKENDS.get(program.policy.backend)()
         several = {}
         if len(self.members) > 1:
@@ -268,18 +268,22 @@ def session(config: str | Path | Any = None, overrides: list[str] | tuple = (), 
     return Session(config, overrides, **kwargs)
 
 
-def check_members(backend: str, run: Any) -> None:
+def check_members(backend: str, run: Any, env_id: str = "") -> None:
     """A ConfigError unless ``backend`` runs the members ``run`` asks for (several seeds or swept values need one
-    that runs them in one program)."""
+    that runs them in one program, and an environment the program steps: not a host env's simulators)."""
     from msrl.registry import BACKENDS
     from msrl.sweep import members
 
-    if len(members(run)) > 1 and not BACKENDS.get(backend).multi_seed:
+    if len(members(run)) > 1:
         from msrl.errors import ConfigError
 
-        what = "swept values" if run.sweep else "seeds"
-        raise ConfigError("run.sweep" if run.sweep else "run.num_seeds", f"the {backend} backend runs one seed per "
-                          f"program; several {what} in one program need the jax backend (policy.name=fused)")
+        key, what = ("run.sweep", "swept values") if run.sweep else ("run.num_seeds", "seeds")
+        if env_id.split(":")[0] in ("gymnasium", "envpool"):  # (env.xla's pools too: one per program)
+            raise ConfigError(key, f"{env_id}'s simulators train one seed per run (several {what} share msrl's jitted "
+                              "program, which steps jitted environments only): train each in a run of its own")
+        if not BACKENDS.get(backend).multi_seed:
+            raise ConfigError(key, f"the {backend} backend runs one seed per program; several {what} in one program "
+                              "need the jax backend (policy.name=fused)")
 
 
 def vmap_seeds(seed_batching: str) -> bool:
