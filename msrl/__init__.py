@@ -97,4 +97,9 @@ __all__ = [
     "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_starts", "env_step",
     "register_algorithm", "register_backend",
     "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env", "split_keys",
+    "train", "build", "load_config",
 ]
+
+
+def __dir__():  # the names loaded on first use too (tab completion, dir(msrl))
+    return sorted({*globals(), *__all__, "rl", "envs", "replay"})

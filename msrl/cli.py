@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
@@ -341,7 +342,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="default: what -o's suffix names (an image's: .png, .svg, .pdf, ...; .json; .dot/.gv), "
                    "else text")
     g.add_argument("--code", action="store_true", help="also print each fragment's generated source")
-    g.add_argument("-o", "--output", default=None)
+    g.add_argument("-o", "--output", default=None, help="write it to this file (default: print it)")
     g.set_defaults(fn=cmd_graph)
 
     e = sub.add_parser("eval", help="evaluate a run's newest good checkpoint (or the one given) greedily over "
@@ -351,7 +352,7 @@ def make_parser() -> argparse.ArgumentParser:
                    "(RUN_DIR/checkpoints/ckpt_*.msgpack)")
     e.add_argument("--episodes", type=int, default=10, help="environments played to the end of their first episode "
                    "(default 10; at most 100,000)")
-    e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed")
+    e.add_argument("--seed", type=int, default=0, help="the evaluation episodes' seed (default 0)")
     e.add_argument("--run-seed", type=int, default=None, metavar="N",
                    help="a run of several seeds (run.num_seeds): evaluate seed N's policy (default: the first)")
     e.add_argument("--member", metavar="NAME", default=None,
@@ -369,9 +370,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help="learning curves of run directories (return, or another metric, vs env steps "
                         "and wall time)")
-    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their metrics.csv)")
     pl.add_argument("-o", "--output", default="curves.png", help="image file (default curves.png)")
-    pl.add_argument("--smooth", type=int, default=1, metavar="K", help="moving average over K rows")
+    pl.add_argument("--smooth", type=int, default=1, metavar="K", help="moving average over K rows (default 1: none)")
     pl.add_argument("--metric", default="episode_return", metavar="COLUMN",
                     help="the column of metrics.csv to draw (default episode_return; e.g. loss, entropy, sps)")
     pl.add_argument("--aggregate", action="store_true",
@@ -413,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         imports = "".join(f"--import {shlex.quote(m)} " for m in getattr(args, "imports", None) or [])
         print(f"msrl: {e}".replace("msrl train --resume ", f"msrl train {imports}--resume "), file=sys.stderr)
         return 130
+    except BrokenPipeError:  # whoever read stdout stopped (`msrl graph ... | head`): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else the flush at exit fails again)
+        return 1
     except (MsrlError, OSError) as e:  # (OSError: a path given cannot be read or written)
         if getattr(args, "debug", False):
             import traceback

@@ -289,7 +289,7 @@ def _import_wandb() -> Any:
     try:
         import wandb
     except ImportError:
-        raise ConfigError("run.wandb", "needs the wandb package: pip install 'msrl[wandb]'") from None
+        raise ConfigError("run.wandb", "needs the wandb package: pip install -e '.[wandb]' in msrl's folder") from None
     return wandb
 
 

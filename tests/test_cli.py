@@ -59,6 +59,16 @@ def test_graph_shows_where_the_fragments_are_placed(capsys, overrides, shown):
                       {"actor": (None, 2.0, 0.0), "learner": (None, 1.0, 0.5)})
 
 
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """``msrl graph ... | head -1``: stdout closed before msrl writes (it printed "msrl: error: [Errno 32] Broken pipe",
+    then a traceback at exit)."""
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "graph", CARTPOLE, "--code"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == "", err
+
+
 def test_graph_code_is_jittable_python(capsys):
     assert main(["graph", CARTPOLE, "--code"]) == 0
     out = capsys.readouterr().out

@@ -21,7 +21,7 @@ class BraxEnv(FunctionalEnv):
         try:
             from brax import envs
         except ImportError:
-            raise ConfigError("env.id", f"brax:{name} needs Brax: pip install 'msrl[brax]'") from None
+            raise ConfigError("env.id", f"brax:{name} needs Brax: pip install -e '.[brax]' in msrl's folder") from None
         if name not in envs._envs:
             raise ConfigError("env.id", f"'brax:{name}' is not a Brax environment; {did_you_mean(name, envs._envs)}"
                               f"known: {', '.join(sorted(envs._envs))}")
