@@ -88,7 +88,8 @@ class RunConfig(BaseModel):
                                         "whole logged rows (and one at the end); 0: none")
     keep_checkpoints: int = Field(3, gt=0, description="how many of the latest checkpoints to keep")
     checkpoint_buffer: bool = Field(True, description="store the buffers' content in checkpoints")
-    wandb: WandbConfig | None = Field(None, description="log to Weights & Biases too (pip install -e '.[wandb]' in msrl's folder)")
+    wandb: WandbConfig | None = Field(None, description="log to Weights & Biases too (pip install -e '.[wandb]' in "
+                                      "msrl's folder)")
     stall_timeout_s: float = Field(600.0, ge=0, description="seconds a replica, a host environment's step or a "
                                    "collective may make no progress before the run stops with an error naming it; "
                                    "0: wait forever")

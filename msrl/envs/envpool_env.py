@@ -80,7 +80,8 @@ class EnvPoolEnv(Environment):
         try:
             import envpool
         except ImportError as e:
-            raise ConfigError("env.id", f"envpool:{name} needs EnvPool: pip install -e '.[envpool]' in msrl's folder ({e})") from None
+            raise ConfigError("env.id", f"envpool:{name} needs EnvPool: pip install -e '.[envpool]' in msrl's folder "
+                              f"({e})") from None
         import gymnasium
 
         self.name, self.kwargs = name, kwargs
