@@ -376,7 +376,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
             dropped = {k: node.pop(k) for k in [k for k in node if k != "name"]}
             again = {o.partition("=")[0].strip() for o in overrides}
             dropped = {k: v for k, v in dropped.items() if f"policy.{k}" not in again}  # (noted: those not given)
-            if dropped:
+            from msrl.registry import POLICIES
+
+            unknown = value not in POLICIES.names() and not (data.get("run") or {}).get("imports")  # (refused next)
+            if dropped and not unknown:
                 print(f"msrl: note: {item} replaces policy {quote(node.get('name'))}: its keys "
                       f"{', '.join(f'{k}={quote(v)}' for k, v in dropped.items())} are dropped (give the ones you "
                       f"want again, e.g. policy.{next(iter(dropped))}=...)", file=sys.stderr, flush=True)

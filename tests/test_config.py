@@ -80,6 +80,9 @@ def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):
            "e.g. policy.actors=...)" in err and "backend='threads'" not in err, err
     load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=threads"])
     assert "replaces policy" not in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown policy 'bogus'"):  # (a note on the keys went first: noise)
+        load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.name=bogus"])
+    assert "replaces policy" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
