@@ -115,7 +115,8 @@ class ActsOnly(Base):
 
 class Nested(Base):
     """Nested loops, the loop index used, statements between API calls, tuple and starred unpacking,
-    aliases of the API, a static local, a variable first assigned inside a loop, a static `if`."""
+    aliases of the API, a static local, a variable first assigned inside a loop, a static `if` (its untaken branch
+    unchecked)."""
 
     def capacity(self) -> int:
         return self.cfg.steps * self.cfg.inner
@@ -134,6 +135,9 @@ class Nested(Base):
                 msrl.buffer_insert(Item(obs, out.action, reward * scale, done))
                 last_reward = reward
                 obs = next_obs
+                if not self.cfg.flag:  # never taken: not compiled, and not refused (it refused both lines)
+                    self.last = reward
+                    rewards.append(reward)  # noqa: F821
         if self.cfg.flag:
             metrics = msrl.agent_learn(msrl.buffer_get(), bonus=total)
         else:

@@ -143,6 +143,10 @@ def _outer_container_change(body: list[ast.stmt]) -> ast.Call | None:
     return None
 
 
+def _as_list(node: Any) -> list:
+    return node if isinstance(node, list) else [] if node is None else [node]
+
+
 def _is_names(target: ast.expr) -> bool:
     if isinstance(target, ast.Name):
         return True
@@ -373,10 +377,40 @@ class Frontend:
                 return True
         return False
 
+    def _static_test(self, src: Source, st: ast.If, rename: dict[str, str]) -> bool | None:
+        """The value of an ``if``'s condition if it is decidable at compile time (on self.cfg, constants), else None."""
+        try:
+            return bool(self._static_eval(src, st.test, rename, "", ""))
+        except CompileError:
+            return None
+
+    def _live(self, src: Source, node: ast.AST, rename: dict[str, str]) -> Any:
+        """A copy of ``node`` whose compile-time ``if``s are replaced by their taken branch: what compiles, and what
+        the checks see (an untaken branch is neither compiled nor refused)."""
+        frontend = self
+
+        class Prune(ast.NodeTransformer):
+            def visit_If(self, st: ast.If) -> Any:
+                test = frontend._static_test(src, st, rename)
+                if test is None:
+                    return self.generic_visit(st)
+                return [out for b in (st.body if test else st.orelse) for out in _as_list(self.visit(b))]
+
+            def visit_FunctionDef(self, st: ast.AST) -> Any:  # (its own names: not the loop's statics)
+                return st
+
+            visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+        return Prune().visit(copy.deepcopy(node))
+
     def _stmt(self, src: Source, st: ast.stmt, is_last: bool, rename: dict[str, str], loop: str | None):
-        api = self._touches_api(src, st)
         if isinstance(st, (ast.Global, ast.Nonlocal)):
             raise src.error(st, f"`{type(st).__name__.lower()}` cannot be compiled", "keep state in components")
+        test = self._static_test(src, st, rename) if isinstance(st, ast.If) else None
+        if test is not None:  # decidable at compile time (on self.cfg): only its branch runs, and is checked
+            return [s for b in (st.body if test else st.orelse) for s in self._stmt(src, b, False, rename, loop)]
+        st = self._live(src, st, rename)  # (its compile-time ifs' untaken branches: not checked either)
+        api = self._touches_api(src, st)
         for n in ast.walk(st):
             if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
                 raise src.error(n, "generators and coroutines cannot be compiled", "write a plain loop")
@@ -395,13 +429,7 @@ class Frontend:
         if nested_return is not None and not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             raise src.error(nested_return, "`return` must be the last statement of the training loop, not inside "
                             f"`{type(st).__name__.lower()}`", "assign the value and return it once at the end")
-        if isinstance(st, ast.If) and not api:  # decidable at compile time (on self.cfg): only its branch runs
-            try:
-                test = self._static_eval(src, st.test, rename, "", "")
-            except CompileError:  # on values of the loop: one compute statement, traced as it is
-                return [self._compute(src, st, rename, loop)]
-            return [s for b in (st.body if test else st.orelse) for s in self._stmt(src, b, False, rename, loop)]
-        if not api:
+        if not api:  # (an `if` on values of the loop: one compute statement, traced as it is)
             return [self._compute(src, st, rename, loop)]
         if isinstance(st, ast.For):
             return [self._loop(src, st, rename, loop)]
