@@ -480,9 +480,10 @@ class _Yours(msrl.DistributedPolicy):
             return [self.role("learner", self.learners, "backend")]
         if self.mistake == "elsewhere":
             return [self.role("actor", 2, "backend"), msrl.FragmentSpec(name="learner", backend="ray")]
-        if self.mistake in ("dash", "many"):
-            return [self.role("my-actor" if self.mistake == "dash" else "actor", 2 if self.mistake == "dash" else 16,
-                              "backend"), self.role("learner", 1, "backend")]
+        if self.mistake in ("dash", "many", "uneven"):
+            return [self.role("my-actor" if self.mistake == "dash" else "actor",
+                              {"dash": 2, "many": 16, "uneven": 3}[self.mistake], "backend"),
+                    self.role("learner", 1, "backend")]
         return [self.role("actor", 2, "backend"), self.role("learner", self.learners, "backend")]
 
     def total_envs(self, num_envs):
@@ -503,8 +504,9 @@ class _Yours(msrl.DistributedPolicy):
             return ("gather", "env")
         if var == "@params" and self.mistake == "lag2":
             return msrl.Link(axis="replicated", lag=2)
-        if var != "@params" and self.mistake in ("batch", "lag", "every"):
-            return {"batch": msrl.Link(axis="batch"), "lag": msrl.Link(lag=1), "every": msrl.Link(every=2)}[self.mistake]
+        if var != "@params" and self.mistake in ("batch", "lag", "every", "replicated"):
+            return {"batch": msrl.Link(axis="batch"), "lag": msrl.Link(lag=1), "every": msrl.Link(every=2),
+                    "replicated": msrl.Link(axis="replicated")}[self.mistake]
         return super().link(var, src, dst)
 
     def learner_plan(self):
@@ -541,9 +543,13 @@ class _Yours(msrl.DistributedPolicy):
     ("doubles", msrl.ConfigError, r"^policy.name: policy 'test_yours': its total_envs\(8\) gives 16, but "
                                   r"total_envs\(16\) gives 32; given its own answer it must give it again"),  # (its
     # config.yaml said 16, and its resume refused the 32 it ran)
-    ("partial", msrl.CompileError, r"policy 'test_yours''s assign\(\) gives `.*` no role \(its roles: actor, "
+    ("partial", msrl.CompileError, r"the assign\(\) of policy 'test_yours' gives `.*` no role \(its roles: actor, "
                                    r"learner\); every statement of the loop has one"),  # (was "in fragment None")
     ("many", msrl.ConfigError, r"^env.num_envs: 8 environments cannot be split over 16 replicas of fragment 'actor'$"),
+    ("uneven", msrl.ConfigError, r"^env.num_envs: 8 environments cannot be split over 3 replicas of fragment "
+                                 r"'actor'$"),  # (refused once the backend had started: a Ray cluster, say)
+    ("replicated", msrl.ConfigError, r"gives `obs` \(actor -> learner\) the axis 'replicated', but a gather joins a "
+                                     r"value along its environments"),  # (the axis was ignored without a word)
     ("lag2", msrl.ConfigError, r"gives `@params` \(learner -> actor\) lag=2: the parameters may arrive at most 1 "
                                r"iteration late"),  # (it trained, and no checkpoint of it could be resumed)
 ])

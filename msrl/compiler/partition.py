@@ -34,6 +34,10 @@ def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, rece
     if link.axis not in AXES:
         raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) the axis "
                           f"{link.axis!r}; the axes are {', '.join(AXES)}")
+    if link.axis == "replicated" and op in ("gather", "scatter"):  # (the axis was ignored: joined by environment)
+        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) the axis 'replicated', "
+                          f"but a {op} {'joins' if op == 'gather' else 'splits'} a value along its environments (axis "
+                          "'env'); 'replicated', the same on every replica, is the parameters' (a broadcast)")
     if not fits[op]:
         raise ConfigError("policy", f"a {op} cannot connect {senders} {src!r} replicas to {receivers} {dst!r} replicas")
     if link.every < 1 or link.lag < 0:
@@ -63,7 +67,8 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
             raise CompileError(
                 f"policy {policy.name!r} placed `{s.source}` in fragment {assign.get(s.id)!r}, "
                 f"which is not one of its fragments ({', '.join(fragments)})" if s.id in assign else
-                f"policy {policy.name!r}'s assign() gives `{s.source}` no role (its roles: {', '.join(fragments)}); "
+                f"the assign() of policy {policy.name!r} gives `{s.source}` no role (its roles: "
+                f"{', '.join(fragments)}); "
                 "every statement of the loop has one", s.file, s.line)
     plan = answer(policy, "learner_plan")
     averaged = reduces_over_replicas(plan.grad_transforms) or plan.wrap is not None  # (a wrap: async's holder)
