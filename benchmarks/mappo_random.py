@@ -54,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--env", default="jaxmarl:MPE_simple_spread_v3")
     ap.add_argument("--agents", type=int, default=3, help="num_agents and num_landmarks of the env")
-    ap.add_argument("--episodes", type=int, default=4096)
+    ap.add_argument("--episodes", type=int, default=4096, help="at least this many (whole batches of --envs run)")
     ap.add_argument("--envs", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
