@@ -218,7 +218,7 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     assert figures["return_mean"] == pytest.approx(mean, abs=0.005) and figures["episodes"] == 4
     assert figures["length_mean"] == figures["return_mean"]  # (CartPole: 1 a step)
     assert main(["eval", str(tmp_path / "fused"), "--render", str(tmp_path / "x")]) == 2  # gymnax: no renderer
-    assert "--render" in capsys.readouterr().err
+    assert "--render: msrl renders gymnasium: environments only, not gymnax:CartPole-v1" in capsys.readouterr().err
 
     host = [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every_steps=1024",
             "env.kwargs={render_mode: rgb_array}"]  # (--render gave gymnasium.make a render_mode twice)
