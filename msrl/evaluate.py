@@ -276,6 +276,9 @@ class TrainedPolicy:
                 raise ValueError(f"act: got no observation (an array shaped {x.shape})")
             if not np.isfinite(x).all():
                 raise ValueError(f"act: an observation holds a non-finite number ({x[~np.isfinite(x)].flat[0]})")
+            if spec.obs_dtype == np.uint8 and x.dtype.kind == "f" and 0 < np.abs(x).max() <= 1:  # (taken as 0..1
+                raise ValueError(f"act: observations of {spec.id} are pixels 0..255 as the env returns them (the "  # of
+                                 "network scales them itself); got floats within [0, 1]: pass them unscaled")  # 255)
         if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):  # every agent's, as one array
             shape = (spec.num_agents, *shape)
         if isinstance(obs, np.ndarray) and obs.shape != shape and obs.shape[1:] != shape:

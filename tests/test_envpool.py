@@ -333,6 +333,11 @@ def test_eval_of_an_atari_run_scores_whole_games_as_its_rows_do(tmp_path):
     msrl.train(EXAMPLES / "ppo_breakout_envpool.yaml", overrides, run_dir=tmp_path)
     out = evaluate(tmp_path, episodes=2)
     assert out["env_steps"] >= 2 * 100, out  # 5 lives each (a lost life takes ~24 steps); one life ended at 24-72
+    policy = msrl.load(tmp_path)
+    frames = np.random.default_rng(0).integers(0, 256, (3, 4, 84, 84), dtype=np.uint8)
+    assert policy.act(frames).shape == (3,) and policy.act(frames.astype(np.float32)).shape == (3,)
+    with pytest.raises(ValueError, match="pixels 0..255 as the env returns them .* pass them unscaled"):
+        policy.act(frames.astype(np.float32) / 255)  # (acted on them, divided by 255 again, without a word)
 
 
 def test_ppo_envpool_on_ray_actors_matches_threads(ray_cluster):
