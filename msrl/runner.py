@@ -764,7 +764,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                       seed_batching=cfg.run.seed_batching, sweep=cfg.run.sweep)
     # host environments' simulators cannot be stored: a resumed run starts their episodes afresh
     skip = tuple(k for k, drop in (("env", program.env.host_state),
-                                   ("buffer", not cfg.run.checkpoint_buffer)) if drop)
+                                   ("buffer", not cfg.run.checkpoint_buffer)) if drop and k in program.components)
 
     elapsed0, last_return = 0.0, float("nan")
     episodes0 = last_episodes = 0.0  # episodes0: those counted before a resume whose envs start afresh (host envs)

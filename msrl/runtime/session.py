@@ -156,6 +156,14 @@ class Session:
         """Every replica's component states as host arrays, by fragment (components in ``skip`` left out), and
         the iteration they were taken after."""
         self._open()
+        known = {name for states in self.runtime.shapes().values() for replica in states for name in replica}
+        known |= set(self.program.components)
+        unknown = sorted(set(skip) - known) if isinstance(skip, (tuple, list, set, frozenset)) else [skip]
+        if unknown:  # (a misspelled component was left in the snapshot without a word)
+            from msrl.errors import ConfigError
+
+            raise ConfigError("skip", f"names of components to leave out ({', '.join(sorted(known))}), got "
+                              f"{', '.join(map(repr, unknown))}")
         return Snapshot(self.runtime.snapshot(skip), self.iteration)
 
     def restore(self, snapshot: dict[str, list[dict[str, Any]]], iteration: int | None = None) -> None:
@@ -180,6 +188,7 @@ class Session:
         self.runtime.close()
 
     def __enter__(self) -> "Session":
+        self._open()  # (a closed session entered again failed only at its first call)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -234,9 +243,13 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
         raise ConfigError("snapshot", f"must be a dict of fragment -> replica states, got {type(snapshot).__name__}")
     ours = ", ".join(f"{k!r} ({len(v)})" for k, v in own.items())
     for frag, replicas in snapshot.items():
-        if frag not in own or not isinstance(replicas, list) or len(replicas) != len(own[frag]):
-            count = len(replicas) if isinstance(replicas, list) else "?"
-            raise ConfigError("snapshot", f"holds fragment {frag!r} ({count} replicas); this program's are {ours}")
+        if not isinstance(replicas, list):  # (the parameters, say: {"params": {...}})
+            raise ConfigError("snapshot", f"is not a snapshot (Session.snapshot()'s: fragment -> a list of each "
+                              f"replica's states): its {frag!r} holds {type(replicas).__name__}; this program's "
+                              f"fragments (replicas) are {ours}")
+        if frag not in own or len(replicas) != len(own[frag]):
+            raise ConfigError("snapshot", f"holds fragment {frag!r} ({len(replicas)} replicas); this program's are "
+                              f"{ours}")
         for r, (states, mine) in enumerate(zip(replicas, own[frag])):
             if not isinstance(states, dict):
                 raise ConfigError("snapshot", f"{frag!r} replica {r} must be a dict of component -> state, got "
