@@ -71,13 +71,16 @@ def test_a_key_given_twice_takes_the_last_value_with_a_note(capsys):
 def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):
     cfg = load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.name=single_learner_fine"])
     assert cfg.policy.name == "single_learner_fine"
-    assert "policy.name=single_learner_fine replaces policy 'single_learner_coarse': its keys " \
-           "backend='threads', actors=2" in capsys.readouterr().err
+    # (not backend='threads', actors=2: the new policy's defaults, which it keeps)
+    assert "policy.name=single_learner_fine replaces policy 'single_learner_coarse': its keys envs_per_actor=4, " \
+           "learner_backend='jax' are dropped (give the ones you want again, e.g. policy.envs_per_actor=...)" \
+           in capsys.readouterr().err
     # keys given again with the switch are not noted as dropped (it said backend='threads' went, given policy.backend)
-    load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.name=single_learner_fine", "policy.backend=threads"])
+    load_config(EXAMPLES / "ppo_cartpole_threads.yaml", ["policy.name=single_learner_fine", "policy.actors=4"])
     err = capsys.readouterr().err
-    assert "its keys actors=2, envs_per_actor=4, learner_backend='jax' are dropped (give the ones you want again, " \
-           "e.g. policy.actors=...)" in err and "backend='threads'" not in err, err
+    assert "its keys envs_per_actor=4, learner_backend='jax' are dropped" in err and "actors=2" not in err, err
+    load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=multi_learner"])  # (backend='jax' is its own too)
+    assert "replaces policy" not in capsys.readouterr().err
     load_config(EXAMPLES / "ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=threads"])
     assert "replaces policy" not in capsys.readouterr().err
     with pytest.raises(ConfigError, match="unknown policy 'bogus'"):  # (a note on the keys went first: noise)
