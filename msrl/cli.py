@@ -125,7 +125,7 @@ def _graph_png(program: Any, path: str) -> None:
                                style=style, node_size=2200, arrows=True,
                                connectionstyle="arc3,rad=0.3" if carried else "arc3")
     ax.legend(handles=[*(Patch(color=c, label=f"fragment {f}") for f, c in frag_color.items()),
-                       Patch(color="#dddddd", label="communication"),
+                       *([Patch(color="#dddddd", label="communication")] if comm else []),
                        plt.Line2D([], [], color="k", linestyle="--", label="carried to the next iteration")],
               loc="upper left", bbox_to_anchor=(1, 1), fontsize=7)
     ax.set_title(f"FDG of {type(program.algorithm).__name__} under policy {program.policy.name}")
