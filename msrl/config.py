@@ -378,11 +378,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
             dropped = {k: v for k, v in dropped.items() if f"policy.{k}" not in again}  # (noted: those not given)
             from msrl.registry import POLICIES
 
-            unknown = value not in POLICIES.names() and not (data.get("run") or {}).get("imports")  # (refused next)
-            if value in POLICIES.names():  # (a value the new policy has by default is not lost: multi_learner's jax)
+            known = value in POLICIES.names()  # (an unknown one is refused next; one of run.imports', known then)
+            if known:  # a value the new policy has by default is not lost (multi_learner's backend jax)
                 fields = POLICIES.get(value).model_fields
                 dropped = {k: v for k, v in dropped.items() if k not in fields or fields[k].default != v}
-            if dropped and not unknown:
+            if dropped and (known or (data.get("run") or {}).get("imports")):
                 print(f"msrl: note: {item} replaces policy {quote(node.get('name'))}: its keys "
                       f"{', '.join(f'{k}={quote(v)}' for k, v in dropped.items())} are dropped (give the ones you "
                       f"want again, e.g. policy.{next(iter(dropped))}=...)", file=sys.stderr, flush=True)
