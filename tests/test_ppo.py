@@ -160,9 +160,11 @@ def test_a_session_takes_what_the_config_says_and_refuses_what_it_cannot_take():
     cartpole = EXAMPLES / "ppo_cartpole.yaml"
     with msrl.Session(cartpole, ["run.iterations_per_dispatch=3"]) as session:  # (the config's key was dropped)
         assert session.runtime.k == 3
-        with pytest.raises(msrl.ConfigError, match=r"^skip: names of components to leave out \(actor, buffer, env, "
-                                                   r"learner\), got 'nope'"):  # (left all in, without a word)
+        with pytest.raises(msrl.ConfigError, match=r"^skip: a tuple of names of components to leave out \(actor, "
+                                                   r"buffer, env, learner\), got 'nope'$"):  # (all in, without a word)
             session.snapshot(skip=("nope",))
+        with pytest.raises(msrl.ConfigError, match=r"got 'env': write \('env',\)$"):
+            session.snapshot(skip="env")
         with pytest.raises(msrl.ConfigError, match=r"^snapshot: is not a snapshot .*its 'params' holds dict"):
             session.restore(session.params())  # (it said: holds fragment 'params' (? replicas))
     with pytest.raises(msrl.TrainingError, match="this session is closed"):  # (entered again without a word)

@@ -162,8 +162,9 @@ class Session:
         if unknown:  # (a misspelled component was left in the snapshot without a word)
             from msrl.errors import ConfigError
 
-            raise ConfigError("skip", f"names of components to leave out ({', '.join(sorted(known))}), got "
-                              f"{', '.join(map(repr, unknown))}")
+            one = isinstance(skip, str) and skip in known
+            raise ConfigError("skip", f"a tuple of names of components to leave out ({', '.join(sorted(known))}), "
+                              f"got {', '.join(map(repr, unknown))}" + (f": write ({skip!r},)" if one else ""))
         return Snapshot(self.runtime.snapshot(skip), self.iteration)
 
     def restore(self, snapshot: dict[str, list[dict[str, Any]]], iteration: int | None = None) -> None:
