@@ -19,6 +19,20 @@ import loops
 IDS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Breakout-MinAtar"]
 
 
+def test_in_tiles_computes_each_row_as_any_batch_does():
+    """An env step's reductions in tiles: each row the same on 1, 32 or 64 rows as on 128 (XLA's CPU compiler
+    emitted ``sum(square(x), -1)`` by its size, with a fused multiply-add for some sizes: rows 1e-7 apart)."""
+    from msrl.envs.gymnax_env import in_tiles
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (128, 6, 6, 2))
+    dist = jax.vmap(lambda d: jnp.sqrt(jnp.sum(jnp.square(d), -1)))
+    tiled = jax.jit(in_tiles(dist, 8))
+    ref = np.asarray(tiled(x))
+    np.testing.assert_allclose(ref, np.asarray(jax.jit(dist)(x)), rtol=1e-6)  # (what it computes)
+    for n in (1, 3, 32, 64):
+        np.testing.assert_array_equal(np.asarray(tiled(x[:n])), ref[:n])
+
+
 @pytest.mark.parametrize("name", IDS)
 def test_gymnax_env_steps_and_resets(name):
     env = make_env(f"gymnax:{name}")

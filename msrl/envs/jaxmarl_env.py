@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from msrl.components import Discrete, MultiAgentObs, MultiAgentSpec
-from msrl.envs.gymnax_env import FunctionalEnv, box, defer_plotting
+from msrl.envs.gymnax_env import FunctionalEnv, box, defer_plotting, in_tiles
 from msrl.errors import ConfigError, did_you_mean
 
 
@@ -100,25 +100,7 @@ def _mpe_make(name: str) -> Any:
     return getattr(importlib.import_module("jaxmarl.environments.mpe"), MPE[name])
 
 
-ROW_TILE = 8  # environments stepped together: see in_tiles
-
-
-def in_tiles(fn: Any) -> Any:
-    """``fn`` over a batch (the leading axis of every argument), computed ``ROW_TILE`` rows at a time by a loop of at
-    least two tiles (the rows past the batch copies of its first): each environment's numbers the same whatever the
-    batch. XLA's CPU compiler emits an op by its size, and its emitters contract a product and a sum into one fused
-    multiply-add in some and not in others: MPE's ``sqrt(sum(square(delta)))`` of a contact rounded ~1e-7 apart on
-    32 environments and on 64, which made a run on 2 actors x 32 envs leave ``fused`` on 64 (1.6e-4 in the
-    parameters after one iteration). In a loop the ops are a tile's size on any batch (one tile alone would not
-    be a loop: XLA inlines it)."""
-    def tiled(*args: Any) -> Any:
-        n = jax.tree.leaves(args)[0].shape[0]
-        size = max(-(-n // ROW_TILE), 2) * ROW_TILE
-        padded = jax.tree.map(lambda x: jnp.concatenate([x, jnp.broadcast_to(x[:1], (size - n, *x.shape[1:]))]), args)
-        out = jax.lax.map(lambda a: fn(*a), jax.tree.map(lambda x: x.reshape(-1, ROW_TILE, *x.shape[1:]), padded))
-        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:n], out)
-
-    return tiled
+TILE = 8  # envs stepped together (in_tiles): the MAPPO example's speed unchanged
 
 
 class JaxMarlEnv(FunctionalEnv):
@@ -162,7 +144,7 @@ class JaxMarlEnv(FunctionalEnv):
         return MultiAgentObs(agents, agents.reshape(agents.shape[0], -1))
 
     def _reset(self, keys):
-        obs, inner = in_tiles(jax.vmap(self.env.reset))(keys)
+        obs, inner = in_tiles(jax.vmap(self.env.reset), TILE)(keys)
         return self._observation(obs), inner
 
     def _step(self, keys, inner, action):
@@ -170,7 +152,7 @@ class JaxMarlEnv(FunctionalEnv):
             obs, state, reward, done, _ = self.env.step(key, state, {a: act[i] for i, a in enumerate(self.agents)})
             return obs, state, jnp.mean(jnp.stack([reward[a] for a in self.agents])), done["__all__"]
 
-        obs, inner, reward, done = in_tiles(jax.vmap(one))(keys, inner, action)
+        obs, inner, reward, done = in_tiles(jax.vmap(one), TILE)(keys, inner, action)
         # JaxMARL reports no truncation: every end counts as terminal, and the final observation is not kept
         return self._observation(obs), inner, reward.astype(jnp.float32), done, done & False, None
 
