@@ -54,7 +54,13 @@ def build(cfg: ExperimentConfig):
     env = make_env(cfg.env.id, cfg.env.subprocesses, cfg.env.xla, **cfg.env.kwargs)
     with build_guard(cfg.algorithm, list(cfg.run.sweep)):  # (a swept key used here would hold one value only)
         algorithm = make_algorithm(cfg, env.spec)
-    return compile_program(algorithm, cfg.policy, env, cfg.policy.total_envs(cfg.env.num_envs))
+    program = compile_program(algorithm, cfg.policy, env, cfg.policy.total_envs(cfg.env.num_envs))
+    for spec in program.plan.fragments.values():  # each replica an equal share: refused before a backend starts
+        if program.num_envs % spec.replicas:  # (a Ray cluster, say), not by it
+            from msrl.backend import unsplit
+
+            raise unsplit(program.num_envs, spec.replicas, spec.name)
+    return program
 
 
 def make_algorithm(cfg: ExperimentConfig, env_spec: Any) -> Any:

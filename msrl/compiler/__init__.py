@@ -329,8 +329,8 @@ class Program:
         with self._phase("fdg+partition"):
             self.fdg = build_fdg(self.stmts, self.shapes)
             self.plan: Plan = partition(self.stmts, self.fdg, policy, fragments, assign, tuple(self.services), shards)
-        for spec in self.plan.fragments.values():  # every replica steps, acts or learns on an equal share (refused
-            if num_envs % spec.replicas:  # here, before a backend starts: a Ray cluster, say)
+        for spec in self.plan.fragments.values():  # (a KeyError in the row check; an uneven split msrl.build and
+            if spec.replicas > num_envs:  # the backends refuse, the compiler's analysis takes)
                 raise unsplit(num_envs, spec.replicas, spec.name)
         self.env_axes: dict[tuple[str, str], list[int | None]] = {}  # needed only to gather/scatter/split
         self.item_axes: list[int | None] | None = None
