@@ -156,8 +156,7 @@ class Session:
         """Every replica's component states as host arrays, by fragment (components in ``skip`` left out), and
         the iteration they were taken after."""
         self._open()
-        known = {name for states in self.runtime.shapes().values() for replica in states for name in replica}
-        known |= set(self.program.components)
+        known = {k for f in self.program.fragments.values() for k in f.state_keys} | set(self.program.components)
         unknown = sorted(set(skip) - known) if isinstance(skip, (tuple, list, set, frozenset)) else [skip]
         if unknown:  # (a misspelled component was left in the snapshot without a word)
             from msrl.errors import ConfigError
