@@ -125,8 +125,8 @@ class JaxRuntime(Runtime):
         else:
             self._state = self._place([init[0] if self.members == 1 else stack(init) for init in inits])
             self._hp = self._place([self._hp]) if self.members > 1 else self._hp
-            self._compiled = self._lower(chunk, self._state, self._hp, swept).compile()
             self._recompile = lambda: self._lower(chunk, self._state, self._hp, swept).compile()
+            self._compiled = self._recompile()
         self.compile_seconds = time.perf_counter() - t0
 
     def _lower(self, chunk: Any, state: Any, hp: Any, swept: list[str]) -> Any:

@@ -55,11 +55,10 @@ def build(cfg: ExperimentConfig):
     with build_guard(cfg.algorithm, list(cfg.run.sweep)):  # (a swept key used here would hold one value only)
         algorithm = make_algorithm(cfg, env.spec)
     program = compile_program(algorithm, cfg.policy, env, cfg.policy.total_envs(cfg.env.num_envs))
-    for spec in program.plan.fragments.values():  # each replica an equal share: refused before a backend starts
-        if program.num_envs % spec.replicas:  # (a Ray cluster, say), not by it
-            from msrl.backend import unsplit
+    from msrl.backend import replica_env_ids
 
-            raise unsplit(program.num_envs, spec.replicas, spec.name)
+    for fragment in program.fragments.values():  # each replica an equal share: refused here, before a backend
+        replica_env_ids(program.num_envs, fragment)  # starts (a Ray cluster, say), as the backends do
     return program
 
 
@@ -624,7 +623,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
 
             why = why_no_checkpoint(Path(run_dir))
             raise ConfigError(arg("resume"), f"{run_dir} holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume "
-                              f"from ({why}); " + ("wait for it to end, then resume it" if why.startswith("none yet")
+                              f"from ({why}); " + ("wait for it to end, then resume it" if writer_of(Path(run_dir))
                                                    else f"start it again with {arg('overwrite', '')}"))
         path, states, meta = good
         order = checkpoint.sweep_order(meta, Path(run_dir) / "config.yaml")
