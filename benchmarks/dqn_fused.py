@@ -1,6 +1,6 @@
 """msrl ``fused`` DQN vs Rejax DQN on gymnax CartPole-v1, same settings, side by side.
 
-    python benchmarks/dqn_fused.py [--steps 200000] [--pairs 3] [--envs 8] [--peer-python PATH]
+    python benchmarks/dqn_fused.py [--steps 200000] [--pairs 3] [--envs 8] [--peer-python PATH | --no-peer]
 
 Both: ``--envs`` envs stepped once per iteration, 2 gradient updates per iteration on batches of 128 from a
 100k-transition uniform replay (training from 1,000 transitions), double DQN with 1-step targets, a hard
@@ -25,7 +25,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from rejax_peer import Peer, peer_python, timed  # noqa: E402
+from rejax_peer import Peer, add_peer_args, peer_python, timed  # noqa: E402
 
 from msrl.config import load_config  # noqa: E402
 
@@ -37,8 +37,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200_000)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--envs", type=int, default=8)
-    ap.add_argument("--peer-python", default=None)
+    add_peer_args(ap)
     args = ap.parse_args()
+    if args.steps < 2 * STARTS:
+        ap.error(f"--steps: at least {2 * STARTS:,} (learning starts after {STARTS:,} transitions)")
     load_before = os.getloadavg()[0]
     steps, envs = args.steps // args.envs * args.envs, args.envs
     cfg = load_config(HERE.parent / "examples" / "dqn_cartpole.yaml", [
@@ -52,7 +54,7 @@ def main() -> None:
     iterations = steps // program.env_steps_per_iteration
     session = msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations)
     sides = {"msrl": lambda: timed(lambda: session.run(iterations))}
-    python = peer_python(args.peer_python)
+    python = peer_python(args)
     peer = None
     if python:
         peer = Peer(python, {"algo": "dqn", "env": "CartPole-v1", "steps": steps, "config": {

@@ -21,6 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
+from msrl.bench import SB3, require
+
 from host_env_subprocesses import steady_sps  # a sibling script
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_breakout_envpool.yaml"
@@ -63,6 +65,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--sb3-device", default="cpu", help="torch device of SB3's networks (cpu, cuda)")
     args = ap.parse_args()
+    require("ale_py", "cv2", *SB3)
     sides = {"sb3": lambda: sb3_sps(args.env_steps, args.sb3_device),
              "msrl": lambda: steady_sps(EXAMPLE, [], args.env_steps)}
     load_before, rounds = os.getloadavg(), []

@@ -30,7 +30,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from handwritten_ppo import make_train  # noqa: E402
-from rejax_peer import Peer, peer_python, timed  # noqa: E402
+from rejax_peer import Peer, add_peer_args, peer_python, timed  # noqa: E402
 
 from msrl.config import load_config  # noqa: E402
 
@@ -91,18 +91,21 @@ def bench(name: str, steps: int, pairs: int, python: str | None, peer_flag: bool
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default="cartpole4,cartpole16,acrobot,pendulum")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--pairs", "--repeats", type=int, default=3)
     ap.add_argument("--steps", "--total-env-steps", type=int, default=500_000)
-    ap.add_argument("--peer-python", default=None)
-    ap.add_argument("--no-peer", action="store_true")
+    add_peer_args(ap)
     ap.add_argument("--peer-msrl-xla-flag", action="store_true",
                     help="run Rejax with the XLA CPU option msrl sets at import (msrl.XLA_CPU_FLAG) too")
     args = ap.parse_args()
-    python = None if args.no_peer else peer_python(args.peer_python)
+    names = args.configs.split(",")
+    if unknown := [n for n in names if n not in CONFIGS]:
+        ap.error(f"--configs: unknown {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    if args.steps < (least := max(CONFIGS[n][1] * CONFIGS[n][2] for n in names)):
+        ap.error(f"--steps: at least {least:,}, one iteration (envs x rollout) of each config")
+    python = peer_python(args)
     load_before = os.getloadavg()[0]
-    results = {name: bench(name, args.steps, args.pairs, python, args.peer_msrl_xla_flag)
-               for name in args.configs.split(",")}
+    results = {name: bench(name, args.steps, args.pairs, python, args.peer_msrl_xla_flag) for name in names}
     first = next(iter(results.values()))  # its figures at the top too, for `msrl bench`
     print(json.dumps({"benchmark": "ppo_fused", "msrl_fused_sps": first["msrl_sps"],
                       "handwritten_sps": first.get("handwritten_sps"), "rejax_sps": first.get("rejax_sps"),

@@ -25,6 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
+from msrl.bench import SB3, require
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole_threads.yaml"
 ENV_IDS = {"gymnasium": "gymnasium:CartPole-v1", "envpool": "envpool:CartPole-v1", "envpool_xla": "envpool:CartPole-v1"}
 
@@ -77,6 +79,7 @@ def main() -> None:
                          "envpool) or all (default: all where EnvPool is installed, else gymnasium)")
     ap.add_argument("--pairs", type=int, default=1, help="rounds of (SB3, msrl sides), alternating their order")
     args = ap.parse_args()
+    require(*SB3)
     num_envs = args.actors * args.envs_per_actor
     if args.env is None:
         args.env = "all" if importlib.util.find_spec("envpool") is not None else "gymnasium"

@@ -25,6 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
+from msrl.bench import RLLIB, require
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SIDES = {  # msrl's CartPole: the example and the overrides
     "gymnax": ("ppo_cartpole.yaml", ["policy.name=single_learner_coarse"]),
@@ -100,6 +102,7 @@ def main() -> None:
     parser.add_argument("--env", default="gymnax", help="msrl sides, comma-separated: gymnax, gymnasium, envpool, envpool_xla")
     parser.add_argument("--pairs", type=int, default=1, help="rounds of (RLlib, msrl sides), alternating their order")
     args = parser.parse_args()
+    require(*RLLIB)
     sides = args.env.split(",")
     if unknown := set(sides) - set(SIDES):
         parser.error(f"--env: unknown {sorted(unknown)}; choose from {sorted(SIDES)}")

@@ -5,22 +5,45 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+SETUP = HERE.parent.parent / "shared" / "peers" / "setup.sh"
 
 
-def peer_python(arg: str | None) -> str | None:
-    """The peers' venv python: ``--peer-python``, or what ``../shared/peers/setup.sh`` prints."""
-    if arg:
-        return arg
-    setup = HERE.parent.parent / "shared" / "peers" / "setup.sh"
-    if not setup.exists():
+def add_peer_args(ap) -> None:
+    """A benchmark's ``--peer-python PATH`` and ``--no-peer``."""
+    ap.add_argument("--peer-python", default=None, metavar="PATH",
+                    help="a python that has Rejax (default: the venv ../shared/peers/setup.sh builds, once, where "
+                         "that script is there)")
+    ap.add_argument("--no-peer", action="store_true", help="leave Rejax out")
+
+
+def peer_python(args) -> str | None:
+    """The peers' python: ``--peer-python``, or what ``../shared/peers/setup.sh`` prints (it builds the venv the
+    first time, with a note saying so); None with ``--no-peer`` or where there is no such script."""
+    if args.no_peer:
         return None
-    out = subprocess.run(["bash", str(setup)], capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
+    if args.peer_python is not None:
+        if shutil.which(args.peer_python) is None:
+            raise SystemExit(f"--peer-python {args.peer_python!r}: no such program")
+        return args.peer_python
+    if not SETUP.exists():
+        return None
+    home = Path(os.environ.get("MSRL_PEERS_HOME", Path.home() / ".cache" / "msrl-peers"))
+    if not (home / "venv" / "bin" / "python").exists():
+        print(f"note: building the peers' venv (Rejax, about 1 GB) in {home} with {SETUP}, once; --no-peer leaves "
+              "Rejax out", file=sys.stderr, flush=True)
+    out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise SystemExit(f"{SETUP} failed: {(out.stderr.strip().splitlines() or ['(no output)'])[-1]} (--no-peer "
+                         "leaves Rejax out)")
+    return out.stdout.strip().splitlines()[-1]
 
 
 class Peer:
@@ -33,14 +56,18 @@ class Peer:
 
         flags = os.environ.get("XLA_FLAGS", "")
         env = {**os.environ, "XLA_FLAGS": flags if msrl_xla_flag else flags.replace(msrl.XLA_CPU_FLAG, "").strip()}
+        self.python, self.stderr = python, tempfile.TemporaryFile("w+")  # read back if it ends without an answer
         self.proc = subprocess.Popen([python, str(HERE / "rejax_worker.py"), json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env)
         self.ready = self._read()
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("the Rejax worker ended without an answer")
+            self.proc.wait()
+            self.stderr.seek(0)
+            why = (self.stderr.read().strip().splitlines() or ["(nothing on stderr)"])[-1]
+            raise SystemExit(f"the Rejax worker ({self.python}) ended without an answer: {why}")
         return json.loads(line)
 
     def run(self) -> tuple[float, float]:

@@ -37,6 +37,8 @@ import statistics
 import time
 from pathlib import Path
 
+from msrl.bench import SB3, require
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sac_pendulum.yaml"
 LR = 3e-4
 HIDDEN = [256, 256]
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--learning-starts", type=int, default=1_000)
     ap.add_argument("--torch-threads", type=int, default=1)
     args = ap.parse_args()
+    require(*SB3)
     settings = {"msrl_replay_server_threads": [f"env.id=gymnasium:{args.env}", "policy.name=replay_server",
                                                "policy.backend=threads", f"policy.actors={args.actors}",
                                                "policy.shards=1"]}

@@ -25,7 +25,7 @@ import msrl  # first: it sets msrl's XLA CPU option
 import jax
 from msrl.config import load_config
 from msrl.sweep import spread_over_cores
-from rejax_peer import Peer, peer_python
+from rejax_peer import Peer, add_peer_args, peer_python
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml"
 
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=204_800)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--seed-batching", default="auto", choices=["auto", "vmap", "sequential"])
-    ap.add_argument("--peer-python", default=None, help="the peers' venv python (default: what setup.sh prints)")
+    add_peer_args(ap)
     ap.add_argument("--one-device", action="store_true", help="keep JAX's one CPU device (msrl train gives a run "
                     "of several seeds one per core, and its program splits them over those)")
     args = ap.parse_args()
@@ -44,7 +44,9 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     sides = {}
     for n in (1, args.seeds):
-        s = msrl.Session(EXAMPLE, ["policy.name=fused", f"run.total_env_steps={args.steps}", f"run.num_seeds={n}",
+        # the session's whole length (warm-up and pairs), and a constant lr as Rejax's: no note of running past it
+        s = msrl.Session(EXAMPLE, ["policy.name=fused", f"run.total_env_steps={args.steps * (args.pairs + 1)}",
+                                    "algorithm.anneal_lr=false", f"run.num_seeds={n}",
                                     f"run.seed_batching={args.seed_batching}"],
                          iterations_per_dispatch=args.steps // 512)
         s.run(args.steps // 512)  # warm-up
@@ -55,7 +57,7 @@ def main() -> None:
             return time.perf_counter() - t
 
         sides[("msrl", n)] = run
-    python, peers = peer_python(args.peer_python), []
+    python, peers = peer_python(args), []
     if python:
         a = s.config.algorithm
         for n in (1, args.seeds):

@@ -14,6 +14,8 @@ from typing import Any
 from msrl.errors import MsrlError
 
 BENCH_EXTRA = "pip install -e '.[bench]'"
+SB3 = ("torch", "stable_baselines3")  # the modules a peer needs (ray[tune]'s own check: pyarrow, fsspec)
+RLLIB = ("torch", "tree", "ray.rllib", "pyarrow", "fsspec")
 
 
 @dataclass(frozen=True)
@@ -29,14 +31,14 @@ class Benchmark:
 
 
 BENCHMARKS = (
-    Benchmark("ppo_fused", "ppo_fused.py", ("--total-env-steps", "51200", "--repeats", "1"),
+    Benchmark("ppo_fused", "ppo_fused.py", ("--total-env-steps", "51200", "--repeats", "1", "--no-peer"),
               "msrl_fused_sps", "handwritten_sps", "hand-written", configs=("msrl_sps", "handwritten_sps")),
     Benchmark("ppo_host_threads", "ppo_host_threads.py", ("--env-steps", "10240"),
-              "msrl_threads_sps", "sb3_sps", "SB3", needs=("torch", "stable_baselines3")),
+              "msrl_threads_sps", "sb3_sps", "SB3", needs=SB3),
     Benchmark("sac_vs_sb3", "sac_vs_sb3.py", ("--env-steps", "3000", "--pairs", "1"),
-              "msrl_sps", "sb3_sps_median", "SB3", needs=("torch", "stable_baselines3")),
+              "msrl_sps", "sb3_sps_median", "SB3", needs=SB3),
     Benchmark("ppo_ray_vs_rllib", "ppo_ray_vs_rllib.py", ("--iterations", "5"),
-              "msrl_ray_sps", "rllib_sps", "RLlib", needs=("torch", "tree", "ray.rllib")),
+              "msrl_ray_sps", "rllib_sps", "RLlib", needs=RLLIB),
 )
 
 
@@ -61,6 +63,15 @@ def _missing(modules: tuple[str, ...]) -> list[str]:
         if not found:
             out.append(m)
     return out
+
+
+def require(*modules: str) -> None:
+    """For a benchmark script: exit with a line saying what its peer needs and how to install it, where that is
+    missing (not an ImportError's traceback midway)."""
+    missing = _missing(modules)
+    if missing:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: needs {', '.join(missing)} (not installed): {BENCH_EXTRA} in "
+                         "msrl's folder")
 
 
 def last_json(text: str) -> dict[str, Any]:
@@ -136,10 +147,10 @@ def table(records: list[dict[str, Any]], benchmarks: tuple[Benchmark, ...] = BEN
 
     spec = {b.name: b for b in benchmarks}
     t = Table(title="msrl benchmarks")
-    t.add_column("benchmark", no_wrap=True)
+    t.add_column("benchmark", overflow="fold")  # wraps in a narrow console (piped: 80 columns); the rest never
     t.add_column("vs", no_wrap=True)
     for col in ("msrl SPS", "peer SPS", "ratio", "time (s)"):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
     t.add_column("status", no_wrap=True)
     reasons = [f"{r['name']}: {escape(r['reason'])}" for r in records if r["reason"]]
     if reasons:  # below the table, wrapped, never cut (a skip's says what to install)

@@ -235,9 +235,21 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _json_file(path: str | None) -> None:
-    """``--json FILE`` checked before the work whose figures it takes (a folder there was an error after it)."""
-    if path and Path(path).is_dir():
+    """``--json FILE`` checked before the work whose figures it takes (a folder there, or a file that cannot be
+    written, was an error after it)."""
+    if not path:
+        return
+    if Path(path).is_dir():
         raise ConfigError("--json", f"{path} is a folder; give the name of a file to write")
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        existed = Path(path).exists()
+        with open(path, "a"):
+            pass
+        if not existed:
+            Path(path).unlink()
+    except OSError as e:
+        raise ConfigError("--json", f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _write_json(path: str | None, data: Any) -> None:

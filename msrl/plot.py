@@ -44,7 +44,8 @@ def read_curve(run_dir: str | Path, metric: str = "episode_return") -> dict[str,
     of ``RUN_DIR/metrics.csv`` where it is finite."""
     path = Path(run_dir) / "metrics.csv"
     if not path.is_file():
-        why = "no such directory" if not Path(run_dir).is_dir() else "no metrics.csv in it"
+        why = ("no metrics.csv in it" if Path(run_dir).is_dir() else "a file, not a directory"
+               if Path(run_dir).exists() else "no such directory")
         raise ConfigError(str(run_dir), f"{why}; expected a run directory written by `msrl train`")
     rows = read_metrics(path)
     if not rows:
@@ -53,7 +54,7 @@ def read_curve(run_dir: str | Path, metric: str = "episode_return") -> dict[str,
     missing = [c for c in columns if c not in rows[0]]
     if missing:
         raise ConfigError(arg("metric") if missing == [metric] else str(run_dir), f"{path} has no column "
-                          f"{', '.join(missing)}" + (f"; its columns: {', '.join(c for c in rows[0] if c not in _AXES)}"
+                          f"{', '.join(missing)}" + (f"; its columns: {', '.join(rows[0])}"
                                                      if missing == [metric] else ""))
 
     def number(text: str | None) -> float:

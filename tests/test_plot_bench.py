@@ -70,8 +70,8 @@ def test_plot_skips_rows_without_a_return_and_smooths_and_draws_another_metric(t
     assert read_curve(run, "loss")["loss"].tolist() == [0.3, 0.2, 0.1, 0.1]  # another metric: its every finite row
     assert main(["plot", str(run), "--metric", "loss", "-o", str(tmp_path / "loss.png")]) == 0
     assert main(["plot", str(run), "--metric", "los", "-o", str(tmp_path / "loss.png")]) == 2
-    assert f"msrl: error: --metric: {run / 'metrics.csv'} has no column los; its columns: iteration, episode_return, " \
-        "sps, loss" in capsys.readouterr().err
+    assert f"msrl: error: --metric: {run / 'metrics.csv'} has no column los; its columns: iteration, env_steps, " \
+        "episode_return, sps, wall_time, loss" in capsys.readouterr().err
     assert moving_average(np.array([10.0, 20.0, 30.0, 40.0]), 2).tolist() == [10.0, 15.0, 25.0, 35.0]
     with pytest.raises(ConfigError, match="smooth"):
         plot_runs([run], tmp_path / "p.png", smooth=0)
@@ -85,6 +85,9 @@ def test_plot_reports_missing_or_empty_metrics(tmp_path, capsys):
     assert main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("msrl: error:") and "no metrics.csv" in err and "Traceback" not in err
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="afile: a file, not a directory"):
+        plot_runs([tmp_path / "afile"], tmp_path / "x.png")
     (empty / "metrics.csv").write_text("")
     with pytest.raises(ConfigError, match="empty"):
         plot_runs([empty], tmp_path / "x.png")
@@ -149,6 +152,12 @@ def test_bench_runs_scripts_and_tabulates(tmp_path):
     buf = io.StringIO()
     Console(file=buf, width=80).print(table(list(records.values()), FAKES))
     assert "…" not in buf.getvalue() and "msrl_no_such_module_for_te" in buf.getvalue()
+    # nor are the figures of a long benchmark name cut there (they read "45,0…")
+    wide = {"name": "ppo_fused", "status": "ok", "reason": None, "seconds": 244.0, "result": {"results": {
+        f"cartpole{n}": {"msrl_sps": 145025 + n, "handwritten_sps": 137142 + n} for n in (4, 16)}}}
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(table([wide]))
+    assert "…" not in buf.getvalue() and all(f"{145025 + n:,}" in buf.getvalue() for n in (4, 16))
 
 
 def test_bench_cli_json_and_errors(tmp_path, capsys):
@@ -157,9 +166,10 @@ def test_bench_cli_json_and_errors(tmp_path, capsys):
         ap = argparse.ArgumentParser()
         ap.add_argument("--total-env-steps", type=int, default=500000)
         ap.add_argument("--repeats", type=int, default=3)
+        ap.add_argument("--no-peer", action="store_true")
         a = ap.parse_args()
         print(json.dumps({"msrl_fused_sps": 3000, "handwritten_sps": 1500, "ratio": 2.0,
-                          "env_steps": a.total_env_steps, "repeats": a.repeats}))
+                          "env_steps": a.total_env_steps, "repeats": a.repeats, "rejax": not a.no_peer}))
     """)
     (tmp_path / "ppo_fused.py").write_text(fused)
     out = tmp_path / "bench.json"
@@ -169,7 +179,14 @@ def test_bench_cli_json_and_errors(tmp_path, capsys):
     assert data["mode"] == "quick" and [r["name"] for r in data["benchmarks"]] == ["ppo_fused"]
     assert data["benchmarks"][0]["result"]["handwritten_sps"] == 1500
     assert data["benchmarks"][0]["result"]["env_steps"] == 51200  # the quick flags were passed
+    assert data["benchmarks"][0]["result"]["rejax"] is False  # (no peers' venv built for a quick look)
 
+    (tmp_path / "afile").write_text("")  # a --json FILE that cannot be written: said before the benchmarks run
+    unwritable = tmp_path / "afile" / "b.json"
+    assert main(["bench", "--dir", str(tmp_path), "--only", "ppo_fused", "--json", str(unwritable)]) == 2
+    captured = capsys.readouterr()
+    assert f"msrl: error: --json: cannot write {unwritable}: " in captured.err
+    assert "ppo_fused" not in captured.out
     assert main(["bench", "--dir", str(tmp_path / "nowhere")]) == 2
     assert "no benchmarks directory" in capsys.readouterr().err
     assert main(["bench", "--dir", str(tmp_path), "--only", "nope"]) == 2
