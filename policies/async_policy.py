@@ -104,6 +104,18 @@ FITS = ("use policy.name=single_learner_coarse or multi_learner for an on-policy
         "replay_server, single_learner_fine or multi_learner for one that samples a replay buffer")
 
 
+def method_at(obj: Any, method: str) -> str:
+    """``Class.method()``, with the file and line where it is written where Python can tell."""
+    import inspect
+
+    fn = getattr(type(obj), method, None)
+    try:
+        where = f" ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
+    except (OSError, TypeError):
+        where = ""
+    return f"{type(obj).__name__}.{method}(){where}"
+
+
 def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, Any]:
     """The learner's initial state (``init``: how to compute it), which must be a dict of the parameters
     ("params") and the optimizer's state ("opt_state") alone: the holder carries exactly these, so nothing
@@ -111,12 +123,13 @@ def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, An
     state = (init or learner.init)(key)
     if not isinstance(state, dict) or "params" not in state:
         raise msrl.ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
-                               f"{type(learner).__name__}.init() returns no dict with a 'params' key; " + FITS)
+                               f"{method_at(learner, 'init')} returns no dict with a 'params' key; " + FITS)
     extra = sorted(set(state) - set(HELD))
     if extra:
         raise msrl.ConfigError("policy.name", f"async's parameter holder carries a learner state of the parameters "
                           "('params') and the optimizer's state ('opt_state') only, but "
-                          f"{type(learner).__name__}'s state also holds {', '.join(map(repr, extra))}, which every "
+                          f"the state {method_at(learner, 'init')} returns also holds {', '.join(map(repr, extra))}, "
+                          "which every "
                           "worker would compute and throw away (target networks, keys and counters would never "
                           "advance); if one is the optimizer's state, name it 'opt_state'; else " + FITS)
     return state
@@ -159,7 +172,7 @@ class RemoteLearner:
             _CAPTURED.reset(token)
         if len(slot) != 1:
             raise msrl.ConfigError("policy.name", f"async needs a learner that makes one optimizer step per learn(); "
-                              f"{type(self.learner).__name__}.learn() made {len(slot)}")
+                              f"{method_at(self.learner, 'learn')} made {len(slot)}; " + FITS)
         params, opt_state = optimizer_step(self.learner.tx, slot[0], state["opt_state"], state["params"])
         step = {"params": params, "opt_state": opt_state}
         new = {k: new.get(k) for k in HELD} if isinstance(new, dict) else new
@@ -170,16 +183,16 @@ class RemoteLearner:
         return slot[0], metrics, jnp.all(jnp.stack(close))
 
     def learn(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        name = type(self.learner).__name__
+        name, learn = type(self.learner).__name__, method_at(self.learner, "learn")
         try:
             grads, metrics, is_step = self.grads(state, *args, **kwargs)
         except jax.errors.UnexpectedTracerError:  # the step ran inside a loop of learn(): several steps
             raise msrl.ConfigError("policy.name", "async needs a learner that makes one optimizer step per learn(); "
-                              f"{name}.learn() steps inside a loop (minibatches, epochs)"
+                              f"{learn} steps inside a loop (minibatches, epochs)"
                               "; " + FITS) from None
         if not bool(is_step):
             raise msrl.ConfigError("policy.name", f"async's parameter holder applies {name}.optimizer()'s step to "
-                                   f"the gradient {name}.learn() computes, and nothing else, but learn() returns "
+                                   f"the gradient {learn} computes, and nothing else, but it returns "
                                    "other parameters or optimizer state than that step (it changes the update or the "
                                    "new parameters: clipping, scaling, ...); the workers would train something other "
                                    "than the loop; " + FITS)

@@ -707,6 +707,15 @@ class LearnerRaises(Base):
         return msrl.agent_learn(msrl.buffer_get())  # E:calls_learner
 
 
+class FloatsItsMetric(Base):
+    """``float()`` of a metric: a value the program computes, not one known when it compiles."""
+
+    def train_step(self):
+        out = msrl.agent_act(msrl.env_observe())
+        msrl.env_step(out.action)
+        return {"mean_action": float(out.action.mean())}  # E:floats_metric
+
+
 class MixesCappedCount(Base):
     """``min(n, 4)`` at the loop's 4 environments and at 8 is 4, but 2 on a replica holding 2 of them."""
 

@@ -5,6 +5,7 @@ without losing a gradient; stale gradients are dropped and counted; checkpoints 
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 from pathlib import Path
 from typing import Literal
@@ -196,10 +197,14 @@ def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
     """PPO's learner state holds its shuffling key beside params and opt_state: the holder would drop it. DQN's
     holds its target network, and the policies named for it include those that run a loop that samples a replay
     buffer (single_learner_coarse refuses DQN's)."""
-    with pytest.raises(ConfigError, match="policy.name.*PPOLearner's state also holds 'key'.*; if one is the "
-                                          "optimizer's state, name it 'opt_state'; else use .*single_learner_coarse"):
+    ppo_init = f"PPOLearner.init() ({EXAMPLES.parent / 'algorithms' / 'ppo' / 'ppo.py'}:"  # (it named the class)
+    with pytest.raises(ConfigError, match=re.escape(
+            "policy.name: async's parameter holder carries a learner state of the parameters ('params') and the "
+            f"optimizer's state ('opt_state') only, but the state {ppo_init}") + r"\d+\) returns also holds 'key'.*; "
+            "if one is the optimizer's state, name it 'opt_state'; else use .*single_learner_coarse"):
         msrl.build(load_config(CARTPOLE, ["policy.name=async", "policy.workers=2", "env.num_envs=4"]))
-    with pytest.raises(ConfigError, match=r"DQNLearner's state also holds .*'target'.*; else use policy.name=.* for an "
+    with pytest.raises(ConfigError, match=r"DQNLearner.init\(\) \(.*dqn.py:\d+\) returns also holds .*'target'.*; else "
+                                          r"use policy.name=.* for an "
                                           r"on-policy loop \(msrl.buffer_get\), replay_server, single_learner_fine or "
                                           r"multi_learner for one that samples a replay buffer$"):
         msrl.build(load_config(EXAMPLES / "dqn_cartpole.yaml", ["policy.name=async", "policy.workers=2",
@@ -207,6 +212,37 @@ def test_a_learner_whose_state_the_holder_cannot_carry_is_refused():
     with pytest.raises(ConfigError, match=r"SACLearner defines none; use policy.name=.*replay_server"):  # (it named none)
         msrl.build(load_config(EXAMPLES / "sac_pendulum.yaml", ["policy.name=async", "policy.workers=2",
                                                                  "env.num_envs=4"]))
+
+
+class TwoStepsConfig(A2CConfig):
+    name: Literal["a2c_two_steps"] = "a2c_two_steps"
+
+
+class TwoStepsLearner(A2CLearner):
+    """A2C's step, made twice per learn()."""
+
+    def learn(self, state, batch, **kwargs):
+        state, _ = super().learn(state, batch, **kwargs)
+        return super().learn(state, batch, **kwargs)
+
+
+@msrl.register_algorithm("a2c_two_steps")
+class TwoSteps(A2CAlgorithm):
+    Config = TwoStepsConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.learner = TwoStepsLearner(self.learner.net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
+
+
+def test_a_learner_of_two_optimizer_steps_is_refused_naming_its_learn_and_the_policies_that_fit():
+    cfg = load_config(A2C, [*ONE, "algorithm.name=a2c_two_steps"])
+    with msrl.Session(cfg) as session, pytest.raises(ConfigError) as info:
+        session.run(1)
+    line = TwoStepsLearner.learn.__code__.co_firstlineno
+    assert str(info.value).startswith(f"policy.name: async needs a learner that makes one optimizer step per learn(); "
+                                      f"TwoStepsLearner.learn() ({__file__}:{line}) made 2; use policy.name="
+                                      "single_learner_coarse or multi_learner for an on-policy loop"), str(info.value)
 
 
 def test_ray_one_worker_matches_threads(ray_cluster):

@@ -268,6 +268,15 @@ def test_an_error_in_a_method_the_loop_calls_names_its_line_and_the_statement(en
            f"(loops.py:{loops.marked_line('calls_learner')}): the learner's own bug" in str(info.value)
 
 
+def test_float_of_a_metric_says_to_keep_the_array(env):
+    with pytest.raises(msrl.CompileError, match=r"ConcretizationTypeError while tracing `return \{\"mean_action\": "
+                                                r"float\(out.action.mean\(\)\)\}  # E:floats_metric`.*\n  hint: "
+                                                r"float\(x\) needs a value known at compile time; .* keep the array") \
+            as info, msrl.Session(program=msrl.compile(loops.FloatsItsMetric(), Fused(), env, NUM_ENVS)) as session:
+        session.run(1)
+    assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line("floats_metric"))
+
+
 def test_compile_of_an_algorithm_class_says_to_build_it(env):
     with pytest.raises(msrl.CompileError, match=r"takes an algorithm object, not the class Simple: build it first"):
         msrl.compile(loops.Simple, Fused(), env, NUM_ENVS)

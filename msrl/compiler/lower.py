@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import linecache
+import re
 from typing import Any, Callable
 
 from msrl.compiler.ir import Stmt, is_state, liveness, loop_defs, walk
@@ -322,7 +323,10 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
     import jax
 
     hint = None
-    if isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
+    if isinstance(exc, jax.errors.ConcretizationTypeError) and re.search(r"with the `(float|complex)` function", str(exc)):
+        hint = ("float(x) needs a value known at compile time; this one is computed when the program runs: keep the "
+                "array (a metric's array is logged as a number; x.astype(jnp.float32) converts its dtype)")
+    elif isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
         hint = ("a Python `if`, `and`/`or`, `x if c else y` or `int(x)` needs a value known at compile time; this one "
                 "is computed when the program runs (inside `for i in range(N)` over API calls, `i` is: the loop "
                 "runs as lax.scan): select with jnp.where, or write the special iteration out before the loop")
@@ -331,6 +335,7 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
         raise CompileError(f"{type(exc).__name__} in {inner[2]}() while {doing} `{source}` ({at}): {first}",
                            inner[0], inner[1], hint or "run `msrl ... --debug` to see the full traceback") \
             from exc.with_traceback(exc.__traceback__)
+    what = "JAX error" if type(exc).__module__.startswith("jax") else "traceback"
     raise CompileError(f"{type(exc).__name__} while {doing} `{source}`: {first}", file, line,
-                       hint or "run `msrl ... --debug` to see the full JAX error") \
+                       hint or f"run `msrl ... --debug` to see the full {what}") \
         from exc.with_traceback(exc.__traceback__)
