@@ -323,7 +323,8 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
     import jax
 
     hint = None
-    if isinstance(exc, jax.errors.ConcretizationTypeError) and re.search(r"with the `(float|complex)` function", str(exc)):
+    converts = re.search(r"with the `(float|complex)` function", str(exc))
+    if isinstance(exc, jax.errors.ConcretizationTypeError) and converts:
         hint = ("float(x) needs a value known at compile time; this one is computed when the program runs: keep the "
                 "array (a metric's array is logged as a number; x.astype(jnp.float32) converts its dtype)")
     elif isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
