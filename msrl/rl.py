@@ -4,6 +4,8 @@ epochs x minibatches SGD loop of PPO-style learners."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Annotated, Any, Literal, NamedTuple, Sequence
 
 import flax.linen as nn
@@ -125,7 +127,14 @@ class DiagGaussian(NamedTuple):
 
     def log_prob(self, x: jnp.ndarray) -> jnp.ndarray:
         z = (x - self.mean) * jnp.exp(-self.log_std)
-        return jnp.sum(-0.5 * z * z - self.log_std, axis=-1) - 0.5 * np.log(2 * np.pi) * self.mean.shape[-1]
+        terms = -0.5 * z * z - self.log_std
+        if ACTING.get():  # the terms added in order: XLA's CPU code summed them in another order inside fused's
+            # rollout than in a replica's program (PPO on Brax's ant under single_learner_fine: 2 ulps apart)
+            terms = jax.lax.optimization_barrier(terms)
+            total = functools.reduce(operator.add, [terms[..., i] for i in range(terms.shape[-1])])
+        else:
+            total = jnp.sum(terms, axis=-1)
+        return total - 0.5 * np.log(2 * np.pi) * self.mean.shape[-1]
 
     def entropy(self) -> jnp.ndarray:
         return jnp.sum(self.log_std, axis=-1) + 0.5 * (1 + np.log(2 * np.pi)) * self.mean.shape[-1]
