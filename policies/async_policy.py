@@ -32,6 +32,7 @@ from pydantic import Field
 
 import msrl
 from msrl.compiler import run_init
+from msrl.errors import method_name
 
 _CAPTURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("msrl_async_grads", default=None)
 
@@ -104,18 +105,6 @@ FITS = ("use policy.name=single_learner_coarse or multi_learner for an on-policy
         "replay_server, single_learner_fine or multi_learner for one that samples a replay buffer")
 
 
-def method_at(obj: Any, method: str) -> str:
-    """``Class.method()``, with the file and line where it is written where Python can tell."""
-    import inspect
-
-    fn = getattr(type(obj), method, None)
-    try:
-        where = f" ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
-    except (OSError, TypeError):
-        where = ""
-    return f"{type(obj).__name__}.{method}(){where}"
-
-
 def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, Any]:
     """The learner's initial state (``init``: how to compute it), which must be a dict of the parameters
     ("params") and the optimizer's state ("opt_state") alone: the holder carries exactly these, so nothing
@@ -123,15 +112,14 @@ def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, An
     state = (init or learner.init)(key)
     if not isinstance(state, dict) or "params" not in state:
         raise msrl.ConfigError("policy.name", f"async applies gradients to the learner's state['params'], but "
-                               f"{method_at(learner, 'init')} returns no dict with a 'params' key; " + FITS)
+                               f"{method_name(learner, 'init')} returns no dict with a 'params' key; " + FITS)
     extra = sorted(set(state) - set(HELD))
     if extra:
         raise msrl.ConfigError("policy.name", f"async's parameter holder carries a learner state of the parameters "
                           "('params') and the optimizer's state ('opt_state') only, but "
-                          f"the state {method_at(learner, 'init')} returns also holds {', '.join(map(repr, extra))}, "
-                          "which every "
-                          "worker would compute and throw away (target networks, keys and counters would never "
-                          "advance); if one is the optimizer's state, name it 'opt_state'; else " + FITS)
+                          f"the state {method_name(learner, 'init')} returns also holds {', '.join(map(repr, extra))}, "
+                          "which every worker would compute and throw away (target networks, keys and counters would "
+                          "never advance); if one is the optimizer's state, name it 'opt_state'; else " + FITS)
     return state
 
 
@@ -172,7 +160,7 @@ class RemoteLearner:
             _CAPTURED.reset(token)
         if len(slot) != 1:
             raise msrl.ConfigError("policy.name", f"async needs a learner that makes one optimizer step per learn(); "
-                              f"{method_at(self.learner, 'learn')} made {len(slot)}; " + FITS)
+                              f"{method_name(self.learner, 'learn')} made {len(slot)}; " + FITS)
         params, opt_state = optimizer_step(self.learner.tx, slot[0], state["opt_state"], state["params"])
         step = {"params": params, "opt_state": opt_state}
         new = {k: new.get(k) for k in HELD} if isinstance(new, dict) else new
@@ -183,7 +171,7 @@ class RemoteLearner:
         return slot[0], metrics, jnp.all(jnp.stack(close))
 
     def learn(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        name, learn = type(self.learner).__name__, method_at(self.learner, "learn")
+        name, learn = type(self.learner).__name__, method_name(self.learner, "learn")
         try:
             grads, metrics, is_step = self.grads(state, *args, **kwargs)
         except jax.errors.UnexpectedTracerError:  # the step ran inside a loop of learn(): several steps
