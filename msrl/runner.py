@@ -468,10 +468,15 @@ def intervals(run: Any, iterations: int, steps_per_iter: int) -> tuple[int, int]
 class _Signals:
     """SIGINT and SIGTERM while training: the first asks the run to stop after the iterations already
     started (it then checkpoints and writes its summary); a second one exits at once. While the run starts
-    (``starting``: compiling, starting the backend) either one stops it at once (KeyboardInterrupt)."""
+    (``starting``: compiling, starting the backend) either one stops it at once (KeyboardInterrupt). The same
+    signal again within ``SAME_S`` is the first one delivered twice: coreutils' ``timeout`` signals the process,
+    then its process group (it stopped a run at once, saving nothing, one time in four)."""
+
+    SAME_S = 0.5
 
     def __init__(self) -> None:
         self.received: str | None = None
+        self.received_at = 0.0
         self.old: dict[int, Any] = {}
         self.starting = True
 
@@ -488,9 +493,11 @@ class _Signals:
         import signal
         import sys
 
+        if self.received == signal.Signals(signum).name and time.monotonic() - self.received_at < self.SAME_S:
+            return
         if self.received is not None or self.starting:
             raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
+        self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
         print(f"\nmsrl: {self.received}: finishing the iterations under way, then saving a checkpoint "
               "(again to stop at once)", file=sys.stderr, flush=True)
 

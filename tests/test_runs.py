@@ -245,6 +245,29 @@ def test_a_second_signal_stops_at_once_without_waiting_for_the_dispatch_under_wa
     assert float(proc.stdout.split("stopped ")[1].split()[0]) < 1.5, proc.stdout
 
 
+def test_one_signal_delivered_twice_at_once_is_one_stop_that_saves(tmp_path):
+    """coreutils' `timeout -s INT` signals the process, then its process group: two SIGINTs microseconds apart.
+    They stopped the run at once, saving nothing (one time in four); the same signal within half a second is one."""
+    script = textwrap.dedent(f"""
+        import os, signal, msrl
+        sent = []
+        def twice(row):
+            if not sent:
+                sent.append(os.kill(os.getpid(), signal.SIGINT))
+                os.kill(os.getpid(), signal.SIGINT)
+        try:
+            msrl.train({str(CARTPOLE)!r}, ["run.total_env_steps=10240000", "run.iterations_per_dispatch=10",
+                       "run.checkpoint_every_steps=0", "run.progress=false", "run.tensorboard=false"],
+                       run_dir={str(tmp_path / "run")!r}, on_iteration=twice)
+        except KeyboardInterrupt as e:
+            print("stopped:", type(e).__name__, e, flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "stopped: Interrupted SIGINT: stopped after iteration" in proc.stdout, \
+        (proc.stdout, proc.stderr[-3000:])
+    assert list((tmp_path / "run" / "checkpoints").glob("ckpt_*"))
+
+
 @pytest.mark.parametrize("config, overrides", [
     (CARTPOLE, []),
     (str(EXAMPLES / "dqn_cartpole.yaml"), []),
