@@ -286,6 +286,14 @@ def test_brax_env_runs_inside_the_fused_program(tmp_path):
     assert_reaches(tmp_path, 20, within=40000, window=5)
 
 
+def test_a_misspelt_brax_keyword_is_named_with_the_one_meant():
+    pytest.importorskip("brax")
+    with pytest.raises(msrl.ConfigError, match=r"env.kwargs: brax:inverted_pendulum rejected \{'episode_lenght': "
+                                               r"100\}: TypeError: .*\(did you mean 'episode_length'\? msrl's keys: "
+                                               r"episode_length, action_repeat; the env's: backend\)$"):
+        make_env("brax:inverted_pendulum", episode_lenght=100)  # (it named Brax's PipelineEnv alone)
+
+
 def test_ppo_on_brax_ant_gives_fused_parameters_bitwise_on_any_split():
     """Brax's ant (8-dim actions) under single_learner_fine with 8 env workers of 1 env on threads, as fused(8)
     after 2 iterations. Fine's central acting stored log-probs 2 ulps from fused's: XLA's CPU code summed a
