@@ -366,9 +366,9 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
         raise ConfigError(arg("render"), f"{render} is a file; give a folder for the frames and episode.gif")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed, member)
     if render is not None and not cfg.env.id.startswith("gymnasium:"):  # (before the episodes are played)
-        raise ConfigError(arg("render"), f"msrl renders gymnasium: environments only, not {cfg.env.id} (a run "
-                          "trained on the same task as gymnasium:..., e.g. examples/ppo_cartpole_threads.yaml, "
-                          "renders)")
+        raise ConfigError(arg("render"), f"msrl renders gymnasium: environments only, not {cfg.env.id} (train the "
+                          "task's Gymnasium version to render it: gymnasium:CartPole-v1 for gymnax:CartPole-v1, "
+                          "gymnasium:InvertedPendulum-v5 for brax:inverted_pendulum)")
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
     init = env.init if env.host_state else jax.jit(env.init)  # one compile, not dozens
