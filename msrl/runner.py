@@ -784,6 +784,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
     try:
         if resume:
             session.restore(checkpoint.restore(session.snapshot(skip), states, path), iteration=meta["iteration"])
+            stage(f"resuming at iteration {meta['iteration']:,} ({meta['env_steps']:,} env steps) from {path}")
             buffer = program.components.get("buffer")
             if "buffer" in skip and buffer is not None and not isinstance(buffer, TrajectoryBuffer):
                 print(f"msrl: note: run.checkpoint_buffer=false: {type(buffer).__name__} starts empty again (the "

@@ -92,9 +92,13 @@ def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(run)]) == 0
     # the run's own config (a watchdog's setting may change: it changes no number)
-    assert main(["train", "--resume", str(run), "run.total_env_steps=6144", "run.stall_timeout_s=60"]) == 0
-    assert "run.total_env_steps changes from 4,096 to 6,144; anneal_lr's learning rate follows the new " \
-        "total" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "run.total_env_steps=6144", "run.stall_timeout_s=60",
+                 "run.progress=true"]) == 0
+    err = capsys.readouterr().err
+    assert "run.total_env_steps changes from 4,096 to 6,144; anneal_lr's learning rate follows the new total" in err
+    # where it picks up (it went from "starting the jax backend" to a progress line past the checkpoint)
+    assert f"msrl: resuming at iteration 8 (4,096 env steps) from {run / 'checkpoints' / 'ckpt_000000008.msgpack'}\n" \
+        in err
     flat = tmp_path / "flat"
     assert main(["train", CARTPOLE, *SHORT, "algorithm.anneal_lr=false", "--run-dir", str(flat)]) == 0
     assert main(["train", "--resume", str(flat), "run.total_env_steps=6144"]) == 0
