@@ -5,6 +5,7 @@ terminated; an ended environment is reset from its own key."""
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import jax
@@ -19,12 +20,29 @@ from msrl.errors import ConfigError, did_you_mean
 TILE = 16  # envs stepped together (in_tiles): 8 cost halfcheetah ~25% of its CPU speed, 16 nothing
 
 
+def _import_brax_envs() -> Any:
+    """``brax.envs``, without the lines MuJoCo prints on its import where its optional Warp backend is not
+    installed ("Failed to import warp: No module named 'warp'", twice: it reads as an error, and is none)."""
+    import contextlib
+    import io
+    import sys
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            from brax import envs
+    finally:
+        sys.stdout.writelines(line for line in printed.getvalue().splitlines(keepends=True)
+                              if not re.match(r"Failed to import (mujoco_)?warp: No module named", line))
+    return envs
+
+
 class BraxEnv(FunctionalEnv):
     rowwise = True  # each environment stepped alone (vmapped, in tiles), its keys from its global index
 
     def __init__(self, name: str, episode_length: int = 1000, action_repeat: int = 1, **kwargs: Any):
         try:
-            from brax import envs
+            envs = _import_brax_envs()
         except ImportError:
             raise ConfigError("env.id", f"brax:{name} needs Brax: pip install -e '.[brax]' in msrl's folder") from None
         if name not in envs._envs:
