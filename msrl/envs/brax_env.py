@@ -54,10 +54,11 @@ class BraxEnv(FunctionalEnv):
         try:
             env = envs.get_environment(name, **kwargs)
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
+            mine = ("episode_length", "action_repeat")
             own = [p for p in inspect.signature(envs._envs[name]).parameters if p != "kwargs"]
-            typos = "".join(did_you_mean(k, ["episode_length", "action_repeat", *own]) for k in kwargs)
+            typos = "".join(did_you_mean(k, [*mine, *own]) for k in kwargs)
             raise ConfigError("env.kwargs", f"brax:{name} rejected {kwargs}: {type(e).__name__}: {e} ({typos}msrl's "
-                              f"keys: episode_length, action_repeat; the env's: {', '.join(own)})") from None
+                              f"keys: {', '.join(mine)}; the env's: {', '.join(own)})") from None
         self.env = envs.wrappers.training.EpisodeWrapper(env, episode_length, action_repeat)
         # the observation's shape from an abstract reset: Brax's observation_size runs reset op by op (~9 s on 2 cores)
         obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs
