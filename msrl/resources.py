@@ -12,6 +12,12 @@ from typing import Any, Iterator
 from msrl.errors import ConfigError, TrainingError, arg, quote
 
 OOM_HINT = "lower env.num_envs / algorithm.buffer_size"
+# A GPU library that cannot get memory for its own handle says so in its words, not XLA's (cuSolver's QR in
+# an orthogonal init, measured on an H200 with 8 processes sharing it: each took JAX's default 75 % of it).
+GPU_LIBRARY_OOM = ("cuSolver internal error", "CUSOLVER_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED",
+                   "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation")
+SHARED_GPU_HINT = ("; a GPU that other processes use too: JAX takes 75 % of its memory in each process "
+                   "(XLA_PYTHON_CLIENT_MEM_FRACTION=.3, or XLA_PYTHON_CLIENT_PREALLOCATE=false, lets them share it)")
 
 
 def check_writable(run_dir: Path) -> None:
@@ -123,10 +129,11 @@ def resource_errors(run_dir: Path) -> Iterator[None]:
     except Exception as e:  # noqa: BLE001 - anything else is re-raised as it is
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise TrainingError(f"disk full writing {e.filename or run_dir}") from None
-        if any(isinstance(x, MemoryError) or (x is not None and "RESOURCE_EXHAUSTED" in str(x))
-               for x in (e, e.__cause__, e.__context__)):
+        causes = [x for x in (e, e.__cause__, e.__context__) if x is not None]
+        gpu = any(m in str(x) for x in causes for m in GPU_LIBRARY_OOM)
+        if gpu or any(isinstance(x, MemoryError) or "RESOURCE_EXHAUSTED" in str(x) for x in causes):
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise TrainingError(f"out of memory ({first[:300]}); {OOM_HINT}") from None
+            raise TrainingError(f"out of memory ({first[:300]}); {OOM_HINT}{SHARED_GPU_HINT if gpu else ''}") from None
         if type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):  # a callback raised inside a program
             lines = str(e).strip().splitlines() or [type(e).__name__]
             first = lines[0].split("Traceback (most recent call last)")[0].strip().rstrip(":")

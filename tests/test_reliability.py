@@ -329,6 +329,12 @@ def test_out_of_memory_and_a_full_disk_are_one_line_errors(tmp_path):
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 80000000000 bytes.")
     with pytest.raises(msrl.TrainingError, match="out of memory"), resource_errors(tmp_path):
         raise MemoryError
+    # what an H200 shared by 8 test processes raised in a program's init (cuSolver's handle for an orthogonal init)
+    with pytest.raises(msrl.TrainingError, match=r"^out of memory \(INTERNAL: .*cuSolver internal error.*; lower env"
+                                                 r".*other processes use too: .*XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        with resource_errors(tmp_path):
+            raise jax.errors.JaxRuntimeError("INTERNAL: jaxlib/gpu/solver_handle_pool.cc:37: operation "
+                                             "gpusolverDnCreate(&handle) failed: cuSolver internal error")
     with pytest.raises(ValueError, match="other"), resource_errors(tmp_path):  # anything else as it was
         raise ValueError("other")
 
