@@ -18,6 +18,7 @@ learner never loses an update. A learner that dies ends the run with a :class:`T
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -33,6 +34,7 @@ import numpy as np
 import ray
 from ray import cloudpickle  # not the cloudpickle package: from 3.1.3 it renames code pickled by value (a script's
 # classes) to "<dynamic-code>", and every process compiles the loop from the source in the file it names
+from ray._private.services import canonicalize_bootstrap_address
 
 from msrl import services
 from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
@@ -453,16 +455,22 @@ _MADE = False  # whether msrl made this process's Ray connection (else the progr
 def _connect(policy: Any, program: Any) -> None:
     """Join the running Ray session, ``policy.ray_address``, or start a private cluster on this machine
     (loopback only, dashboard off unless ``policy.ray_dashboard``)."""
-    global _MADE
+    global _MADE, _AUTH_BEFORE
     _forward_output()
     if ray.is_initialized():
+        _note_other_cluster(policy.ray_address)
         return
+    _AUTH_BEFORE = os.environ.get(AUTH_MODE)  # Ray sets it for a cluster it starts: put back on shutdown()
     if policy.ray_address:
+        scheme = policy.ray_address.partition("://")[0] if "://" in policy.ray_address else None
+        if scheme is not None:
+            raise ConfigError("policy.ray_address", f"{policy.ray_address}: msrl joins a Ray cluster at the address "
+                              "of its head node, host:port (what `ray start --head` prints), or auto; not "
+                              + ("through Ray Client (ray://)" if scheme == "ray" else f"a {scheme}:// URL"))
         reachable = _check_reachable(policy.ray_address)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves this machine
-        if reachable:
-            _use_token_if_held(reachable)
-        with warnings.catch_warnings():
+        _choose_auth(policy.ray_address)
+        with warnings.catch_warnings(), _own_sigterm():
             warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
             try:
                 ray.init(address=policy.ray_address, **QUIET)
@@ -470,14 +478,47 @@ def _connect(policy: Any, program: Any) -> None:
                 why = str(e).split(". ")[0].rstrip(".")
                 if reachable:  # ... or a cluster that refused us
                     raise ConfigError("policy.ray_address", f"cannot join the Ray cluster at {policy.ray_address} "
-                                      f"({why}), though something answers there: a cluster started with Ray's token "
-                                      "authentication takes its token (RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<`ray "
-                                      "get-auth-token` on its head node>), and its Ray must be the version here "
-                                      f"({ray.__version__})") from None
+                                      f"({why}), though something answers there: a cluster on another machine "
+                                      "started with Ray's token authentication takes its token (RAY_AUTH_MODE=token "
+                                      "RAY_AUTH_TOKEN=<`ray get-auth-token` on its head node>), and its Ray must be "
+                                      f"the version here ({ray.__version__})") from None
                 raise _no_cluster(policy.ray_address, why) from None
     else:
         init_local(local_cpus(policy, program), dashboard=policy.ray_dashboard)
     _MADE = True
+
+
+def _note_other_cluster(address: str | None) -> None:
+    """A note where ``address`` is not the cluster this process is already connected to (its own ``ray.init``),
+    which msrl uses."""
+    if not address:
+        return
+    here = ray.get_runtime_context().gcs_address
+    try:
+        wanted = canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 - an address Ray cannot read is not the one in use either
+        wanted = address
+    if wanted != here:
+        print(f"msrl: note: policy.ray_address={address} is not used: this process is already connected to the Ray "
+              f"cluster at {here} (its own ray.init), where msrl runs", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _own_sigterm():
+    """Around ``ray.init``, which makes SIGTERM exit the process (its own handler): the handler that was there
+    before (msrl's: checkpoint and stop) is put back, and a SIGTERM during the call stops as Ctrl-C does."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    try:
+        yield
+    except SystemExit as e:
+        if e.code == signal.SIGTERM:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _forward_output() -> None:
@@ -492,29 +533,64 @@ def _forward_output() -> None:
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
-def _use_token_if_held(host: str) -> None:
-    """For a cluster on this machine, join with Ray's token authentication where this machine holds a token
-    (``~/.ray/auth_token``) and ``RAY_AUTH_MODE`` is unset, as ``ray start`` does: the cluster it started then
-    requires the token, which ``ray.init`` sends to an explicit address only when told (it does not send a local
-    token to another machine, nor does msrl)."""
+AUTH_MODE = "RAY_AUTH_MODE"  # Ray's switch of token authentication, read by every Ray process it reaches
+_AUTH_BEFORE: str | None = None
+
+
+def _choose_auth(address: str) -> None:
+    """Join a cluster on this machine with Ray's token authentication exactly when it requires the token. Where
+    this machine holds one (``~/.ray/auth_token``), ``ray start`` requires it, a cluster started from Python
+    (``ray.cluster_utils.Cluster``) or with ``RAY_AUTH_MODE=disabled`` does not; ``ray.init`` sends it to an
+    explicit address only when told, and a driver that uses it where the cluster does not is cut off (the
+    cluster's calls to the driver carry none: its replicas die as they start). So a client without the token
+    asks the cluster first, which refuses it only if it requires one. ``RAY_AUTH_MODE`` set by the user is
+    left as it is; no token is sent to another machine."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    if AUTH_MODE in os.environ or not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        return
+    try:
+        resolved = canonicalize_bootstrap_address(address)  # auto: the cluster this machine started last
+    except Exception:  # noqa: BLE001 - ray.init says what is wrong with it
+        return
+    if not resolved or not _on_this_machine(resolved.rpartition(":")[0].strip("[]")):
+        return
+    os.environ[AUTH_MODE] = "token" if _refuses_a_client_without_token(resolved) else "disabled"
+    Config.initialize("")  # Ray's cached config reads it again
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _on_this_machine(host: str) -> bool:
     import socket
 
     import psutil
-    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
 
     try:
         ips = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
-        return
+        return False
     mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
-    if not ips or not all(ip.startswith("127.") or ip == "::1" or ip in mine for ip in ips):
-        return
-    log = logging.getLogger("ray")
-    level, log.level = log.level, logging.ERROR  # not Ray's warning that the token is used
+    return bool(ips) and all(ip.startswith("127.") or ip == "::1" or ip in mine for ip in ips)
+
+
+def _refuses_a_client_without_token(address: str) -> bool:
+    from ray._raylet import InnerGcsClient
+    from ray.exceptions import AuthenticationError
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # not Ray's C++ warning of the refusal, which is the answer here
     try:
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        InnerGcsClient.standalone(address, None, 5000)
+    except AuthenticationError:
+        return True
+    except Exception:  # noqa: BLE001 - no answer of the kind: ray.init says what is wrong
+        return False
     finally:
-        log.level = level
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    return False
 
 
 def local_cpus(policy: Any, program: Any) -> int:
@@ -543,7 +619,8 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
     =0``); on Linux it otherwise resolves even an explicit ``_node_ip_address="127.0.0.1"`` to the machine's
     outward address. Ray reads that variable once, when it is imported, so the switch is set in the module
     that holds it, only while this cluster starts (joining another cluster later still uses the real address).
-    ``ray.init`` makes SIGTERM exit the process; the handler that was there before is put back.
+    ``ray.init`` makes SIGTERM exit the process; the handler that was there before is put back
+    (:func:`_own_sigterm`).
     """
     import signal
 
@@ -557,7 +634,6 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
                                   str(os.getpid()), *others], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, start_new_session=True)
     main = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     # a Ctrl-C waits until ray.init returns: interrupted inside it, its half-connected core worker crashed the
     # process's exit (SIGSEGV in its metrics thread, ~1 start in 3); after it, shutdown() stops it cleanly
     sigint, deferred = (signal.getsignal(signal.SIGINT) if main else None), []
@@ -568,26 +644,20 @@ def init_local(num_cpus: int, dashboard: bool = False, **kwargs: Any) -> None:
     before = (os.environ.get(LOCAL_ONLY), getattr(ray_constants, "ENABLE_RAY_CLUSTER", True))
     os.environ[LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
     try:
-        with warnings.catch_warnings():  # Ray's processes are fork+exec'd: JAX's fork warning does not apply
+        with warnings.catch_warnings(), _own_sigterm():  # Ray's processes are fork+exec'd: not JAX's fork warning
             warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                     **{**QUIET, **kwargs})
-    except SystemExit as e:  # Ray's SIGTERM handler, while the cluster started: stop as on SIGINT
-        shutdown()
-        if e.code == signal.SIGTERM:
-            raise KeyboardInterrupt from None
-        raise
-    except BaseException:
-        shutdown()
-        raise
+            try:
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                         **{**QUIET, **kwargs})
+            except BaseException:
+                shutdown()
+                raise
     finally:
         if before[0] is None:
             os.environ.pop(LOCAL_ONLY, None)
         else:
             os.environ[LOCAL_ONLY] = before[0]
         ray_constants.ENABLE_RAY_CLUSTER = before[1]
-        if main and sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
         if sigint is not None:
             signal.signal(signal.SIGINT, sigint)
     if deferred and callable(sigint):  # now: its handler (msrl's, Python's: KeyboardInterrupt) stops the start
@@ -607,6 +677,11 @@ def shutdown() -> None:
     """``ray.shutdown``, and the watchdog of a private cluster this process started reaps what is left of it."""
     global _WATCHDOG, _MADE
     ray.shutdown()
+    if _MADE and os.environ.get(AUTH_MODE) != _AUTH_BEFORE:  # as the user's process had it (Ray set it, or msrl)
+        from ray._raylet import Config
+
+        os.environ.pop(AUTH_MODE, None) if _AUTH_BEFORE is None else os.environ.update({AUTH_MODE: _AUTH_BEFORE})
+        Config.initialize("")
     _MADE = False
     if _WATCHDOG is not None:
         _WATCHDOG.stdin.close()  # it reaps what is left of the cluster, then exits: waited for in the background
@@ -638,27 +713,38 @@ def _no_cluster(address: str, why: str) -> ConfigError:
 
 
 def _check_resources(program: Any, release_s: float) -> None:
-    """Fail now, not hang, when the cluster cannot hold every replica at once: neither in all, nor with what is
-    free (actors of another session hold the rest; those of one just closed are released within ``release_s``)."""
+    """Fail now, not hang, when the cluster cannot hold every replica at once: in all, on one node for each
+    replica, or with what is free (actors of another session hold the rest; those of one just closed are
+    released within ``release_s``)."""
     kinds = (("CPU", "num_cpus"), ("GPU", "num_gpus"))
     need = {res: sum(getattr(f.spec, field) * f.spec.replicas for f in program.fragments.values())
             for res, field in kinds}
+    have = ray.cluster_resources()
+    for res, field in kinds:
+        if need[res] > have.get(res, 0) + 1e-9:
+            unset = " (1 per replica unless set)" if res == "CPU" else ""
+            raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset}, but the "
+                              f"Ray cluster has {have.get(res, 0):g}; lower policy.resources.<role>.{field} (fractions "
+                              "are fine) or give the cluster more")
+    largest = {res: max((n["Resources"].get(res, 0) for n in ray.nodes() if n["Alive"]), default=0) for res, _ in kinds}
+    for f in program.fragments.values():  # Ray places a replica on one node, or waits for one forever
+        for res, field in kinds:
+            if getattr(f.spec, field) > largest[res] + 1e-9:
+                raise ConfigError("policy.resources", f"a replica of {f.name} needs {getattr(f.spec, field):g} "
+                                  f"{res}s, but no node of the Ray cluster has that many (the largest has "
+                                  f"{largest[res]:g}); lower policy.resources.{f.name}.{field} or add a larger node")
     deadline = time.monotonic() + release_s
     while True:
-        have, free = ray.cluster_resources(), ray.available_resources()
+        free = ray.available_resources()
         short = [(res, field) for res, field in kinds if need[res] > free.get(res, 0) + 1e-9]
-        if not short or time.monotonic() > deadline or any(need[r] > have.get(r, 0) + 1e-9 for r, _ in short):
+        if not short or time.monotonic() > deadline:
             break
         time.sleep(POLL_S)
     for res, field in short:
         unset = " (1 per replica unless set)" if res == "CPU" else ""
-        if need[res] > have.get(res, 0) + 1e-9:
-            raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset}, but the "
-                              f"Ray cluster has {have.get(res, 0):g}; lower policy.resources.<role>.{field} (fractions "
-                              "are fine) or give the cluster more")
         raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset}, but only "
                           f"{free.get(res, 0):g} of the Ray cluster's {have.get(res, 0):g} are free: others hold "
-                          "the rest (another msrl session open in this process, or your own actors); close it, or "
+                          "the rest (another session on the cluster, msrl's or not, or your own actors); close it, or "
                           f"lower policy.resources.<role>.{field} (fractions are fine)")
 
 

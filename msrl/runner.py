@@ -770,7 +770,9 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
           f"{', '.join(f'{f.name} x{f.spec.replicas}' for f in program.fragments.values())}"
           + "".join(f", and {s.name}" for s in program.services.values())
           + (" (XLA compiles the program now)" if cfg.policy.backend == "jax" else
-             " (a Ray cluster and one process per replica start now)" if cfg.policy.backend == "ray" else ""))
+             (f" (one process per replica starts now, on the Ray cluster at {cfg.policy.ray_address})"
+              if getattr(cfg.policy, "ray_address", None) else " (a Ray cluster and one process per replica start now)")
+             if cfg.policy.backend == "ray" else ""))
     session = Session(program=program, seed=cfg.run.seed, iterations_per_dispatch=per_dispatch,
                       stall_timeout_s=cfg.run.stall_timeout_s, seeds=cfg.run.num_seeds,
                       seed_batching=cfg.run.seed_batching, sweep=cfg.run.sweep)

@@ -121,13 +121,16 @@ def test_three_node_cluster_spreads_actors_and_matches_one_node():
     assert max_diff(jax.tree.map(np.asarray, single), remote) <= 1e-5
 
 
-def test_more_resources_than_the_cluster_has_is_a_config_error():
+def test_more_resources_than_the_cluster_has_is_a_config_error(capsys):
     import ray
 
     with pytest.raises(msrl.ConfigError, match=r"policy.resources: the replicas need 1001 CPUs in all \(1 per "
                                                r"replica unless set\), but the Ray cluster has 4;"):
-        ray_session(["policy.name=single_learner_coarse", "policy.resources.learner.num_cpus=999"])
+        ray_session(["policy.name=single_learner_coarse", "policy.resources.learner.num_cpus=999",
+                     "policy.ray_address=127.0.0.1:9"])
     assert ray.is_initialized()  # the shared session is left as it was
+    assert re.search(r"note: policy.ray_address=127.0.0.1:9 is not used: this process is already connected to the "
+                     r"Ray cluster at [\d.]+:\d+ \(its own ray.init\), where msrl runs", capsys.readouterr().err)
 
 
 def test_an_address_where_nothing_answers_or_a_malformed_one_fails_fast_and_clearly():
@@ -152,6 +155,13 @@ def test_an_address_where_nothing_answers_or_a_malformed_one_fails_fast_and_clea
                                                        rf"{address} \({why}\); start the cluster"):
                 msrl.Session(cfg)
             assert time.time() - started < 30
+        for address, how in [(f"ray://127.0.0.1:{port}", "through Ray Client \\(ray://\\)"),
+                             (f"http://127.0.0.1:{port}", "a http:// URL")]:  # (a hint about tokens, before)
+            cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=ray",
+                                         f"policy.ray_address={address}"])
+            with pytest.raises(msrl.ConfigError, match=rf"^policy.ray_address: {address}: msrl joins a Ray cluster "
+                                                       rf"at the address of its head node, host:port .*; not {how}$"):
+                msrl.Session(cfg)
     finally:
         _restart_shared_cluster()
     # the shared cluster's watchdog saw it gone (ray.shutdown alone leaves its stdin open) and ended
@@ -185,7 +195,7 @@ def test_sessions_side_by_side_share_the_private_cluster_and_one_that_cannot_fit
     assert got["rows"] == 1 and got["still"] and not got["after"], got
     assert got["error"] == (f"policy.resources: the replicas need {got['cores']:g} CPUs in all (1 per replica unless "
                             f"set), but only {got['cores'] - 1:g} of the Ray cluster's {got['cores']} are free: others "
-                            "hold the rest (another msrl session open in this process, or your own actors); close "
+                            "hold the rest (another session on the cluster, msrl's or not, or your own actors); close "
                             "it, or lower policy.resources.<role>.num_cpus (fractions are fine)"), got
     assert got["took"] < 60, got  # its compile, then the refusal: no wait for Ray to place what cannot fit
 
@@ -214,6 +224,53 @@ def test_joins_a_cluster_on_this_machine_that_requires_ray_token_authentication(
         print(json.dumps({{"rows": len(rows)}}))
     """)
     assert got["rows"] == 2
+
+
+def test_joins_a_cluster_without_token_authentication_though_a_token_is_held_and_stops_on_sigterm(tmp_path):
+    """A cluster started from Python (``ray.cluster_utils``) requires no token even where this machine holds one
+    (~/.ray/auth_token); msrl joined it with the token, and the cluster, whose calls to the driver then carried
+    none, killed every replica as it started. On a joined cluster SIGTERM exited at once with Ray's native stack
+    dump (ray.init had replaced msrl's handler), and a replica larger than every node waited forever."""
+    got = run_script(f"""
+        import json, os, signal, subprocess, sys, time
+        os.environ.pop("RAY_AUTH_MODE", None)
+        os.environ["HOME"] = {str(tmp_path)!r}
+        from ray._private.authentication.authentication_token_setup import generate_and_save_token
+        generate_and_save_token()
+        from ray.cluster_utils import Cluster
+        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 1, "include_dashboard": False}})
+        cluster.add_node(num_cpus=1)
+        import msrl
+        try:
+            msrl.train("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
+                       "policy.actors=1", "policy.resources.learner.num_cpus=1.5",
+                       "policy.resources.actor.num_cpus=0.5", f"policy.ray_address={{cluster.address}}"],
+                       run_dir={str(tmp_path / "big")!r})
+            error = None
+        except msrl.ConfigError as e:
+            error = str(e)
+        mode = os.environ.get("RAY_AUTH_MODE")
+        run = {str(tmp_path / "run")!r}
+        train = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", "examples/ppo_cartpole.yaml",
+                                  "policy.name=single_learner_coarse", "policy.backend=ray", "policy.actors=1",
+                                  f"policy.ray_address={{cluster.address}}", "run.progress=false",
+                                  "run.tensorboard=false", "--run-dir", run], stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 200
+        while time.time() < deadline and train.poll() is None and not (
+                os.path.exists(run + "/metrics.csv") and len(open(run + "/metrics.csv").readlines()) > 2):
+            time.sleep(0.5)
+        train.send_signal(signal.SIGTERM)
+        _, err = train.communicate(timeout=120)
+        cluster.shutdown()
+        print(json.dumps({{"error": error, "mode": mode, "rc": train.returncode, "err": err[-2000:],
+                          "summary": os.path.exists(run + "/summary.json")}}))
+    """)
+    assert got["error"] == ("policy.resources: a replica of learner needs 1.5 CPUs, but no node of the Ray cluster has "
+                            "that many (the largest has 1); lower policy.resources.learner.num_cpus or add a larger "
+                            "node"), got
+    assert got["mode"] is None  # the user's environment as it was
+    assert got["rc"] == 130 and got["summary"] and "SIGTERM: stopped after iteration" in got["err"], got["err"]
+    assert "SIGTERM received" not in got["err"], got["err"]  # (Ray's native stack dump)
 
 
 def test_what_the_replicas_print_reaches_the_driver_whole_and_named(tmp_path):
