@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 import msrl
-from msrl.config import load_config
+from msrl.config import float_key, load_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEFAULT = ["a2c_cartpole", "dqn_cartpole", "impala_cartpole", "mappo_spread", "ppo_cartpole", "recurrent_dqn_cartpole",
@@ -48,9 +48,11 @@ def main() -> None:
         starts = [f"algorithm.learning_starts={cfg.env.num_envs * cfg.algorithm.rollout_len}"] \
             if hasattr(cfg.algorithm, "learning_starts") else []
         for key, field in type(cfg.algorithm).model_fields.items():
-            if field.annotation is not float:
+            if not float_key(field.annotation):
                 continue
             value = getattr(cfg.algorithm, key)
+            if value is None:  # a float or null (SAC's alpha: null learns it): swept over numbers
+                value = 0.2
             other = value * 0.5 if value else 0.1
             out = {"example": name, "key": key, "values": [value, other]}
             try:

@@ -280,6 +280,11 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
                           "says)")
     if asked != cfg.env.num_envs:
         cfg._envs_asked = asked
+    inert = cfg.algorithm.inert()
+    for key in cfg.run.sweep:
+        if key in inert:  # (a single value of it is a note: msrl train says it is ignored)
+            raise ConfigError(f"algorithm.{key}", f"is swept, but it only applies with {inert[key]}: every member "
+                              "would train the same; set that, or sweep another key")
     return cfg
 
 
@@ -308,7 +313,12 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
     sweep = dict(sweep)
     for key, value in algo.items():
         field = model.model_fields.get(key)
-        if isinstance(value, list) and field is not None and "list" not in str(field.annotation).lower():
+        listed = field is not None and "list" in str(field.annotation).lower()
+        if listed and isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+            raise ConfigError(f"algorithm.{key}", f"a list of lists ({quote(value)}) would sweep it, but one program "
+                              "sweeps float keys only (a width or a count changes the program's shapes): run one "
+                              "program per value")
+        if isinstance(value, list) and field is not None and not listed:
             same = key in sweep and isinstance(sweep[key], list) and \
                 list(map(_number_or_repr, sweep[key])) == list(map(_number_or_repr, value))
             if key in sweep and not same:  # the same list twice (a sweep's config.yaml and its list again) is one
@@ -324,18 +334,27 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
     for key, values in sweep.items():
         field = model.model_fields.get(key)
         if field is None:
-            floats = [k for k, f in model.model_fields.items() if f.annotation is float]
+            floats = [k for k, f in model.model_fields.items() if float_key(f.annotation)]
             raise ConfigError(f"run.sweep.{_name(key)}", f"not a key of algorithm {algo.get('name')}; "
                               f"{did_you_mean(key, floats)}its float keys: " + ", ".join(floats))
-        if field.annotation is not float:
+        if not float_key(field.annotation):
+            kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
             raise ConfigError(f"algorithm.{key}", "one program sweeps float keys only (a count, a size or a choice "
-                              "changes the program's shapes): run one program per value")
+                              f"can change the program's shapes; this key is {kind}): run one program per value")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"run.sweep.{key}", f"must be a non-empty list of values, got {quote(values)}")
+        if None in values:  # (a float or null: null is another way of working, e.g. SAC's learned temperature)
+            raise ConfigError(f"run.sweep.{key}", f"null and a number are two programs, not one swept value: run one "
+                              f"program per value, got {quote(values)}")
         if len(set(map(_number_or_repr, values))) < len(values):  # 1e-3 and 0.001 are one value
             raise ConfigError(f"run.sweep.{key}", f"lists a value twice: {quote(list(map(_number_or_repr, values)))}")
         algo[key] = values[0]
     return {**run, "sweep": sweep} if sweep else run
+
+
+def float_key(annotation: Any) -> bool:
+    """A float key, or one that is a float or null (``float | None``)."""
+    return annotation is float or (set(get_args(annotation)) == {float, type(None)})
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bool = True) -> dict[str, Any]:

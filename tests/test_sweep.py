@@ -63,6 +63,19 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     for override, message in refused.items():
         with pytest.raises(ConfigError, match=message):
             load_config(CARTPOLE, [override])
+    sac, dqn = str(EXAMPLES / "sac_pendulum.yaml"), str(EXAMPLES / "dqn_cartpole.yaml")
+    assert load_config(sac, ["algorithm.alpha=[0.1,0.2]"]).run.sweep == {"alpha": [0.1, 0.2]}  # float or null
+    refused = {  # (each was a message about shapes, or pydantic's about one element, or trained identical members)
+        (sac, "algorithm.hidden=[[64],[32]]"): r"^algorithm.hidden: a list of lists \(\[\[64\], \[32\]\]\) would sweep "
+                                                r"it, but one program sweeps float keys only",
+        (sac, "algorithm.alpha=[0.1,null]"): r"^run.sweep.alpha: null and a number are two programs",
+        (dqn, "algorithm.per_alpha=[0.6,0.3]"): r"^algorithm.per_alpha: is swept, but it only applies with "
+                                                r"algorithm.prioritized=true: every member would train the same",
+        (dqn, "algorithm.eps_decay_steps=[1000,2000]"): r"^algorithm.eps_decay_steps: one program sweeps float keys "
+                                                        r"only \(.*; this key is int\)"}
+    for (example, override), message in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(example, [override])
     with pytest.raises(ConfigError, match=r"algorithm.lr: .5e-4. is given, but run.sweep sweeps it over \[0.001, 0"):
         load_config(CARTPOLE, ["run.sweep={lr: [0.001, 0.002]}", "algorithm.lr=5e-4"])  # (5e-4 was dropped)
     # run.sweep written out sweeps the file's own lr (1e-3) as a list value would

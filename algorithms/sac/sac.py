@@ -167,9 +167,9 @@ class OffPolicyLearner(msrl.Learner):
 
 class SACLearner(OffPolicyLearner):
     def __init__(self, actor: TanhGaussian, critic: TwinQ, squash: Squash, cfg: SACConfig, example_obs,
-                 example_action, target_entropy: float):
+                 example_action):
         self.actor, self.critic, self.squash, self.cfg = actor, critic, squash, cfg
-        self.obs, self.action, self.target_entropy = example_obs, example_action, target_entropy
+        self.obs, self.action = example_obs, example_action
 
     # three optimizers, each after the policy's gradient transforms
     @property
@@ -209,7 +209,8 @@ class SACLearner(OffPolicyLearner):
         return loss, {"actor_loss": loss, "entropy": -jnp.mean(logp)}
 
     def _alpha_loss(self, log_alpha, entropy):
-        return -log_alpha * (self.target_entropy - entropy), {}
+        target = -float(self.action.size) if self.cfg.target_entropy is None else self.cfg.target_entropy  # -dims
+        return -log_alpha * (target - entropy), {}
 
     def update(self, state, sample: msrl.Sample):
         """One update once the buffer holds learning_starts transitions: the critic, then the actor on the
@@ -285,7 +286,5 @@ class SAC(ContinuousOffPolicy):
         squash = Squash(*squash_of(space))
         actor = TanhGaussian(dim, len(spec.obs_shape), hidden)
         critic = TwinQ(len(spec.obs_shape), hidden)
-        target_entropy = -float(dim) if cfg.target_entropy is None else cfg.target_entropy
         self.actor = self.normalized(SACActor(actor, squash, space, self.random_steps))
-        self.learner = SACLearner(actor, critic, squash, cfg, spec.example_obs(),
-                                  jnp.zeros(space.shape, jnp.float32), target_entropy)
+        self.learner = SACLearner(actor, critic, squash, cfg, spec.example_obs(), jnp.zeros(space.shape, jnp.float32))
