@@ -194,7 +194,9 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
             msg = unknown_key(str(err["loc"][-1]), _model_at(model, err["loc"][:-1]).model_fields)
         elif "input" in err and err["type"] != "missing":
             msg += f" (got {quote(err['input'])})"
-            if isinstance(err["input"], list) and prefix != "algorithm":
+            if isinstance(err["input"], list) and key == "run.seed":
+                msg += "; several seeds in one program: run.num_seeds=N (seeds run.seed .. run.seed + N - 1)"
+            elif isinstance(err["input"], list) and prefix != "algorithm":
                 msg += "; a list sweeps only an algorithm's float keys (one program per value otherwise)"
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         if field is not None and field.description and err["type"] != "extra_forbidden":

@@ -58,6 +58,7 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
                "algorithm.lr=[]": "run.sweep.lr: must be a non-empty list",
                "algorithm.lr=[0.001,0.001]": "run.sweep.lr: lists a value twice",
                "algorithm.lr=[1e-3,0.001]": "run.sweep.lr: lists a value twice",  # one value, written two ways
+               "run.seed=[0,1]": r"run.seed: .*\(got \[0, 1\]\); several seeds in one program: run.num_seeds=N",
                "run.sweep={lrr: [0.1]}": r"run.sweep.lrr: not a key of algorithm ppo; did you mean 'lr'\? its float keys: "
                                          "lr, gamma"}
     for override, message in refused.items():
