@@ -545,7 +545,7 @@ def _choose_auth(address: str) -> None:
     cluster's calls to the driver carry none: its replicas die as they start). So a client without the token
     asks the cluster first, which refuses it only if it requires one. ``RAY_AUTH_MODE`` set by the user is
     left as it is; no token is sent to another machine."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader
 
     if AUTH_MODE in os.environ or not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
         return
@@ -556,7 +556,14 @@ def _choose_auth(address: str) -> None:
     if not resolved or not _on_this_machine(resolved.rpartition(":")[0].strip("[]")):
         return
     os.environ[AUTH_MODE] = "token" if _refuses_a_client_without_token(resolved) else "disabled"
-    Config.initialize("")  # Ray's cached config reads it again
+    _reload_auth()
+
+
+def _reload_auth() -> None:
+    """Ray's cached config and token read ``RAY_AUTH_MODE`` again (a driver that keeps the token cached uses it)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
 
 
@@ -678,10 +685,11 @@ def shutdown() -> None:
     global _WATCHDOG, _MADE
     ray.shutdown()
     if _MADE and os.environ.get(AUTH_MODE) != _AUTH_BEFORE:  # as the user's process had it (Ray set it, or msrl)
-        from ray._raylet import Config
-
-        os.environ.pop(AUTH_MODE, None) if _AUTH_BEFORE is None else os.environ.update({AUTH_MODE: _AUTH_BEFORE})
-        Config.initialize("")
+        if _AUTH_BEFORE is None:
+            os.environ.pop(AUTH_MODE, None)
+        else:
+            os.environ[AUTH_MODE] = _AUTH_BEFORE
+        _reload_auth()
     _MADE = False
     if _WATCHDOG is not None:
         _WATCHDOG.stdin.close()  # it reaps what is left of the cluster, then exits: waited for in the background
