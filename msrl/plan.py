@@ -110,6 +110,14 @@ class Plan:
         return next((c for c in self.comms if c.var == var), None)
 
 
+def _known(what: str, names: Iterable[str], known: Iterable[str]) -> None:
+    from msrl.errors import did_you_mean
+
+    for name in names:
+        if name not in known:
+            raise ValueError(f"{name!r} is not {what}; {did_you_mean(name, known)}they are: {', '.join(sorted(known))}")
+
+
 class Loop:
     """The loop as a policy sees it to assign roles: its statements and their data dependencies."""
 
@@ -117,11 +125,18 @@ class Loop:
         self.statements, self.fdg = statements, fdg
 
     def calls(self, *names: str) -> set[str]:
-        """Ids of the calls of the named API functions (``"agent_learn"``, ...)."""
+        """Ids of the calls of the named API functions (``"agent_learn"``, ...): none where this loop makes none;
+        a name that is no API function is an error (a typo would leave a role without its statements)."""
+        from msrl.api import API
+
+        _known("an API function", names, API)
         return {s.id for s in self.statements if s.kind == "api" and s.api.name in names}
 
     def component_calls(self, component: str) -> set[str]:
         """Ids of the API calls on a component (``"env"``, ``"buffer"``, ...)."""
+        from msrl.api import API
+
+        _known("a component of the API", [component], {spec.component for spec in API.values()})
         return {s.id for s in self.statements if s.kind == "api" and s.api.component == component}
 
     def downstream_of(self, roots: Iterable[str]) -> set[str]:

@@ -503,8 +503,10 @@ class _Yours(msrl.DistributedPolicy):
             return {s.id: "actor" for s in loop.statments}
         if self.mistake == "partial":
             return {s.id: "actor" for s in loop.statements[1:]}
-        if self.mistake == "learners":
+        if self.mistake in ("learners", "idle"):
             return loop.roles(lambda s: "learner")
+        if self.mistake in ("calltypo", "componenttypo"):  # (each left a role without its statements, silently)
+            loop.calls("agent_lern") if self.mistake == "calltypo" else loop.component_calls("envs")
         learner = loop.downstream_of(loop.calls("agent_learn"))
         return loop.roles(lambda s: "learner" if s.id in learner else "actor")
 
@@ -554,6 +556,12 @@ class _Yours(msrl.DistributedPolicy):
     # config.yaml said 16, and its resume refused the 32 it ran)
     ("partial", msrl.CompileError, r"the assign\(\) of policy 'test_yours' gives `.*` no role \(its roles: actor, "
                                    r"learner\); every statement of the loop has one"),  # (was "in fragment None")
+    ("calltypo", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) raised ValueError: "
+                                   r"'agent_lern' is not an API function; did you mean 'agent_learn'\? they are: .*"
+                                   r"\(at .*test_compiler.py:\d+\)$"),
+    ("componenttypo", msrl.ConfigError, r"its assign\(\) raised ValueError: 'envs' is not a component of the API; did "
+                                        r"you mean 'env'\? they are: actor, buffer, env, learner "
+                                        r"\(at .*test_compiler.py:\d+\)$"),
     ("many", msrl.ConfigError, r"^env.num_envs: 8 environments cannot be split over 16 replicas of fragment 'actor'$"),
     ("uneven", msrl.ConfigError, r"^env.num_envs: 8 environments cannot be split over 3 replicas of fragment "
                                  r"'actor'$"),  # (refused once the backend had started: a Ray cluster, say)
@@ -570,6 +578,13 @@ def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, messa
     with pytest.raises(error, match=message):
         msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours",
                                                                           f"policy.mistake={mistake}"]))
+
+
+def test_a_role_given_no_statement_is_noted(capsys):
+    """(Its replicas started and did nothing, without a word: a role that a misspelt call left empty, say.)"""
+    msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours", "policy.mistake=idle"]))
+    assert ("msrl: note: policy 'test_yours' assigns no statement of the loop to its role 'actor': its replicas "
+            "start and do nothing") in capsys.readouterr().err
 
 
 def test_learners_on_several_replicas_must_average_their_gradients_together():

@@ -107,7 +107,7 @@ def test_a_learner_holding_the_buffer_carries_its_parameters_through_its_loop_of
 
 def test_a_policy_of_ones_own_giving_a_role_no_replicas_is_a_config_error():
     with pytest.raises(msrl.ConfigError, match=r"^policy: policy 'buffer_with_learner' gives its role 'actor' 0 "
-                       r"replicas; a role runs at least 1"):  # (it said a send cannot connect 0 replicas to 1)
+                       r"replicas in its fragments\(\); a role runs at least 1"):  # (it said a send cannot connect 0 replicas to 1)
         msrl.Session(load_config(DQN, [*SMALL, "policy.name=buffer_with_learner", "policy.actors=0"]), seed=0)
 
 def test_no_transition_lost_duplicated_or_misrouted():

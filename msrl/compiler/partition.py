@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from typing import Any
 
 import networkx as nx
@@ -59,8 +61,9 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
     fragments = {f.name: f for f in answer(policy, "fragments")}
     for f in fragments.values():
         if f.replicas < 1:
-            raise ConfigError("policy", f"policy {policy.name!r} gives its role {f.name!r} {f.replicas} replicas; a "
-                              "role runs at least 1 (the policy key that counts them must be > 0)")
+            raise ConfigError("policy", f"policy {policy.name!r} gives its role {f.name!r} {f.replicas} replicas in "
+                              "its fragments(); a role runs at least 1 (where a policy key counts them, it must be "
+                              "> 0)")
     assign = answer(policy, "assign", Loop(list(leaves(stmts)), fdg))
     for s in leaves(stmts):
         if assign.get(s.id) not in fragments:
@@ -70,6 +73,11 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
                 f"the assign() of policy {policy.name!r} gives `{s.source}` no role (its roles: "
                 f"{', '.join(fragments)}); "
                 "every statement of the loop has one", s.file, s.line)
+    idle = [name for name in fragments if name not in set(assign.values())]
+    if idle:  # (a policy may mean it: a role some loops need and this one does not)
+        print(f"msrl: note: policy {policy.name!r} assigns no statement of the loop to its role"
+              f"{'s' * (len(idle) > 1)} {', '.join(map(repr, idle))}: "
+              f"{'their' if len(idle) > 1 else 'its'} replicas start and do nothing", file=sys.stderr, flush=True)
     plan = answer(policy, "learner_plan")
     averaged = reduces_over_replicas(plan.grad_transforms) or plan.wrap is not None  # (a wrap: async's holder)
     for s in leaves(stmts):
