@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from msrl.errors import ConfigError, did_you_mean, quote
-from msrl.registry import ALGORITHMS, POLICIES, USER_MODULES, import_user_module, main_script
+from msrl.registry import ALGORITHMS, BACKENDS, POLICIES, USER_MODULES, import_user_module, main_script
 
 MAX_YAML_VALUES = 100_000  # what a YAML text may expand to through anchors and aliases (a "billion laughs")
 INT32_MAX = 2**31 - 1  # counts that become array sizes or indices (jax's default integers are int32)
@@ -273,6 +273,7 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
         policy=_validate(policy_cls, policy, "policy"),
         run=run,
     )
+    BACKENDS.check(cfg.policy.backend)  # (a policy of one's own may allow any name: refused before compiling)
     asked, cfg.env.num_envs = cfg.env.num_envs, cfg.policy.total_envs(cfg.env.num_envs)  # envs_per_actor x actors
     again = cfg.policy.total_envs(cfg.env.num_envs)
     if again != cfg.env.num_envs:  # (the run's config.yaml holds its answer: its resume ran another count)

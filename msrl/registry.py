@@ -67,18 +67,21 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(set(self._items) | set(self._entry_points()))
 
-    def get(self, name: str) -> Any:
+    def check(self, name: Any) -> None:
+        """Refuse a name that is not registered, without loading anything."""
         if not isinstance(name, str):
             raise ConfigError(self.key, f"must be the name of a {self.noun} (a string), got {quote(name)}; "
                               f"available: {', '.join(self.names())}")
+        if name not in self._items and name not in self._entry_points():
+            raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"
+                              f"available: {', '.join(self.names())} (one of your own registers when its module "
+                              "is imported: `msrl ... --import FILE.py`, run.imports in the config, or import it "
+                              "before msrl.train)")
+
+    def get(self, name: str) -> Any:
+        self.check(name)
         if name not in self._items:
-            ep = self._entry_points().get(name)
-            if ep is None:
-                raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"
-                                  f"available: {', '.join(self.names())} (one of your own registers when its module "
-                                  "is imported: `msrl ... --import FILE.py`, run.imports in the config, or import it "
-                                  "before msrl.train)")
-            self.register(name)(_load(ep, self.key, self.noun))
+            self.register(name)(_load(self._entry_points()[name], self.key, self.noun))
         return self._items[name]
 
 

@@ -580,6 +580,13 @@ def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, messa
                                                                           f"policy.mistake={mistake}"]))
 
 
+def test_a_backend_no_one_registered_is_refused_with_the_config():
+    """(A policy of one's own whose backend field takes any name: the loop compiled, and msrl said it was starting
+    the 'gpu' backend, before the refusal.)"""
+    with pytest.raises(msrl.ConfigError, match=r"^policy.backend: unknown backend 'gpu'; available: jax, ray, threads"):
+        msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours", "policy.backend=gpu"])
+
+
 def test_a_role_given_no_statement_is_noted(capsys):
     """(Its replicas started and did nothing, without a word: a role that a misspelt call left empty, say.)"""
     msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours", "policy.mistake=idle"]))
