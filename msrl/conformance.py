@@ -709,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m msrl.conformance", description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast", action="store_true", help=f"threads and jax cells only (no Ray cluster, no "
                         f"devices subprocess); loops {', '.join(FAST_LOOPS)} unless --only")
-    parser.add_argument("--out", default="docs/conformance.md", help="the markdown report ('' or '-': none)")
+    parser.add_argument("--out", help="the markdown report ('' or '-': none; default: docs/conformance.md for the "
+                        "whole matrix, none for a part of it, which would replace that report)")
     parser.add_argument("--only", nargs="+", action="extend", metavar="LOOP", help=f"loops: {', '.join(LOOPS)}")
     parser.add_argument("--columns", nargs="+", action="extend", metavar="ID",
                         help=f"policy/backend cells: {', '.join(COLUMN)}")
@@ -733,7 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     seconds = time.perf_counter() - t0
-    out = args.out if args.out not in ("", "-") else None
+    whole = not (loops or columns or args.fast or args.no_ray or args.no_devices)
+    out = args.out if args.out is not None else "docs/conformance.md" if whole else ""
+    out = out if out not in ("", "-") else None
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(render(cells, info, command, seconds, args.k))
