@@ -193,9 +193,12 @@ def conv_valid(x: jnp.ndarray, kernel: jnp.ndarray, stride: int) -> jnp.ndarray:
     slower (jax 0.10); slices and a matrix product differentiate into slices, pads and matrix products."""
     kh, kw = kernel.shape[:2]
     ho, wo = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
-    patches = [x[:, i: i + stride * (ho - 1) + 1: stride, j: j + stride * (wo - 1) + 1: stride]
-               for i in range(kh) for j in range(kw)]
-    return jnp.concatenate(patches, axis=-1) @ kernel.reshape(-1, kernel.shape[-1])
+    patches = jnp.concatenate([x[:, i: i + stride * (ho - 1) + 1: stride, j: j + stride * (wo - 1) + 1: stride]
+                               for i in range(kh) for j in range(kw)], axis=-1)
+    if ho * wo < ROW_TILE:  # few rows an image (small frames' last layer: 1 x 1): acting on one environment would be
+        # a product of another shape, rounded otherwise (1e-7 at 36 px, 8 envs in parts of 1), as row_matmul says
+        return row_matmul(patches, kernel.reshape(-1, kernel.shape[-1]))
+    return patches @ kernel.reshape(-1, kernel.shape[-1])
 
 
 class NatureCNN(nn.Module):

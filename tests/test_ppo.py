@@ -71,7 +71,7 @@ def test_nature_cnn_refuses_what_is_not_a_frame_stack():
 
 def test_nature_cnn_scales_bytes_and_acts_alike_on_any_split():
     """uint8 frame stacks [C, H, W] in, logits and values out; the rows of a batch come out the same whether
-    acted on together or in parts (of two rows or more), so actors' env splits change no number."""
+    acted on together or in parts, so actors' env splits change no number."""
     import jax.numpy as jnp
 
     from msrl.components import acting
@@ -84,7 +84,7 @@ def test_nature_cnn_scales_bytes_and_acts_alike_on_any_split():
     logits, value = apply(params, frames)
     assert logits.shape == (6, 4) and value.shape == (6,) and np.isfinite(logits).all() and np.isfinite(value).all()
     np.testing.assert_allclose(apply(params, frames.astype(jnp.float32))[1], value, rtol=1e-6)  # bytes scaled inside
-    for parts in ([2, 4], [3, 3]):
+    for parts in ([2, 4], [3, 3], [1, 5], [1] * 6):  # (parts of 1 were 1e-7 apart: a 1 x 1 last layer's product)
         split = [apply(params, f) for f in np.split(np.asarray(frames), np.cumsum(parts)[:-1])]
         assert (np.concatenate([s[0] for s in split]) == logits).all() and (np.concatenate([s[1] for s in split]) == value).all()
 
