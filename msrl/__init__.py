@@ -78,6 +78,10 @@ def __getattr__(name):
         from msrl.envs import register_env
 
         return register_env
+    if name == "in_tiles":
+        from msrl.envs.gymnax_env import in_tiles
+
+        return in_tiles
     if name in ("Session", "session"):
         from msrl.runtime import session
 
@@ -96,7 +100,8 @@ __all__ = [
     "Runtime", "Sample", "Session", "TrainingError", "TrajectoryBuffer", "UniformBuffer", "agent_act", "agent_learn", "buffer_get",
     "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_starts", "env_step",
     "register_algorithm", "register_backend",
-    "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env", "split_keys",
+    "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env",
+    "in_tiles", "split_keys",
     "train", "build", "load_config",
 ]
 

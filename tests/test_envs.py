@@ -433,3 +433,63 @@ def test_gymnax_envs_whose_space_dtype_is_not_their_observations_compile_and_run
     with msrl.Session(EXAMPLES / "ppo_cartpole.yaml", [f"env.id=gymnax:{name}", "algorithm.rollout_len=8",
                                                        *QUICK]) as session:
         assert np.isfinite(session.run(1)[0]["loss"])
+
+
+def test_the_custom_env_example_learns_and_splits_over_actors_bitwise(tmp_path):
+    """examples/custom_env.py, as the README shows it: registered by importing the file, it trains to the goal
+    under fused, and 4 actors of 1 environment compute fused's parameters (msrl checks the env keeps to its rows)."""
+    from helpers import final_params, max_diff
+
+    example, base = str(EXAMPLES / "custom_env.py"), str(EXAMPLES / "ppo_cartpole.yaml")
+    msrl.train(base, [f"run.imports=[{example}]", "env.id=walk:Line", "env.kwargs.length=5",
+                      "run.total_env_steps=60000", "run.tensorboard=false", "run.progress=false"], run_dir=tmp_path)
+    assert_reaches(tmp_path, 0.9, within=60000)  # the goal in 5 steps of 20: 1 - 4 x 0.01 at best, ~0.35 at first
+    walk = [f"run.imports=[{example}]", "env.id=walk:Line", "algorithm.rollout_len=16"]
+    fused, _ = final_params(walk, iterations=2, config=base)
+    actors, _ = final_params([*walk, "policy.name=single_learner_coarse", "policy.backend=threads", "policy.actors=4",
+                              "policy.envs_per_actor=1"], iterations=2, config=base)
+    assert max_diff(fused, actors) == 0.0
+
+
+def _wide_line(length: float = 3.0) -> msrl.Environment:
+    """examples/custom_env.py's walk with 256 features an observation and a mean over them in the reward: XLA's CPU
+    kernel of that mean depends on the rows' count (6.7e-8 in the parameters, 16 actors of 1 vs fused), which
+    msrl.in_tiles makes one, as the README advises."""
+    import sys
+
+    from msrl.registry import import_user_module
+
+    import_user_module(str(EXAMPLES / "custom_env.py"))  # (as run.imports does: once a process)
+    line = sys.modules["custom_env"].Line
+
+    class Wide(line):
+        rowwise = True  # in tiles: each row the same on any batch
+
+        def __init__(self, length):
+            super().__init__(length)
+            self.spec = msrl.EnvSpec("wide:Line", (256,), np.dtype(np.float32), msrl.Discrete(3))
+            self.step = msrl.in_tiles(self.wide_step, 16)
+
+        def _obs(self, state):
+            return jnp.sin(state["x"][:, None] * jnp.arange(1, 257) * 0.37 + state["t"][:, None])
+
+        def wide_step(self, state, action):
+            state, out = line.step(self, state, action)
+            reward = out.reward - jnp.mean(jnp.abs(out.obs - 0.3), axis=1)
+            return state, msrl.EnvStep(out.obs, reward, out.terminated, out.truncated)
+
+    return Wide(length)
+
+
+def test_a_reduction_over_many_features_in_tiles_splits_bitwise():
+    from helpers import final_params, max_diff
+
+    try:
+        msrl.register_env("wide")(lambda name, **kwargs: _wide_line(**kwargs))
+    except msrl.ConfigError:  # (registered by an earlier run of this test in the process)
+        pass
+    wide, base = ["env.id=wide:Line", "env.num_envs=16", "algorithm.rollout_len=16"], EXAMPLES / "ppo_cartpole.yaml"
+    fused, _ = final_params(wide, iterations=2, config=base)
+    actors, _ = final_params([*wide, "policy.name=single_learner_coarse", "policy.backend=threads", "policy.actors=16",
+                              "policy.envs_per_actor=1"], iterations=2, config=base)
+    assert max_diff(fused, actors) == 0.0
