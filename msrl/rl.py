@@ -195,10 +195,11 @@ def conv_valid(x: jnp.ndarray, kernel: jnp.ndarray, stride: int) -> jnp.ndarray:
     ho, wo = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
     patches = jnp.concatenate([x[:, i: i + stride * (ho - 1) + 1: stride, j: j + stride * (wo - 1) + 1: stride]
                                for i in range(kh) for j in range(kw)], axis=-1)
+    flat = kernel.reshape(-1, kernel.shape[-1])
     if ho * wo < ROW_TILE:  # few rows an image (small frames' last layer: 1 x 1): acting on one environment would be
         # a product of another shape, rounded otherwise (1e-7 at 36 px, 8 envs in parts of 1), as row_matmul says
-        return row_matmul(patches, kernel.reshape(-1, kernel.shape[-1]))
-    return patches @ kernel.reshape(-1, kernel.shape[-1])
+        return row_matmul(patches, flat)
+    return patches @ flat
 
 
 class NatureCNN(nn.Module):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-
 from typing import Any
 
 import networkx as nx
