@@ -727,11 +727,11 @@ def _check_resources(program: Any, release_s: float) -> None:
     kinds = (("CPU", "num_cpus"), ("GPU", "num_gpus"))
     need = {res: sum(getattr(f.spec, field) * f.spec.replicas for f in program.fragments.values())
             for res, field in kinds}
+    unset = {"CPU": " (1 per replica unless set)", "GPU": ""}
     have = ray.cluster_resources()
     for res, field in kinds:
         if need[res] > have.get(res, 0) + 1e-9:
-            unset = " (1 per replica unless set)" if res == "CPU" else ""
-            raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset}, but the "
+            raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset[res]}, but the "
                               f"Ray cluster has {have.get(res, 0):g}; lower policy.resources.<role>.{field} (fractions "
                               "are fine) or give the cluster more")
     largest = {res: max((n["Resources"].get(res, 0) for n in ray.nodes() if n["Alive"]), default=0) for res, _ in kinds}
@@ -749,8 +749,7 @@ def _check_resources(program: Any, release_s: float) -> None:
             break
         time.sleep(POLL_S)
     for res, field in short:
-        unset = " (1 per replica unless set)" if res == "CPU" else ""
-        raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset}, but only "
+        raise ConfigError("policy.resources", f"the replicas need {need[res]:g} {res}s in all{unset[res]}, but only "
                           f"{free.get(res, 0):g} of the Ray cluster's {have.get(res, 0):g} are free: others hold "
                           "the rest (another session on the cluster, msrl's or not, or your own actors); close it, or "
                           f"lower policy.resources.<role>.{field} (fractions are fine)")

@@ -72,7 +72,8 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
                 f"the assign() of policy {policy.name!r} gives `{s.source}` no role (its roles: "
                 f"{', '.join(fragments)}); "
                 "every statement of the loop has one", s.file, s.line)
-    idle = [name for name in fragments if name not in set(assign.values())]
+    used = set(assign.values())
+    idle = [name for name in fragments if name not in used]
     if idle:  # (a policy may mean it: a role some loops need and this one does not)
         print(f"msrl: note: policy {policy.name!r} assigns no statement of the loop to its role"
               f"{'s' * (len(idle) > 1)} {', '.join(map(repr, idle))}: "
