@@ -78,20 +78,32 @@ def _lapack_without_scipy_linalg() -> None:
                 sys.modules.pop(name, None)
 
 
-def run_init(init: Callable, *args: Any) -> Any:
+_INIT_LOCK = threading.Lock()
+
+
+def run_init(init: Callable, *args: Any, cache: dict | None = None, name: Any = None) -> Any:
     """A component's ``init(*args)`` as one jitted program (a single XLA compile, kept in the persistent
     compilation cache; run eagerly, a network's initialization is dozens of small compiles every start), or
     eagerly where it cannot be traced (host-side state). Every replica, service and policy computes an initial
     state this way, so all of them start from the same bits. It runs once, so on CPU LLVM does not optimize it: that
     is a third of the compile time of a network's random initializers (the values agree to rounding with an optimized
-    compile, not bitwise; XLA's GPU backend supports no such setting)."""
+    compile, not bitwise; XLA's GPU backend supports no such setting). ``cache`` (a program's, for the init of its
+    component ``name``) keeps the compiled init for arguments of these shapes: the replicas of a program in one
+    process compile it once, not once each (8 actors on threads started together compiled Brax's reset 8 times)."""
     _lapack_without_scipy_linalg()
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))  # (inside a program)
     try:
         if traced:
             return jax.jit(init)(*args)
-        once = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-        program = jax.jit(init).lower(*args).compile(compiler_options=once)
+        leaves, tree = jax.tree.flatten(args)
+        signature = (name, tree, *map(jax.typeof, leaves))
+        with _INIT_LOCK if cache is not None else contextlib.nullcontext():
+            program = (cache or {}).get(signature)
+            if program is None:
+                once = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+                program = jax.jit(init).lower(*args).compile(compiler_options=once)
+                if cache is not None:
+                    cache[signature] = program
     except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
         return init(*args)
     return program(*args)
@@ -748,21 +760,24 @@ class Program:
         if fold is not None:
             keys = {name: jax.random.fold_in(key, fold) for name, key in keys.items()}
         out: dict[str, Any] = {}
+        # the compiled inits, shared by the replicas in this process (not for components= of another program)
+        cache = self.__dict__.setdefault("_inits", {}) if components is self.components else None
         for c in names:
             comp = components.get(c)
             if c == "env" and comp.host_state:
                 out[c] = comp.init(keys[c], env_ids)
             elif c in ("env", "actor"):
-                out[c] = run_init(comp.init, keys[c], env_ids)
+                out[c] = run_init(comp.init, keys[c], env_ids, cache=cache, name=c)
             elif c == "learner":
-                out[c] = run_init(comp.init, keys[c])
+                out[c] = run_init(comp.init, keys[c], cache=cache, name=c)
             elif c == "buffer":
                 spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
                 out[c] = None if spec is None else run_init(lambda key, comp=comp, spec=spec: comp.init(key, spec),
-                                                            keys[c])
+                                                            keys[c], cache=cache, name=(c, str(spec)))
             elif c == "params":
                 learner = components["learner"]
-                state = out["learner"] if "learner" in out else run_init(learner.init, keys["learner"])
+                state = out["learner"] if "learner" in out else run_init(learner.init, keys["learner"], cache=cache,
+                                                                         name="learner")
                 out[c] = learner.policy_params(state)
         return out
 
