@@ -102,6 +102,18 @@ def _label(run_dir: Path, name: str) -> str:
         return name
 
 
+def _shown(group: list[Path], names: dict[Path, str]) -> str:
+    """The name of a line of several runs: its run's folder (and swept value), or the runs' folders joined."""
+    def run(d: Path) -> str:  # a member of a run of several seeds or values: named with its run's folder
+        value = re.sub(r"[,/]?seed_\d+$", "", names[d])  # (names are paths where two runs' leaves are alike)
+        if not ((d.name.startswith("seed_") or "=" in d.name) and (d.parent / "config.yaml").exists()):
+            return names[d]
+        return value if "/" in value else "/".join(filter(None, (d.parent.resolve().name, value)))
+
+    runs = list(dict.fromkeys(map(run, group)))
+    return ", ".join(runs[:3]) + (", …" if len(runs) > 3 else "")
+
+
 def _group_key(run_dir: Path) -> str:
     """What runs that differ only by seed share: their config without ``run`` (or the folder's parent)."""
     if run_dir.name.startswith("seed_") and (run_dir.parent / "config.yaml").exists():  # one seed of a run
@@ -194,17 +206,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
         if ends[shortest] < max(ends.values()):
             print(f"msrl plot: note: {shortest} ends at {ends[shortest]:,} env steps, another run of its line at "
                   f"{max(ends.values()):,}: their mean is drawn up to {ends[shortest]:,}", file=sys.stderr)
-        values = {re.sub(r",?seed_\d+$", "", names[d]) for d in group}  # a sweep's members: their value
-        parents = {d.parent for d in group}
-        if len(values) == 1 and "" not in values:  # one swept value's seeds: named with their run's folder
-            shown = values.pop()
-            if len(parents) == 1 and "/" not in shown:
-                shown = f"{parents.pop().resolve().name}/{shown}"
-        elif values == {""} and len(parents) == 1:  # the seeds of one run: the run's folder
-            shown = parents.pop().resolve().name
-        else:
-            shown = ", ".join(names[d] for d in group[:3]) + (", …" if len(group) > 3 else "")
-        label = f"{_label(group[0], shown)}: mean ± std of {len(group)} runs"
+        label = f"{_label(group[0], _shown(group, names))}: mean ± std of {len(group)} runs"
         line, = ax_steps.plot(m["env_steps"], m["mean"], label=label)
         for ax, x in ((ax_steps, m["env_steps"]), (ax_time, m["wall_time"])):
             ax.fill_between(x, m["mean"] - m["std"], m["mean"] + m["std"], color=line.get_color(), alpha=0.2)

@@ -20,7 +20,7 @@ import msrl
 from msrl.bench import BENCHMARKS, Benchmark, benchmarks_dir, last_json, run_benchmarks, table
 from msrl.cli import main
 from msrl.errors import ConfigError
-from msrl.plot import _group_key, _label, lines, mean_curve, moving_average, plot_runs, read_curve
+from msrl.plot import _group_key, _label, _shown, lines, mean_curve, moving_average, plot_runs, read_curve
 
 CARTPOLE = str(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml")
 
@@ -261,6 +261,10 @@ def test_a_run_of_several_seeds_is_one_line_and_another_run_its_own_unless_aggre
     assert lines([seeds, single], aggregate=True) == [[seeds / "seed_0", seeds / "seed_1", single]]
     out = tmp_path / "two.png"
     assert main(["plot", str(seeds), str(single), "-o", str(out)]) == 0
+    # an aggregated line names the runs it joins (it was "seed_0, seed_1, run0")
+    group, = lines([seeds, single], aggregate=True)
+    assert _shown(group, {d: d.name for d in group}) == f"seeds, {single.name}"
+    assert _shown(group[:2], {d: d.name for d in group}) == "seeds"
     # one seed's folder given alone is labelled with its run's folder (it was "seed_1 (ppo, fused)")
     assert _label(seeds / "seed_1", "seed_1") == "seeds/seed_1 (ppo, fused)"
     # a folder given twice, or on its own and with its run, is one run: drawn once, with a note (it counted twice)
