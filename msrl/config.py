@@ -450,7 +450,10 @@ def _expanded(node: Any, memo: dict[int, int], open_: set[int]) -> int:
 class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, but a key written twice in one mapping (block or ``{...}``) is an error naming its
     dotted path (not "the last one wins"), and a text that expands to more than ``MAX_YAML_VALUES`` values
-    through aliases is refused before anything is built, naming the key that holds the most of them."""
+    through aliases is refused before anything is built, naming the key that holds the most of them. A number
+    with an exponent (``1e-3``, ``2.5e5``) is a float, as in YAML 1.2 and Python (PyYAML's YAML 1.1 reads the
+    string '1e-3' unless it has a point and a signed exponent: it reached an environment's keyword arguments as a
+    string)."""
 
     def construct_document(self, node: Any) -> Any:
         memo: dict[int, int] = {}
@@ -486,6 +489,10 @@ class _StrictLoader(yaml.SafeLoader):
             if key is not None:
                 seen[key] = line
             self._no_key_twice(value, here, done)
+
+
+_EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
 
 
 def _no_bools_for_numbers(model: type[BaseModel], data: dict, prefix: str) -> None:

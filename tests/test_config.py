@@ -158,10 +158,13 @@ def test_whole_numbers_in_e_notation_go_where_an_integer_does():
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml",
                       ["run.total_env_steps=1e5", "algorithm.rollout_len=2.56e2", "algorithm.hidden=[1e2, 64]"])
     assert (cfg.run.total_env_steps, cfg.algorithm.rollout_len, cfg.algorithm.hidden) == (100_000, 256, [100, 64])
-    with pytest.raises(msrl.ConfigError, match=r"algorithm.hidden.1: .*valid integer.*'1.5e0'"):  # (in a list too:
-        load_config(None, ["algorithm.name=ppo", "algorithm.hidden=[1e2, 1.5e0]"])  # it was refused as text)
-    with pytest.raises(msrl.ConfigError, match=r"run.total_env_steps: .*valid integer.*'2.5e0'"):
+    with pytest.raises(msrl.ConfigError, match=r"algorithm.hidden.1: .*valid integer.*\(got 1.5\)"):  # (in a list
+        load_config(None, ["algorithm.name=ppo", "algorithm.hidden=[1e2, 1.5e0]"])  # too: it was refused as text)
+    with pytest.raises(msrl.ConfigError, match=r"run.total_env_steps: .*valid integer.*\(got 2.5\)"):
         load_config(None, ["algorithm.name=ppo", "run.total_env_steps=2.5e0"])
+    # numbers with an exponent are numbers (YAML 1.1 read 1e-3 as text), in an env's keyword arguments too
+    cfg = load_config(None, ["algorithm.name=ppo", 'env.kwargs={"a": 1e-3, "b": 2.5E+2, "c": -1e3, "d": "1e-3"}'])
+    assert cfg.env.kwargs == {"a": 0.001, "b": 250.0, "c": -1000.0, "d": "1e-3"}
 
 
 def test_duplicate_keys_booleans_for_numbers_and_non_finite_floats_are_refused(tmp_path):
