@@ -7,6 +7,7 @@ import json
 from typing import Literal
 
 import jax
+import optax
 import pytest
 import yaml
 
@@ -131,6 +132,41 @@ def test_a_value_read_when_built_or_branched_on_is_refused_naming_the_line():
     with pytest.raises(ConfigError, match=r"run.sweep: algorithm.vf_coef is used as a Python value .* at "
                                           r".*test_sweep.py:\d+"):
         msrl.Session(CARTPOLE, [*LOOP, "algorithm.name=sweep_misuse", "algorithm.vf_coef=[0.5,1.0]"])
+
+
+class InjectedLRLearner(PPOLearner):
+    def optimizer(self):  # its state holds the learning rate, set when the state is made
+        return optax.inject_hyperparams(optax.adam)(learning_rate=self.cfg.lr)
+
+
+class InjectedLRConfig(PPOConfig):
+    name: Literal["sweep_injected_lr"] = "sweep_injected_lr"
+
+
+@msrl.register_algorithm("sweep_injected_lr")
+class InjectedLRPPO(PPO):
+    Config = InjectedLRConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        old = self.learner
+        self.learner = InjectedLRLearner(old.net, cfg, old.obs, old.num_updates, old.num_envs)
+
+
+def test_a_swept_key_the_learners_init_reads_holds_each_members_value():
+    """A learner whose optimizer state holds the learning rate from its init (optax.inject_hyperparams): each
+    member of a sequential sweep starts with its own rate (the second member once started with the first's, its
+    init compiled once for both), and ends as its own run."""
+    loop = [*LOOP, "algorithm.name=sweep_injected_lr"]
+    with msrl.Session(CARTPOLE, [*loop, "algorithm.lr=[0.001,0.003]"]) as s:
+        s.run(2)
+        after = s.snapshot()["main"][0]["learner"]
+    rates = after["opt_state"][-1].hyperparams["learning_rate"]  # (after the policy's gradient transforms)
+    assert rates.tolist() == pytest.approx([0.001, 0.003])
+    with msrl.Session(CARTPOLE, [*loop, "algorithm.lr=0.003"]) as one:
+        one.run(2)
+        alone = one.snapshot()["main"][0]["learner"]
+    assert max_diff(jax.tree.map(lambda x: x[1], after), alone) == 0.0
 
 
 def test_a_sweep_logs_each_member_with_its_config_learns_resumes_and_evaluates_each(tmp_path, capsys):

@@ -760,24 +760,27 @@ class Program:
         if fold is not None:
             keys = {name: jax.random.fold_in(key, fold) for name, key in keys.items()}
         out: dict[str, Any] = {}
-        # the compiled inits, shared by the replicas in this process (not for components= of another program)
+        # the compiled inits, shared by the replicas in this process (not for components= of another program);
+        # a sweep's member sets the algorithm's config to its values, which an init may read (an optimizer state
+        # that holds its learning rate): the config is part of the key
         cache = self.__dict__.setdefault("_inits", {}) if components is self.components else None
+        config = repr(getattr(self.algorithm, "cfg", None))
         for c in names:
             comp = components.get(c)
             if c == "env" and comp.host_state:
                 out[c] = comp.init(keys[c], env_ids)
             elif c in ("env", "actor"):
-                out[c] = run_init(comp.init, keys[c], env_ids, cache=cache, name=c)
+                out[c] = run_init(comp.init, keys[c], env_ids, cache=cache, name=(c, config))
             elif c == "learner":
-                out[c] = run_init(comp.init, keys[c], cache=cache, name=c)
+                out[c] = run_init(comp.init, keys[c], cache=cache, name=(c, config))
             elif c == "buffer":
                 spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
                 out[c] = None if spec is None else run_init(lambda key, comp=comp, spec=spec: comp.init(key, spec),
-                                                            keys[c], cache=cache, name=(c, str(spec)))
+                                                            keys[c], cache=cache, name=(c, config, str(spec)))
             elif c == "params":
                 learner = components["learner"]
                 state = out["learner"] if "learner" in out else run_init(learner.init, keys["learner"], cache=cache,
-                                                                         name="learner")
+                                                                         name=("learner", config))
                 out[c] = learner.policy_params(state)
         return out
 
