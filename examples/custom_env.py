@@ -1,6 +1,6 @@
 """Your own jitted environment: a walk on a line towards a goal, ids ``walk:Line`` (``env.kwargs.length``: the
-goal's distance). Import it where msrl can see it (``--import examples/custom_env.py``, ``run.imports``, or an
-import before ``msrl.train``):
+goal's distance). Import it where msrl can see it (``--import examples/custom_env.py`` or ``run.imports``, which a
+run's config.yaml lists for ``msrl eval`` and ``--resume``; or an import before ``msrl.train``, which it does not):
 
     msrl train examples/ppo_cartpole.yaml --import examples/custom_env.py env.id=walk:Line env.kwargs.length=5
 

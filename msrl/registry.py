@@ -131,8 +131,9 @@ register_algorithm = ALGORITHMS.register
 register_policy = POLICIES.register
 register_backend = BACKENDS.register
 
-USER_MODULES: list[str] = []  # the user's modules imported by --import or run.imports (a .py file's absolute path, or
-# a module's name): every process of a run imports them too, and the run's config.yaml lists them (run.imports)
+USER_MODULES: dict[str, str] = {}  # the user's modules imported by --import or run.imports (a .py file's absolute
+# path, or a module's name; in order, each with the key that gave it): every process of a run imports them too, and
+# the run's config.yaml lists them (run.imports)
 
 
 def main_script() -> str | None:
@@ -192,9 +193,16 @@ def import_user_module(spec: str, key: str = "--import") -> None:
         if not path.is_file():
             if name in sys.modules:
                 return
+            given = [m for m, k in USER_MODULES.items() if k == "--import"]
+            if key == "run.imports" and given:  # (moved and renamed, say): what the user gave stands in for it
+                print(f"msrl: note: run.imports: {spec} is gone; {', '.join(given)} (--import) "
+                      f"stand{'s' * (len(given) == 1)} in for it", file=sys.stderr)
+                return
             moved = (" (if it is one a run's config.yaml lists, and it has moved, give --import with its new place, "
-                     "or, from Python, import it before msrl.load or msrl.train)")
-            raise ConfigError(key, f"{spec}: no such file" + moved * (key == "run.imports"))
+                     "or, from Python, msrl.registry.import_user_module(its new place) before msrl.load or msrl.train)")
+            relative = f" (a relative path is taken from the working directory, {Path.cwd()})"
+            raise ConfigError(key, f"{spec}: no such file" + (relative if not path.is_absolute() else
+                                                             moved * (key == "run.imports")))
         other = _origin(name)
         if name in sys.stdlib_module_names or other not in (None, spec):
             raise ConfigError(key, f"{spec}: a module named {name!r} exists already ("
@@ -220,7 +228,7 @@ def import_user_module(spec: str, key: str = "--import") -> None:
         raise
     except Exception as e:  # the module's own code failed: say where
         raise user_code_error(e, name, key) from e
-    USER_MODULES.append(spec)
+    USER_MODULES[spec] = key
 
 
 def _origin(name: str) -> str | None:

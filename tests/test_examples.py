@@ -153,8 +153,8 @@ def test_custom_policy_registers_compiles_and_runs_from_config(fused):
 def test_a_run_remembers_its_imports_for_eval_load_and_resume(tmp_path):
     """A run trained with --import, or by a script that registers its algorithm, lists the file in its config.yaml
     (run.imports), so `msrl eval RUN`, msrl.load and --resume, in a fresh process, import it again; a file that moved
-    is named, and an import from its new place stands in for it (a resume too); a file named as a module already
-    imported (json.py) is refused: it would not run."""
+    is named, and an import from its new place stands in for it (a resume too; renamed too); a file named as a module
+    already imported (json.py) is refused: it would not run."""
     import subprocess
 
     def python(code: str) -> list[str]:
@@ -175,7 +175,7 @@ assert main(["eval", {str(run)!r}, "--episodes", "2"]) == 0
 print(msrl.load({str(run)!r}).act(np.zeros((3, 4), np.float32)).tolist())
 print(msrl.train(None, ["run.total_env_steps=3072"], run_dir={str(run)!r}, resume=True)["env_steps"])""")
     assert lines[0].startswith("return ") and len(yaml.safe_load(lines[1])) == 3 and lines[2] == "3072", lines
-    moved = tmp_path / "moved" / "custom_algorithm.py"
+    moved = tmp_path / "moved" / "my_reinforce.py"  # moved and renamed
     moved.parent.mkdir()
     moved.write_text((EXAMPLES / "custom_algorithm.py").read_text())
     (tmp_path / "mine").mkdir()
@@ -193,8 +193,8 @@ for spec in ({str(run / "config.yaml")!r}, {str(tmp_path / "mine" / "json.py")!r
 import_user_module({str(moved)!r})  # (as --import does)
 print(msrl.train(None, ["run.total_env_steps=4096"], run_dir={str(run)!r}, resume=True)["env_steps"])""")
     assert lines[:2] == ["run.imports: /nowhere/custom_algorithm.py: no such file (if it is one a run's config.yaml "
-                         "lists, and it has moved, give --import with its new place, or, from Python, import it "
-                         "before msrl.load or msrl.train)",
+                         "lists, and it has moved, give --import with its new place, or, from Python, "
+                         "msrl.registry.import_user_module(its new place) before msrl.load or msrl.train)",
                          f"--import: {tmp_path / 'mine' / 'json.py'}: a module named 'json' exists already (Python's "
                          "own), so this file would not run, or would hide that module; rename it"], lines
     assert lines[-1] == "4096" and yaml.safe_load((run / "config.yaml").read_text())["run"]["imports"] == [str(moved)]
@@ -209,6 +209,9 @@ def test_cli_imports_user_modules(capsys):
     assert "inference: replicas=1" in capsys.readouterr().out
     assert main(["graph", "--import", "no_such_module_xyz", str(root / "examples" / "ppo_cartpole.yaml")]) == 2
     assert "--import: cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+    assert main(["graph", "--import", "nowhere/mine.py", str(root / "examples" / "ppo_cartpole.yaml")]) == 2
+    assert (f"--import: {Path.cwd() / 'nowhere' / 'mine.py'}: no such file (a relative path is taken from the working "
+            f"directory, {Path.cwd()})") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("top, listed", [("", True), ("print('training')\n", False), ("main()\n", False)])
