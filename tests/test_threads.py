@@ -36,13 +36,14 @@ def test_fused_coarse_and_fine_give_the_same_parameters():
 def test_the_replicas_of_a_program_compile_each_init_once(caplog):
     """8 actors on threads, started together, compiled the env's and the actor's init 8 times each (Brax's
     ant: 2 s each); the replicas of a program in one process share one compiled init per component and shape."""
+    was = jax.config.jax_log_compiles
     jax.config.update("jax_log_compiles", True)
     try:
         with caplog.at_level(logging.WARNING):
             final_params(["policy.name=single_learner_coarse", "policy.actors=8", "policy.envs_per_actor=1",
                           "algorithm.rollout_len=4"], 1)
     finally:
-        jax.config.update("jax_log_compiles", False)
+        jax.config.update("jax_log_compiles", was)
     inits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(init)")]
     assert 3 <= len(inits) <= 4, inits  # env, actor, learner (and the buffer's, where the loop has one)
 
