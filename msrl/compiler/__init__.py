@@ -95,15 +95,16 @@ def run_init(init: Callable, *args: Any, cache: dict | None = None, name: Any = 
     try:
         if traced:
             return jax.jit(init)(*args)
-        leaves, tree = jax.tree.flatten(args)
-        signature = (name, tree, *map(jax.typeof, leaves))
-        with _INIT_LOCK if cache is not None else contextlib.nullcontext():
-            program = (cache or {}).get(signature)
-            if program is None:
-                once = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-                program = jax.jit(init).lower(*args).compile(compiler_options=once)
-                if cache is not None:
-                    cache[signature] = program
+        once = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+        if cache is None:
+            program = jax.jit(init).lower(*args).compile(compiler_options=once)
+        else:
+            leaves, tree = jax.tree.flatten(args)
+            signature = (name, tree, *map(jax.typeof, leaves))
+            with _INIT_LOCK:
+                if signature not in cache:
+                    cache[signature] = jax.jit(init).lower(*args).compile(compiler_options=once)
+                program = cache[signature]
     except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
         return init(*args)
     return program(*args)
