@@ -27,7 +27,7 @@ class Line(msrl.Environment):
     def init(self, key, env_ids):
         keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(env_ids)  # the environment's own key
         zeros = jnp.zeros(env_ids.shape[0])
-        return {"x": zeros, "t": zeros, "keys": keys, "ret": zeros, "last": zeros, "episodes": zeros}
+        return {"x": zeros, "t": zeros, "keys": keys, "ret": zeros, "last": zeros, "length": zeros, "episodes": zeros}
 
     def _obs(self, state):
         return jnp.stack([state["x"], state["t"] / STEPS], axis=-1)
@@ -49,13 +49,13 @@ class Line(msrl.Environment):
         done, ret = terminated | truncated, state["ret"] + reward
         state = {"x": jnp.where(done, 0.0, x), "t": jnp.where(done, 0.0, t), "keys": keys,  # auto-reset
                  "ret": jnp.where(done, 0.0, ret), "last": jnp.where(done, ret, state["last"]),
-                 "episodes": state["episodes"] + done}
+                 "length": jnp.where(done, t, state["length"]), "episodes": state["episodes"] + done}
         return state, msrl.EnvStep(self._obs(state), reward, terminated, truncated)
 
     def stats(self, state):  # sums over environments (replicas add theirs up)
         finished = state["episodes"] > 0
         return {"return_sum": jnp.where(finished, state["last"], 0.0).sum(), "finished": finished.sum(),
-                "episodes": state["episodes"].sum()}
+                "length_sum": jnp.where(finished, state["length"], 0.0).sum(), "episodes": state["episodes"].sum()}
 
 
 @msrl.register_env("walk")

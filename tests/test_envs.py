@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import inspect
 import re
 
@@ -444,6 +445,9 @@ def test_the_custom_env_example_learns_and_splits_over_actors_bitwise(tmp_path):
     msrl.train(base, [f"run.imports=[{example}]", "env.id=walk:Line", "env.kwargs.length=5",
                       "run.total_env_steps=60000", "run.tensorboard=false", "run.progress=false"], run_dir=tmp_path)
     assert_reaches(tmp_path, 0.9, within=60000)  # the goal in 5 steps of 20: 1 - 4 x 0.01 at best, ~0.35 at first
+    with open(tmp_path / "metrics.csv", newline="") as f:  # its stats give length_sum: episodes of 5 to 20 steps,
+        lengths = [float(r["episode_length"]) for r in csv.DictReader(f)]  # at most 11 on average at a return of 0.9
+    assert all(5 <= n <= 20 for n in lengths) and min(lengths) <= 11, lengths
     walk = [f"run.imports=[{example}]", "env.id=walk:Line", "algorithm.rollout_len=16"]
     fused, _ = final_params(walk, iterations=2, config=base)
     actors, _ = final_params([*walk, "policy.name=single_learner_coarse", "policy.backend=threads", "policy.actors=4",
