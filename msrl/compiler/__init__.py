@@ -96,14 +96,18 @@ def run_init(init: Callable, *args: Any, cache: dict | None = None, name: Any = 
         if traced:
             return jax.jit(init)(*args)
         once = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+
+        def compile_init() -> Any:
+            return jax.jit(init).lower(*args).compile(compiler_options=once)
+
         if cache is None:
-            program = jax.jit(init).lower(*args).compile(compiler_options=once)
+            program = compile_init()
         else:
             leaves, tree = jax.tree.flatten(args)
             signature = (name, tree, *map(jax.typeof, leaves))
             with _INIT_LOCK:
                 if signature not in cache:
-                    cache[signature] = jax.jit(init).lower(*args).compile(compiler_options=once)
+                    cache[signature] = compile_init()
                 program = cache[signature]
     except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
         return init(*args)
@@ -761,27 +765,27 @@ class Program:
         if fold is not None:
             keys = {name: jax.random.fold_in(key, fold) for name, key in keys.items()}
         out: dict[str, Any] = {}
-        # the compiled inits, shared by the replicas in this process (not for components= of another program);
-        # a sweep's member sets the algorithm's config to its values, which an init may read (an optimizer state
-        # that holds its learning rate): the config is part of the key
-        cache = self.__dict__.setdefault("_inits", {}) if components is self.components else None
+        # the compiled inits, shared by the replicas in this process (not for components= of another program), per
+        # config: a sweep's member sets the algorithm's config to its values, which an init may read (an optimizer
+        # state that holds its learning rate)
         config = repr(getattr(self.algorithm, "cfg", None))
+        cache = self.__dict__.setdefault("_inits", {}).setdefault(config, {}) if components is self.components else None
         for c in names:
             comp = components.get(c)
             if c == "env" and comp.host_state:
                 out[c] = comp.init(keys[c], env_ids)
             elif c in ("env", "actor"):
-                out[c] = run_init(comp.init, keys[c], env_ids, cache=cache, name=(c, config))
+                out[c] = run_init(comp.init, keys[c], env_ids, cache=cache, name=c)
             elif c == "learner":
-                out[c] = run_init(comp.init, keys[c], cache=cache, name=(c, config))
+                out[c] = run_init(comp.init, keys[c], cache=cache, name=c)
             elif c == "buffer":
                 spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
                 out[c] = None if spec is None else run_init(lambda key, comp=comp, spec=spec: comp.init(key, spec),
-                                                            keys[c], cache=cache, name=(c, config, str(spec)))
+                                                            keys[c], cache=cache, name=(c, str(spec)))
             elif c == "params":
                 learner = components["learner"]
                 state = out["learner"] if "learner" in out else run_init(learner.init, keys["learner"], cache=cache,
-                                                                         name=("learner", config))
+                                                                         name="learner")
                 out[c] = learner.policy_params(state)
         return out
 
