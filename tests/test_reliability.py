@@ -133,11 +133,14 @@ class UncountedPoison(PoisonedCartPole):
         return {k: v for k, v in super().stats(state).items() if k != "nonfinite"}
 
 
-def test_a_nan_metric_from_an_env_that_counts_no_nans_names_the_env_to_check(tmp_path):
+@pytest.mark.parametrize("example", ["ppo_cartpole.yaml", "a3c_cartpole.yaml"])
+def test_a_nan_metric_from_an_env_that_counts_no_nans_names_the_env_to_check(tmp_path, example):
+    """Under async (A3C) the NaN update was read as a learner that is no plain optimizer step: a ConfigError
+    telling to change the policy, at iteration 3."""
     with pytest.raises(msrl.TrainingError, match=r"metric '.*' is nan \(non-finite\); training stopped.*Check "
                                                  r"environment uncounted:CartPole-v1's observations and rewards.*, "
                                                  r"or lower algorithm\.lr\.$"):
-        train(EXAMPLES / "ppo_cartpole.yaml", [*QUIET, "env.id=uncounted:CartPole-v1", "run.total_env_steps=20480",
+        train(EXAMPLES / example, [*QUIET, "env.id=uncounted:CartPole-v1", "run.total_env_steps=20480",
                                                "run.iterations_per_dispatch=1"], run_dir=tmp_path)
 
 
