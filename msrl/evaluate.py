@@ -38,13 +38,13 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
         if not file.exists():
             raise ConfigError("RUN_DIR", f"{path} holds no config (it was written before checkpoints did) and "
                               f"{file} is missing")
-        return load_config(file)
+        return _validated(file, file)
     saved = meta["config"]
     order = checkpoint.sweep_order(meta, file)
     if order:  # the members in the order they were trained
         sweep = saved["run"]["sweep"]
         saved = {**saved, "run": {**saved["run"], "sweep": {k: sweep[k] for k in order}}}
-    cfg = load_config(saved)
+    cfg = _validated(saved, path)
     if not file.exists():  # (a checkpoint kept without its run directory)
         return cfg
     try:
@@ -60,6 +60,15 @@ def trained_config(file: Path, meta: dict, path: Path) -> Any:
         print(f"msrl: note: {file} is not the config the checkpoint {path} was trained with ({what}); using the "
               "checkpoint's own", file=sys.stderr, flush=True)
     return cfg
+
+
+def _validated(config: Path | dict, source: Path) -> Any:
+    """``config`` loaded; an error in it names ``source`` (the run's config was valid when it trained: an
+    algorithm's code has changed since, or msrl's)."""
+    try:
+        return load_config(config)
+    except ConfigError as e:
+        raise ConfigError(e.key, f"{source} (the config the run was trained with): {e.message}") from None
 
 
 def load_policy(run_dir: Path, run_seed: int | None = None,

@@ -469,3 +469,19 @@ def test_a_keyboard_interrupt_from_on_iteration_keeps_a_resumable_run(tmp_path):
     assert checkpoint.latest(tmp_path) is not None and (tmp_path / "summary.json").exists()
     summary = train(None, ["run.progress=false", "run.total_env_steps=4096"], run_dir=tmp_path, resume=True)
     assert summary["iterations"] == 4096 // (16 * 4)
+
+
+def test_a_config_a_run_was_trained_with_that_no_longer_validates_names_the_checkpoint(tmp_path):
+    """An algorithm's code changed since its run trained (a key's type): msrl eval and msrl.load said only
+    `algorithm.hidden: Input should be a valid list` (a resume names the run's config.yaml)."""
+    import re
+
+    from msrl.config import load_config
+    from msrl.evaluate import trained_config
+
+    saved = load_config(EXAMPLES / "ppo_cartpole.yaml").dump()
+    saved["algorithm"]["hidden"] = 32
+    at = tmp_path / "checkpoints" / "ckpt_000001"
+    with pytest.raises(msrl.ConfigError, match=rf"^algorithm.hidden: {re.escape(str(at))} \(the config the run was "
+                                               r"trained with\): Input should be a valid list"):
+        trained_config(tmp_path / "config.yaml", {"config": saved}, at)
