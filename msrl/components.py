@@ -34,10 +34,24 @@ class Discrete:
 
 @dataclasses.dataclass(frozen=True)
 class Box:
+    """Actions in ``[low, high]``: numbers or arrays, kept as float32 arrays of ``shape``."""
+
     low: np.ndarray
     high: np.ndarray
     shape: tuple[int, ...]
     dtype: np.dtype = np.dtype(np.float32)
+
+    def __post_init__(self):
+        from msrl.errors import MsrlError
+
+        shape = (int(self.shape),) if isinstance(self.shape, (int, np.integer)) else tuple(map(int, self.shape))
+        try:
+            low, high = (np.broadcast_to(np.asarray(b, np.float32), shape) for b in (self.low, self.high))
+        except (ValueError, TypeError):
+            raise MsrlError(f"msrl.Box(low, high, shape): low and high must be numbers or arrays of shape {shape}, "
+                            f"got {np.shape(self.low)} and {np.shape(self.high)}") from None
+        for name, value in (("low", low), ("high", high), ("shape", shape)):
+            object.__setattr__(self, name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +120,10 @@ class EnvStep:
             from msrl.errors import MsrlError
 
             raise MsrlError("this environment does not report the final observation of an episode (its step "
-                            "returns (obs, reward, done), or an EnvStep without final_obs); EnvStep.final_obs needs "
-                            "one that does")
+                            "returns (obs, reward, done), or an EnvStep without final_obs), which EnvStep.final_obs "
+                            "reads (SAC, TD3, algorithm.bootstrap_truncated): an env of your own gives it as "
+                            "EnvStep's fifth argument, msrl.EnvStep(obs, reward, terminated, truncated, final_obs), "
+                            "the observation each ended episode reached before its reset (obs elsewhere)")
         return self._final_obs
 
     def __iter__(self):
@@ -195,7 +211,12 @@ class Environment:
 
     def starts(self, state: PyTree) -> tuple[PyTree, jax.Array]:
         """``(state, bool [N])``: where the current observation is the first of an episode (``msrl.env_starts``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not tell episode starts (msrl.env_starts)")
+        from msrl.errors import CompileError, defined_at
+
+        raise CompileError(f"{type(self).__name__} defines no starts(state), which msrl.env_starts() calls (recurrent "
+                           "loops reset their memory where an episode starts): it returns (state, bool [N]), true "
+                           "where an environment's current observation is the first of its episode",
+                           *defined_at(type(self)))
 
     def step(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep | tuple[jax.Array, jax.Array, jax.Array]]:
         """``(state, EnvStep)``, or ``(state, (obs, reward, done))`` for an env that tells no truncation."""

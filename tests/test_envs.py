@@ -360,6 +360,55 @@ def test_a_jitted_env_without_the_episode_statistics_msrl_logs_is_named_at_its_c
     assert (info.value.file, info.value.line) == (__file__, inspect.getsourcelines(env)[1])
 
 
+class _ResetsAtStarts(loops.Base):
+    """A recurrent loop's read of where episodes start."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        starts = msrl.env_starts()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action)
+        return {"starts": starts.mean()}
+
+
+class _KeepsFinalObs(loops.Base):
+    """SAC's and TD3's read of the observation an ended episode reached."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        step = msrl.env_step(out.action)
+        return {"final": step.final_obs.mean()}
+
+
+def test_a_jitted_env_without_what_a_loop_reads_says_what_to_add():
+    """Recurrent PPO on an env without starts() said `NotImplementedError ...: UsersEnv does not tell episode
+    starts`, at msrl's line; SAC on one whose EnvStep has no final_obs did not say how to give it."""
+    from msrl.policies.fused import Fused
+
+    with pytest.raises(msrl.CompileError, match=r"UsersEnv defines no starts\(state\), which msrl.env_starts\(\) "
+                                                r"calls .*: it returns \(state, bool \[N\]\)") as info:
+        msrl.compile(_ResetsAtStarts(), Fused(), UsersEnv(), 4)
+    assert (info.value.file, info.value.line) == (inspect.getsourcefile(UsersEnv), inspect.getsourcelines(UsersEnv)[1])
+    with pytest.raises(msrl.CompileError, match=r"does not report the final observation of an episode .*EnvStep's "
+                                                r"fifth argument, msrl.EnvStep\(obs, reward, terminated, truncated, "
+                                                r"final_obs\)") as info:
+        msrl.compile(_KeepsFinalObs(), Fused(), UsersEnv(), 4)
+    assert info.value.file == __file__
+
+
+def test_a_box_takes_numbers_or_arrays_for_its_bounds():
+    """SAC read `(space.high > space.low).all()` of a Box(-1.0, 1.0, (1,)) a user wrote: 'bool' object has no
+    attribute 'all'."""
+    box = msrl.Box(-1, 2.0, 2)
+    assert box.shape == (2,) and box.low.dtype == box.high.dtype == np.float32
+    assert box.low.tolist() == [-1.0, -1.0] and box.high.tolist() == [2.0, 2.0]
+    assert msrl.Box(np.array([-1.0, 0.0]), 1, (2,)).low.tolist() == [-1.0, 0.0]
+    with pytest.raises(msrl.MsrlError, match=r"msrl.Box\(low, high, shape\): low and high must be numbers or "
+                                             r"arrays of shape \(2,\), got \(3,\) and \(\)"):
+        msrl.Box(np.zeros(3), 1.0, (2,))
+
+
 class _ActsAsAColumn(loops.Base):
     """Hands the env one action per environment as a column, [N, 1], where CartPole takes [N] (gymnax's CartPole
     broadcast it to [N, N] without a word)."""

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from msrl.components import EnvSpec
-from msrl.envs.gymnax_env import FunctionalEnv, box, in_tiles
+from msrl.components import Box, EnvSpec
+from msrl.envs.gymnax_env import FunctionalEnv, in_tiles
 from msrl.errors import ConfigError, did_you_mean
 
 
@@ -63,7 +63,7 @@ class BraxEnv(FunctionalEnv):
         # the observation's shape from an abstract reset: Brax's observation_size runs reset op by op (~9 s on 2 cores)
         obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs
         self.spec = EnvSpec(f"brax:{name}", tuple(obs.shape), np.dtype(obs.dtype),
-                            box(-1.0, 1.0, (int(env.action_size),)))
+                            Box(-1.0, 1.0, env.action_size))
 
     def _reset(self, keys):
         state = in_tiles(jax.vmap(self.env.reset), TILE)(keys)

@@ -92,7 +92,7 @@ def host_spaces(env_id: str, obs_space: Any, act_space: Any, obs_hint: str = "",
             raise ConfigError("env.id", f"{env_id}'s actions are {act_space}: msrl takes discrete actions from 0")
         return Discrete(int(act_space.n))
     if isinstance(act_space, gymnasium.spaces.Box):
-        return Box(act_space.low.astype(np.float32), act_space.high.astype(np.float32), tuple(act_space.shape))
+        return Box(act_space.low, act_space.high, act_space.shape)
     raise ConfigError("env.id", f"{env_id} has a {type(act_space).__name__} action space; "
                       "msrl supports Discrete and Box")
 

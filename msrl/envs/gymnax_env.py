@@ -138,13 +138,6 @@ class FunctionalEnv(Environment):
                 "episodes": state.episodes.sum(), "nonfinite": bad}
 
 
-def box(low: Any, high: Any, shape: Any) -> Box:
-    """A Box space of float32 bounds broadcast to ``shape``."""
-    shape = tuple(shape)
-    return Box(np.broadcast_to(np.asarray(low, np.float32), shape),
-               np.broadcast_to(np.asarray(high, np.float32), shape), shape)
-
-
 class _Deferred(types.ModuleType):
     """Stands in ``sys.modules`` for a module not imported yet: the first attribute read imports it (and puts
     the real module in its place), every read is forwarded to it. A package's stand-in gives its submodules'
@@ -248,7 +241,7 @@ class GymnaxEnv(FunctionalEnv):
         if hasattr(space, "n"):
             action_space = Discrete(int(space.n))
         else:
-            action_space = box(space.low, space.high, tuple(space.shape))
+            action_space = Box(space.low, space.high, space.shape)
         # what reset gives, not what the space says: Catch-bsuite's space is int32 and its observations float32
         obs = jax.eval_shape(lambda key: self.env.reset(key, self.params)[0], jax.random.PRNGKey(0))
         self.spec = EnvSpec(f"gymnax:{name}", tuple(obs.shape), np.dtype(obs.dtype), action_space)

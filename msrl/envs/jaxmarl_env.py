@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from msrl.components import Discrete, MultiAgentObs, MultiAgentSpec
-from msrl.envs.gymnax_env import FunctionalEnv, box, defer_plotting, in_tiles
+from msrl.components import Box, Discrete, MultiAgentObs, MultiAgentSpec
+from msrl.envs.gymnax_env import FunctionalEnv, defer_plotting, in_tiles
 from msrl.errors import ConfigError, did_you_mean
 
 
@@ -135,7 +135,7 @@ class JaxMarlEnv(FunctionalEnv):
                               f"({sorted(obs_spaces)}, {sorted(act_spaces)}); msrl needs them alike (agents are a "
                               "batch axis)")
         space, obs_shape, n = self.env.action_space(self.agents[0]), obs_spaces.pop(), len(self.agents)
-        action_space = Discrete(int(space.n)) if hasattr(space, "n") else box(space.low, space.high, space.shape)
+        action_space = Discrete(int(space.n)) if hasattr(space, "n") else Box(space.low, space.high, space.shape)
         self.spec = MultiAgentSpec(f"jaxmarl:{name}", obs_shape, np.dtype(np.float32), action_space,
                                    num_agents=n, state_shape=(n * int(np.prod(obs_shape)),))
 
