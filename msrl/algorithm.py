@@ -48,19 +48,21 @@ class Context:
         return count
 
     def check_learning_starts(self, learning_starts: int, buffer: Any, rollout_len: int,
-                              batch_size: int | None = None) -> None:
+                              batch_size: int | None = None, window_of: str = "") -> None:
         """A ConfigError if an off-policy warm-up of ``learning_starts`` transitions would never end: more than
-        one learner's replay ``buffer`` can offer a sample (its whole steps of the learner's environments, less an
-        n-step window's last steps), or than it offers after the run's whole iterations of ``rollout_len`` steps;
-        or if a sample of ``batch_size`` is more than the buffer holds (each would repeat transitions)."""
+        one learner's replay ``buffer`` can offer a sample (its whole steps of the learner's environments, less a
+        sampled window's last steps; ``window_of``: the keys that set its length), or than it offers after the
+        run's whole iterations of ``rollout_len`` steps; or if a sample of ``batch_size`` is more than the buffer
+        holds (each would repeat transitions)."""
         from msrl.errors import ConfigError
 
         width, window = self.learner_envs, getattr(buffer, "window", 1)
         rows = buffer.capacity // width
         offered = lambda steps: max(min(steps, rows) - (window - 1), 0) * width  # as the buffer's size counts them
         per = f" per learner ({self.learner_replicas} learners)" if self.learner_replicas > 1 else ""
+        less = f", less the last {window - 1} of a window of {window}{f' ({window_of})' if window_of else ''}" \
+            if window > 1 else ""
         if learning_starts > offered(rows):
-            less = f", less the last {window - 1} of a window of {window}" if window > 1 else ""
             raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the {offered(rows):,} "
                               f"transitions buffer_size {buffer.capacity:,} offers a sample{per} ({rows:,} whole steps "
                               f"of {width:,} envs{less}): learning would never start")
@@ -68,8 +70,8 @@ class Context:
         if learning_starts > offered(iterations * rollout_len):
             raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the "
                               f"{offered(iterations * rollout_len):,} transitions the run collects{per} in its "
-                              f"{iterations:,} whole iterations (run.total_env_steps={self.total_env_steps:,}): "
-                              "learning would never start")
+                              f"{iterations:,} whole iterations ({iterations * rollout_len:,} steps of {width:,} "
+                              f"envs{less}; run.total_env_steps={self.total_env_steps:,}): learning would never start")
         if batch_size is not None and batch_size > buffer.capacity:
             raise ConfigError("algorithm.batch_size", f"{batch_size:,} is more than the {buffer.capacity:,} "
                               "transitions algorithm.buffer_size holds: every sample would repeat transitions (are the "

@@ -115,12 +115,18 @@ def test_bad_config_names_the_key(override, key):
     # 256 entries of 8 envs are 32 steps; 3-step returns' windows of 4 leave 29 steps whose windows are whole: 232
     ("dqn", ["algorithm.buffer_size=256", "algorithm.learning_starts=256"],
      r"^algorithm.learning_starts: 256 is more than the 232 transitions buffer_size 256 offers a sample \(32 whole "
-     r"steps of 8 envs, less the last 3 of a window of 4\): learning would never start$"),
+     r"steps of 8 envs, less the last 3 of a window of 4 \(algorithm.n_step \+ 1\)\): learning would never start$"),
     # 2,000 steps are 62 whole iterations of 4 x 8: 248 steps of 8 envs, whose windows offer 245 x 8 = 1,960
     ("dqn", ["algorithm.buffer_size=200000", "algorithm.learning_starts=2000", "run.total_env_steps=2000",
              "algorithm.rollout_len=4"],
      r"^algorithm.learning_starts: 2,000 is more than the 1,960 transitions the run collects in its 62 whole "
-     r"iterations \(run.total_env_steps=2,000\): learning would never start$"),
+     r"iterations \(248 steps of 8 envs, less the last 3 of a window of 4 \(algorithm.n_step \+ 1\); "
+     r"run.total_env_steps=2,000\): learning would never start$"),
+    # (a window longer than the run: it blamed learning_starts alone, naming no n_step)
+    ("dqn", ["algorithm.n_step=100", "algorithm.learning_starts=8", "run.total_env_steps=80", "env.num_envs=4",
+             "algorithm.rollout_len=2"],
+     r"^algorithm.learning_starts: 8 is more than the 0 transitions the run collects in its 10 whole iterations "
+     r"\(20 steps of 4 envs, less the last 100 of a window of 101 \(algorithm.n_step \+ 1\);"),
     ("dqn", ["algorithm.rollout_len=1", "algorithm.n_step=1", "algorithm.buffer_size=16", "algorithm.learning_starts=8"],
      r"^algorithm.buffer_size: 16 transitions are 2 steps of 8 envs; it must hold 3 steps"),  # (a ValueError mid-trace)
     ("sac", ["algorithm.buffer_size=100", "algorithm.learning_starts=100", "run.total_env_steps=1600"],
@@ -133,7 +139,8 @@ def test_bad_config_names_the_key(override, key):
     # rows at once where its envs run on the host: "inserting 4 rows at once into UniformBuffer of 3 rows" mid-run)
     ("recurrent_dqn", ["algorithm.buffer_size=400", "algorithm.learning_starts=390"],
      r"^algorithm.learning_starts: 390 is more than the 280 transitions buffer_size 400 offers a sample \(50 whole "
-     r"steps of 8 envs, less the last 15 of a window of 16\)"),  # (it counted DQN's n-step window: 376)
+     r"steps of 8 envs, less the last 15 of a window of 16 \(algorithm.sequence_length\)\)"),  # (it counted DQN's
+    # n-step window: 376)
 ])
 def test_a_warm_up_the_buffer_never_reaches_is_refused(config, overrides, message):
     """(Each ran to its end with learning 0 in every row, or failed mid-trace inside the replay buffer: the

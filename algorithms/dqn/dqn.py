@@ -176,6 +176,7 @@ class DQNLearner(msrl.Learner):
 
 class DQN(msrl.Algorithm):
     Config = DQNConfig
+    WINDOW = "algorithm.n_step + 1"  # what sets the length of the buffer's windows
 
     def __init__(self, cfg: DQNConfig, ctx: msrl.Context):
         super().__init__(cfg, ctx)
@@ -193,7 +194,7 @@ class DQN(msrl.Algorithm):
         self.actor = EpsilonGreedy(net, cfg, ctx.num_envs)
         self.learner = DQNLearner(net, cfg, spec.example_obs(), updates)
         self.buffer = self.replay(cfg, updates, window=cfg.n_step + 1)  # n + 1 consecutive steps of one env
-        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len, cfg.batch_size)
+        ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len, cfg.batch_size, self.WINDOW)
 
     @staticmethod
     def replay(cfg: DQNConfig, updates: int, window: int) -> msrl.ReplayBuffer:

@@ -158,6 +158,7 @@ class RecurrentDQNLearner(DQNLearner):
 
 class RecurrentDQN(DQN):
     Config = RecurrentDQNConfig
+    WINDOW = "algorithm.sequence_length"
 
     def __init__(self, cfg: RecurrentDQNConfig, ctx: msrl.Context):
         if cfg.burn_in + cfg.n_step >= cfg.sequence_length:
