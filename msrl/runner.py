@@ -859,8 +859,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 f"its checkpoint is {newest}" if newest == checkpoint.of_iteration(run_dir, done) else
                 ("" if done == 0 else "no checkpoint of it could be saved (its state is lost or mid-iteration); ") +
                 (f"the last checkpoint is {newest}" if newest is not None else "there is no checkpoint"))
+        batched = f" (iterations come back {per_dispatch} at a time: run.iterations_per_dispatch)" \
+            if per_dispatch > 1 else ""
         text = f"{str(e).rstrip().rstrip('.')}" + ("\n" if "\n" in str(e).strip() else ". ") + \
-            f"The last complete iteration is {done} of {iterations}; {note}"
+            f"The last complete iteration is {done} of {iterations}{batched}; {note}"
         if signals.received:
             return Interrupted(f"{signals.received}: {text}" + (f". Continue with: {_continue_with(run_dir)}"
                                                                  if newest is not None else ""))

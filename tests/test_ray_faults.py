@@ -173,8 +173,9 @@ def test_a_lost_raylet_ends_the_run_naming_the_fragment_and_the_last_checkpoint(
     assert proc.returncode == 2, err[-3000:]
     [line] = [x for x in err.splitlines() if x.startswith("msrl: error:")]
     assert re.fullmatch(rf"msrl: error: (fragment '(learner|actor)' replica \d (could not be reached|died)|the Ray "
-                        rf"cluster failed while fragment).*\. The last complete iteration is \d+ of 781; (no "
-                        rf"checkpoint of it could be saved \(its state is lost or mid-iteration\); the last|its) "
+                        rf"cluster failed while fragment).*\. The last complete iteration is \d+ of 781(?: "
+                        rf"\(iterations come back \d+ at a time: run.iterations_per_dispatch\))?; (no checkpoint of it "
+                        rf"could be saved \(its state is lost or mid-iteration\); the last|its) "
                         rf"checkpoint is {re.escape(str(run))}/checkpoints/ckpt_\d+\.msgpack", line), line
     deadline = time.time() + 10
     while time.time() < deadline and any(alive(p.pid) for p in procs):

@@ -67,7 +67,8 @@ def test_an_env_that_fails_to_reset_in_process_is_named_with_its_own_frames(tmp_
         train(EXAMPLES / "ppo_cartpole_threads.yaml", [*QUIET, "env.id=gymnasium:MsrlShifty-v0",
                                                         "env.kwargs.mode=explode"], run_dir=tmp_path / "b")
     assert "msrl/" not in str(info.value) and "gymnasium/" not in str(info.value)  # the env's own frames only
-    assert re.search(r"\nThe last complete iteration is 0 of \d+; there is no checkpoint$", str(info.value))
+    assert re.search(r"\nThe last complete iteration is 0 of \d+ \(iterations come back 16 at a time: "
+                     r"run.iterations_per_dispatch\); there is no checkpoint$", str(info.value))
 
 
 def test_a_slow_env_step_is_progress_until_it_outlasts_the_slowest_before(tmp_path):
