@@ -260,6 +260,7 @@ class RayRuntime(ReplicaRuntime):
         self.unrestartable = {name: restartable(f) for name, f in program.fragments.items()}
         self.workers: dict[tuple[str, int], Any] = {}
         self.hosts: dict[str, Any] = {}  # the policy's services, by name
+        self.dispatching = False  # (a dispatch that does not finish kills the replicas: see at_rest)
         # ~2 KB; the analysis spares each process the compiler's shape probes (the fingerprint checks the result)
         recipe = cloudpickle.dumps((program.algorithm, self.policy, program.env, program.num_envs, program.analysis()))
         cache = jax.config.jax_compilation_cache_dir
@@ -314,9 +315,15 @@ class RayRuntime(ReplicaRuntime):
                                 "session (or resume the run from its checkpoint)")
         return self.workers
 
+    def at_rest(self) -> bool:
+        """Between dispatches (a stream its reader left between chunks): every replica holds the state of the
+        last finished iteration. A dispatch that did not finish closed the session's replicas."""
+        return bool(self.workers) and not self.dispatching
+
     def _run(self, iterations: int) -> dict:
         target = self.iteration + iterations
         running = {w.run.remote(iterations): key for key, w in self._replicas().items()}
+        self.dispatching = True
         outputs: dict[tuple[str, int], list] = {}
         try:
             while running:
@@ -340,6 +347,7 @@ class RayRuntime(ReplicaRuntime):
                 raise TrainingError(f"the Ray cluster failed while fragment {who} ran: {type(e).__name__}: "
                                     f"{(str(e).strip().splitlines() or [''])[0]}") from None
             raise
+        self.dispatching = False
         return outputs
 
     def collective(self, fragment: Any) -> bool:
