@@ -188,7 +188,8 @@ def test_a_callback_raising_inside_a_fused_program_is_a_one_line_error(tmp_path,
 
 def test_a_callback_raising_in_a_replica_is_reported_at_the_loop_line_with_its_own_traceback(tmp_path, capfd):
     """In a replica (threads here; ray reports the replica's error alike) a host callback's error is one line, as
-    under fused: the loop's line (where XLA reports the error while that line runs), the error, and the callback's
+    under fused: the first loop line of the jitted statements XLA ran (an env step's callback was reported `at`
+    the loop's earlier `obs = msrl.env_observe()` line, as if it raised there), the error, and the callback's
     own line (not the whole stack of the replica's thread and msrl's frames, twice, and JAX's filtering note). XLA
     may report it only once the step's outputs are awaited: it is still the replica's (it was the generic "the
     training program failed" when another thread read the state first)."""
@@ -201,8 +202,9 @@ def test_a_callback_raising_in_a_replica_is_reported_at_the_loop_line_with_its_o
     assert main(["train", str(tmp_path / "growth.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
     err = capfd.readouterr().err
     [line] = [x for x in err.splitlines() if x.startswith("msrl: error:")]
-    assert re.fullmatch(r"msrl: error: fragment 'learner' replica 0 failed(?: at .*loops\.py:\d+ `return "
-                        r"msrl.agent_learn\(msrl.buffer_get\(\)\)`)?: JaxRuntimeError: .*callback: RuntimeError: "
+    assert re.fullmatch(r"msrl: error: fragment 'learner' replica 0 failed(?: in the jitted statements from "
+                        r".*loops\.py:\d+ `return msrl.agent_learn\(msrl.buffer_get\(\)\)` on)?: JaxRuntimeError: "
+                        r".*callback: RuntimeError: "
                         r"sensor offline at "
                         r"update 2, in _sensor_check\(\) at .*loops\.py:\d+ \(--debug logs the callback's "
                         r"traceback\)\. The last complete iteration is 2 of 10; (saved a checkpoint of it: .*|no "

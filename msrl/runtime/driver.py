@@ -268,11 +268,14 @@ class ReplicaDriver:
             except Exception:  # noqa: BLE001, S110 - not at a line of the user's: reported as any other failure below
                 pass
         frame, inner = user_frames(e, [self.frag.lowered])
-        at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
-        if inner is not None and frame is not None and inner[:2] != frame[:2]:
-            at += f", in {inner[2]}() at {inner[0]}:{inner[1]}"
         lines = str(e).strip().splitlines()
-        if len(lines) > 1 and "Traceback (most recent call" in lines[0]:  # a host callback raised in the program
+        callback = len(lines) > 1 and "Traceback (most recent call" in lines[0]  # a host callback raised in the program
+        at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
+        if frame and (callback or isinstance(e, jax.errors.JaxRuntimeError)):  # raised while a jitted segment of
+            at = f" in the jitted statements from {frame[0]}:{frame[1]} `{frame[2]}` on"  # the loop ran: its first line
+        elif inner is not None and frame is not None and inner[:2] != frame[:2]:
+            at += f", in {inner[2]}() at {inner[0]}:{inner[1]}"
+        if callback:
             frames = [m for m in (re.match(r'\s*File "(.+)", line (\d+), in (\S+)', x) for x in lines)
                       if m and f"{os.sep}jax{os.sep}" not in m[1]]
             where = f", in {frames[-1][3]}() at {frames[-1][1]}:{frames[-1][2]}" if frames else ""
