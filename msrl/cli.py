@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -422,9 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         for module in getattr(args, "imports", None) or []:
             import_user_module(module)
         return args.fn(args)
-    except Interrupted as e:
-        imports = "".join(f"--import {shlex.quote(m)} " for m in getattr(args, "imports", None) or [])
-        print(f"msrl: {e}".replace("msrl train --resume ", f"msrl train {imports}--resume "), file=sys.stderr)
+    except Interrupted as e:  # (a resume imports what the run's config lists: run.imports)
+        print(f"msrl: {e}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # whoever read stdout stopped (`msrl graph ... | head`): nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (else the flush at exit fails again)

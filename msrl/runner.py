@@ -935,6 +935,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         finally:
             session.close()
     elapsed = time.perf_counter() - start
+    if signals.received and session.iteration >= iterations:  # (it came in the last dispatch: nothing is left)
+        print(f"msrl: note: {signals.received} came as the run's last iteration ran; the run is complete",
+              file=sys.stderr)
+        signals.received = None
     summary = {
         "env_steps": session.iteration * steps_per_iter,
         "iterations": session.iteration,

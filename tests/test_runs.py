@@ -200,7 +200,7 @@ def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tm
     overrides = [*SHORT, "run.total_env_steps=204800", "run.iterations_per_dispatch=2", "run.checkpoint_every_steps=204800",
                  *policy]
     run = tmp_path / "run"
-    own = str(EXAMPLES / "custom_algorithm.py")  # a module of the user's: the command that resumes imports it too
+    own = str(EXAMPLES / "custom_algorithm.py")  # a module of the user's: run.imports lists it for the resume
     proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", CARTPOLE, *overrides, "--run-dir", str(run),
                              "--import", own], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -211,12 +211,28 @@ def test_a_signal_checkpoints_and_resume_ends_where_an_uninterrupted_run_does(tm
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert f"Continue with: msrl train --import {own} --resume {run}" in err
+    assert f"Continue with: msrl train --resume {run}\n" in err  # (it repeated --import, as given: a relative path
+    # failed from another folder)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] == sig.name and summary["iterations"] < 400
     assert main(["train", "--resume", str(run)]) == 0
     (a, _), (b, meta) = _straight(tuple(overrides), tmp_path / "straight"), final_leaves(run)
     assert meta["iteration"] == 400 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True) if x is not None)
+
+
+def test_a_signal_that_lands_in_the_last_dispatch_leaves_a_complete_run(tmp_path, capsys):
+    """A Ctrl-C while the run's last iteration ran: every iteration was done, yet it said `stopped after iteration
+    4 of 4 ... Continue with: ... --resume` and summary.json kept "interrupted": "SIGINT" for good (a resume then
+    had nothing to train)."""
+    def signal_at_the_end(row):
+        if row["iteration"] == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    summary = msrl.train(CARTPOLE, [*SHORT, "run.total_env_steps=2048", "run.log_every_steps=512"], run_dir=tmp_path,
+                         on_iteration=signal_at_the_end)
+    assert summary["iterations"] == 4 and summary["interrupted"] is None
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is None
+    assert "msrl: note: SIGINT came as the run's last iteration ran; the run is complete" in capsys.readouterr().err
 
 
 def test_a_second_signal_stops_at_once_without_waiting_for_the_dispatch_under_way(tmp_path):
