@@ -166,10 +166,11 @@ class RemoteLearner:
         new = {k: new.get(k) for k in HELD} if isinstance(new, dict) else new
         if jax.tree.structure(new) != jax.tree.structure(step):
             return slot[0], metrics, jnp.bool_(False)
+        # the step's, within rounding (fused differently); a non-finite update is the NaN guard's to report
         pairs = list(zip(jax.tree.leaves(new), jax.tree.leaves(step), strict=True))
-        close = [jnp.all(jnp.abs(a - b) <= 1e-6 * jnp.max(jnp.abs(b), initial=0)) for a, b in pairs]  # (rounding
-        finite = [jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b)) for a, b in pairs]  # apart: fused differently)
-        return slot[0], metrics, jnp.all(jnp.stack(close)) | ~jnp.all(jnp.stack(finite))  # (a NaN: the guard's)
+        close = [jnp.all(jnp.abs(a - b) <= 1e-6 * jnp.max(jnp.abs(b), initial=0)) for a, b in pairs]
+        finite = [jnp.isfinite(a).all() & jnp.isfinite(b).all() for a, b in pairs]
+        return slot[0], metrics, jnp.all(jnp.stack(close)) | ~jnp.all(jnp.stack(finite))
 
     def learn(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         name, learn = type(self.learner).__name__, method_name(self.learner, "learn")
