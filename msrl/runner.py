@@ -114,6 +114,14 @@ def tensorboard_writer() -> type:
     return SummaryWriter
 
 
+def _float(text: str) -> float:
+    """A metrics.csv field as a number (nan where it is none)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 class _Table:
     """One metrics.csv and its TensorBoard events (a run's, or one seed's of a run of several)."""
 
@@ -139,8 +147,10 @@ class _Table:
         # TensorBoard's writer (its import, a queue and a thread: ~0.15 s) opens at the first row, which the
         # jax backend hands over while it computes the next ones, rather than while the first ones wait for it
         self.tb_folder = folder / "tb" if cfg.run.tensorboard else None
-        # resumed: TensorBoard drops the earlier events logged after the checkpoint (they are redone)
-        self.tb_purge = int(float(kept[-1]["env_steps"])) + 1 if kept else None
+        # resumed: TensorBoard drops every earlier event (those logged after the checkpoint are redone, and a kill
+        # loses those its writer had not flushed yet) and is given metrics.csv's rows again: it holds what they hold
+        self.tb_purge = 1 if resume_at is not None else None
+        self.tb_rows = [{k: _float(v) for k, v in r.items()} for r in kept]
         # (a resumed run's config is the one already there)
         self.tb_config = None if resume_at is not None else cfg.dump()
 
@@ -150,7 +160,17 @@ class _Table:
             self.tb = tensorboard_writer()(str(self.tb_folder), purge_step=self.tb_purge)
             if self.tb_config is not None:
                 self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(self.tb_config, sort_keys=False) + "```")
+            for row in self.tb_rows:
+                self.add_scalars(row)
         return self.tb
+
+    def add_scalars(self, row: dict[str, float]) -> dict[str, float]:
+        """``row``'s finite scalars under their TensorBoard tags, given to TensorBoard where it is on."""
+        scalars = {f"{TB_GROUP.get(k, 'train')}/{k}": v for k, v in row.items()
+                   if k not in ("iteration", "env_steps") and isinstance(v, float | int) and math.isfinite(v)}
+        for k, v in scalars.items() if self.tb is not None else ():
+            self.tb.add_scalar(k, v, int(row["env_steps"]))
+        return scalars
 
     def log(self, row: dict[str, float]) -> dict[str, float]:
         """Write ``row``; returns its finite scalars under their TensorBoard tags."""
@@ -159,12 +179,8 @@ class _Table:
                                          fieldnames=[*FIRST_COLUMNS, *(k for k in row if k not in FIRST_COLUMNS)])
             self.writer.writeheader()
         self.writer.writerow(row)
-        scalars = {f"{TB_GROUP.get(k, 'train')}/{k}": v for k, v in row.items()
-                   if k not in ("iteration", "env_steps") and isinstance(v, float | int) and math.isfinite(v)}
-        if self.board() is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, int(row["env_steps"]))
-        return scalars
+        self.board()
+        return self.add_scalars(row)
 
     def close(self, cfg: ExperimentConfig, final_return: float) -> None:
         if self.board() is not None:

@@ -38,6 +38,18 @@ def read_events(path):
     return events
 
 
+def board(folder, tag):
+    """(step, value) of ``tag`` as TensorBoard shows a folder's event files: read in order, a purge (a session
+    started at step S) hiding the events of steps >= S read before it."""
+    shown = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for e in read_events(path):
+            if e.HasField("session_log") and e.session_log.status == e.session_log.START:
+                shown = [(step, v) for step, v in shown if step < e.step]
+            shown += [(e.step, v.simple_value) for v in e.summary.value if v.tag == tag]
+    return shown
+
+
 def test_rows_and_checkpoints_at_intervals_of_env_steps(tmp_path):
     # default: at most 1000 rows (2000 iterations of 8 steps: a row every 2 iterations)
     msrl.train(DQN, [*SMALL_DQN, "run.tensorboard=false", "run.total_env_steps=16000",
@@ -78,9 +90,16 @@ def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
     assert b"name: ppo" in text.tensor.string_val[0] and b"total_env_steps: 4096" in text.tensor.string_val[0]
     hparams = list((tmp_path / "tb" / "hparams").glob("events.out.tfevents.*"))
     assert hparams and b"algorithm.lr" in hparams[0].read_bytes() and b"[64, 64]" in hparams[0].read_bytes()
+    # a kill loses the events the writer had not flushed yet (here all: the file is cut to its first event);
+    # the resumed run's TensorBoard holds metrics.csv's rows all the same, each once
+    events_file.write_bytes(events_file.read_bytes()[:12 + struct.unpack("<Q", events_file.read_bytes()[:8])[0] + 4])
     msrl.train(None, ["run.progress=false", "run.total_env_steps=8192"], run_dir=tmp_path, resume=True)
     (resumed,) = (tmp_path / "tb" / "hparams").glob("events.out.tfevents.*")  # one session for the run (there were
     assert b"total_env_steps" in resumed.read_bytes()  # two: TensorBoard listed both)
+    shown = board(tmp_path / "tb", "charts/episode_return")
+    rows = read_rows(tmp_path)
+    assert [step for step, _ in shown] == [int(r["env_steps"]) for r in rows if np.isfinite(r["episode_return"])]
+    assert [v for _, v in shown] == pytest.approx([r["episode_return"] for r in rows if np.isfinite(r["episode_return"])])
 
 
 def test_tensorboard_opens_at_the_first_row_not_before(tmp_path):
