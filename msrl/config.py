@@ -332,7 +332,8 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
                                   "in run.sweep (a sweep's config.yaml holds its sweep there); "
                                   + ("the same values in another order are another sweep (its members in another "
                                      "order): give them in run.sweep's order, or drop the list" if reordered
-                                     else "keep one"))
+                                     else "keep one (a resumed run sweeps the values it trained: sweep others "
+                                     "in a new run)"))
             sweep[key] = value
     for key, values in sweep.items():
         field = model.model_fields.get(key)

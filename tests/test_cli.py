@@ -256,7 +256,7 @@ def test_graph_refuses_policy_and_a_different_policy_name_override(capsys):
     assert main(["graph", CARTPOLE, "policy.name=fused", "--policy", "fused"]) == 0
     capsys.readouterr()
     assert main(["graph", CARTPOLE, "--policy", "single_learner_coarse", "run.num_seeds=2"]) == 2  # as train refuses
-    assert "msrl: error: run.num_seeds: the threads backend runs one seed per program" in capsys.readouterr().err
+    assert "msrl: error: run.num_seeds: the threads backend runs one member per program" in capsys.readouterr().err
 
 
 def test_the_saved_config_holds_the_env_count_envs_per_actor_sets(tmp_path):

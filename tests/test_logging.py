@@ -97,9 +97,9 @@ def test_tensorboard_groups_tags_and_holds_the_config(tmp_path):
     (resumed,) = (tmp_path / "tb" / "hparams").glob("events.out.tfevents.*")  # one session for the run (there were
     assert b"total_env_steps" in resumed.read_bytes()  # two: TensorBoard listed both)
     shown = board(tmp_path / "tb", "charts/episode_return")
-    rows = read_rows(tmp_path)
-    assert [step for step, _ in shown] == [int(r["env_steps"]) for r in rows if np.isfinite(r["episode_return"])]
-    assert [v for _, v in shown] == pytest.approx([r["episode_return"] for r in rows if np.isfinite(r["episode_return"])])
+    rows = [r for r in read_rows(tmp_path) if np.isfinite(r["episode_return"])]
+    assert [step for step, _ in shown] == [int(r["env_steps"]) for r in rows]
+    assert [v for _, v in shown] == pytest.approx([r["episode_return"] for r in rows])
 
 
 def test_tensorboard_opens_at_the_first_row_not_before(tmp_path):

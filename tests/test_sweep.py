@@ -48,7 +48,9 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     assert load_config(cfg.dump()).run.sweep == cfg.run.sweep  # a run directory's config.yaml reads back the same
     # that config.yaml with the same list again (a resume's command line) is one sweep; another list is refused
     assert load_config(cfg.dump(), ["algorithm.gamma=[0.99, 9e-1]"]).run.sweep == cfg.run.sweep
-    with pytest.raises(ConfigError, match=r"algorithm.gamma: is swept twice: \[0.99, 0.8\] here and \[0.99, 0.9\]"):
+    with pytest.raises(ConfigError, match=r"algorithm.gamma: is swept twice: \[0.99, 0.8\] here and \[0.99, 0.9\].*"
+                                          r"keep one \(a resumed run sweeps the values it trained: sweep others in a "
+                                          r"new run\)$"):
         load_config(cfg.dump(), ["algorithm.gamma=[0.99, 0.8]"])
     with pytest.raises(ConfigError, match=r"\[0.9, 0.99\] here .* in another order are another sweep .*: give them in "
                        r"run.sweep's order, or drop the list$"):
@@ -93,7 +95,7 @@ def test_a_backend_of_one_seed_refuses_several_before_compiling(tmp_path, capsys
     assert main(["train", CARTPOLE, "policy.name=single_learner_coarse", "policy.backend=ray", "run.num_seeds=2",
                  "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err  # (the stage lines: it compiled, started the backend, then refused)
-    assert "run.num_seeds: the ray backend runs one seed per program" in err and "msrl: compiling" not in err
+    assert "run.num_seeds: the ray backend runs one member per program" in err and "msrl: compiling" not in err
 
 
 class BranchLearner(PPOLearner):

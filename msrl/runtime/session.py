@@ -295,8 +295,8 @@ def check_members(backend: str, run: Any, env_id: str = "") -> None:
             raise ConfigError(key, f"{env_id}'s simulators train one seed per run (several {what} share msrl's jitted "
                               "program, which steps jitted environments only): train each in a run of its own")
         if not BACKENDS.get(backend).multi_seed:
-            raise ConfigError(key, f"the {backend} backend runs one seed per program; several {what} in one program "
-                              "need the jax backend (policy.name=fused)")
+            raise ConfigError(key, f"the {backend} backend runs one member per program (one seed, one value of each "
+                              f"key); several {what} in one program need the jax backend (policy.name=fused)")
 
 
 def vmap_seeds(seed_batching: str) -> bool:
