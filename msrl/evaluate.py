@@ -378,6 +378,11 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
         raise ConfigError(arg("render"), f"msrl renders gymnasium: environments only, not {cfg.env.id} (train the "
                           "task's Gymnasium version to render it: gymnasium:CartPole-v1 for gymnax:CartPole-v1, "
                           "gymnasium:InvertedPendulum-v5 for brax:inverted_pendulum)")
+    try:
+        if render is not None:
+            Path(render).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(arg("render"), f"cannot create the folder {render}: {e.strerror}") from None
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
     init = env.init if env.host_state else jax.jit(env.init)  # one compile, not dozens
@@ -486,7 +491,6 @@ def _render(env_id: str, kwargs: dict, policy: Any, params: Any, out: Path, seed
         frames.append(_frame(env, env_id))
         done = terminated or truncated
     env.close()
-    out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("frame_[0-9][0-9][0-9][0-9].png"):  # an earlier, longer episode's would stay behind
         old.unlink()
     for i, frame in enumerate(frames):

@@ -219,6 +219,7 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     assert figures["length_mean"] == figures["return_mean"]  # (CartPole: 1 a step)
     assert main(["eval", str(tmp_path / "fused"), "--render", str(tmp_path / "x")]) == 2  # gymnax: no renderer
     assert "--render: msrl renders gymnasium: environments only, not gymnax:CartPole-v1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
     host = [*QUIET, "run.total_env_steps=2048", "run.checkpoint_every_steps=1024",
             "env.kwargs={render_mode: rgb_array}"]  # (--render gave gymnasium.make a render_mode twice)
@@ -237,6 +238,9 @@ def test_eval_of_a_trained_run_and_rendered_frames(tmp_path, capsys):
     assert out["render_return"] == out["return_mean"] == out["frames"] - 1  # (CartPole: 1 a step)
     assert main(["eval", str(tmp_path / "host"), "--render", str(frames[0])]) == 2  # before playing the episodes
     assert f"msrl: error: --render: {frames[0]} is a file; give a folder" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "host"), "--render", str(frames[0] / "sub")]) == 2
+    assert f"msrl: error: --render: cannot create the folder {frames[0] / 'sub'}: Not a directory" in \
+        capsys.readouterr().err
 
 
 class _Bounded(gymnasium.Env):
