@@ -315,7 +315,7 @@ def test_imported_user_modules_are_imported_in_every_ray_worker(tmp_path):
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.parametrize("mode, message", [
     ("wide", r"^environment gymnasium:MsrlQuirky-v0 #0 at step 0 returned an observation of float32\[2\], but its "
-             r"observations are float32\[3\]$"),  # msrl's own error, as on threads
+             r"observation space is float32\[3\]$"),  # msrl's own error, as on threads
     ("old_reset", r"^environment gymnasium:MsrlQuirky-v0 #0 failed in reset: TypeError: Quirky.reset\(\) returned a "
                   r"ndarray; Gymnasium's API returns \(obs, info\) \(an env of the old Gym API returns the observation "
                   r"alone\)$"),  # (no hint about --import: the import worked)

@@ -225,6 +225,7 @@ class GymnasiumEnv(Environment):
         self.bounds = (act_space.low, act_space.high, act_space.dtype) if isinstance(act_space, gymnasium.spaces.Box) \
             else None
         self.spec = EnvSpec(f"gymnasium:{name}", tuple(obs_space.shape), np.dtype(np.float32), action_space)
+        self.space = f"{obs_space.dtype}{list(obs_space.shape)}"  # (what its observation space says)
 
     def init(self, key: jax.Array, env_ids: Any) -> HostEnvState:
         import gymnasium
@@ -339,9 +340,13 @@ class GymnasiumEnv(Environment):
     def _checked(self, state: HostEnvState, i: int, o: Any) -> np.ndarray:
         """An observation as the run started: same shape and dtype, numeric (else a TrainingError)."""
         o = np.asarray(o)
-        if o.shape != self.spec.obs_shape or o.dtype != state.dtypes[i] or o.dtype.kind not in "fiub":
+        if o.shape != self.spec.obs_shape or o.dtype.kind not in "fiub":
             raise TrainingError(f"{self._where(state, i)} returned an observation of {o.dtype}{list(o.shape)}, but "
-                                f"its observations are {state.dtypes[i]}{list(self.spec.obs_shape)}")
+                                f"its observation space is {self.space}")
+        if o.dtype != state.dtypes[i]:
+            raise TrainingError(f"{self._where(state, i)} returned an observation of {o.dtype}{list(o.shape)}, but its "
+                                f"first one (from reset) was {state.dtypes[i]}: an environment's observations keep one "
+                                f"dtype (its observation space says {self.space})")
         return o
 
     def stats(self, state: HostEnvState):
