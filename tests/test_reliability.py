@@ -32,8 +32,8 @@ QUIET = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_st
 
 @pytest.mark.parametrize("mode, expect", [
     ("shape", r"returned an observation of float32\[5\], but its observation space is float32\[4\]"),
-    ("dtype", r"returned an observation of float64\[4\], but its first one \(from reset\) was float32: an environment's "
-              r"observations keep one dtype \(its observation space says float32\[4\]\)"),
+    ("dtype", r"returned an observation of float64\[4\], but its first one \(from reset\) was float32: an "
+              r"environment's observations keep one dtype \(its observation space says float32\[4\]\)"),
     ("nan", r"returned a non-finite observation"),
     ("rewards", r"returned the reward array\(\[1., 1.\]\) \(ndarray\); step\(\) returns one number as its reward"),
     ("text", r"returned the reward '1.0' \(str\); step\(\) returns one number"),
