@@ -55,6 +55,23 @@ def test_a_host_env_that_changes_midrun_is_named_with_its_step(tmp_path, mode, e
     assert not list(tmp_path.glob("checkpoints/*"))  # (it saved iteration 0's, untrained)
 
 
+def test_a_wrapper_that_breaks_gymnasiums_api_is_named_around_its_env():
+    """(A wrapper of one's own returning an array as ``terminated`` was reported as CartPoleEnv's doing.)"""
+    import gymnasium
+
+    from msrl.envs.gym_worker import step_one
+
+    class BothFlags(gymnasium.Wrapper):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            return obs, reward, np.array([terminated, terminated]), truncated, info
+
+    env = BothFlags(gymnasium.make("CartPole-v1"))  # (inside make's own wrappers, which the name leaves out)
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match=r"^BothFlags\(CartPoleEnv\).step\(\) returned terminated=array"):
+        step_one(env, 0)
+
+
 def test_an_env_that_fails_to_reset_in_process_is_named_with_its_own_frames(tmp_path):
     """(A threads replica's env that failed its first reset was a bare traceback through msrl's internals.)"""
     with pytest.raises(msrl.TrainingError, match=r"^environment gymnasium:MsrlQuirky-v0 #0 failed in reset: TypeError: "

@@ -32,7 +32,7 @@ def step_one(env: Any, action: Any) -> tuple[Any, Any, bool, bool, Any]:
         out = None
     if not isinstance(out, tuple) or len(out) != 5:
         got = "what Gymnasium's wrappers cannot unpack" if out is None else _count(out)
-        raise TypeError(f"{type(env.unwrapped).__name__}.step() returned {got}; Gymnasium's API returns "
+        raise TypeError(f"{_named(env)}.step() returned {got}; Gymnasium's API returns "
                         "(obs, reward, terminated, truncated, info) (an env of the old Gym API returns 4)")
     obs, reward, terminated, truncated, _ = out
     terminated = _flag(env, "terminated", terminated)
@@ -44,9 +44,20 @@ def reset_one(env: Any, seed: int | None = None) -> Any:
     """The first observation of a new episode of ``env``."""
     out = env.reset(seed=seed) if seed is not None else env.reset()
     if not isinstance(out, tuple) or len(out) != 2:
-        raise TypeError(f"{type(env.unwrapped).__name__}.reset() returned {_count(out)}; Gymnasium's API returns "
+        raise TypeError(f"{_named(env)}.reset() returned {_count(out)}; Gymnasium's API returns "
                         "(obs, info) (an env of the old Gym API returns the observation alone)")
     return out[0]
+
+
+def _named(env: Any) -> str:
+    """The env as its author knows it: their wrappers around the env class, Gymnasium's own (``gymnasium.make``'s
+    time limit, ...) left out: ``DoneArray(CartPoleEnv)``."""
+    names = []
+    while hasattr(env, "env") and hasattr(env, "unwrapped") and env is not env.unwrapped:
+        if not type(env).__module__.startswith("gymnasium."):
+            names.append(type(env).__name__)
+        env = env.env
+    return "(".join([*names, type(env).__name__]) + ")" * len(names)
 
 
 def _flag(env: Any, name: str, value: Any) -> bool:
@@ -56,7 +67,7 @@ def _flag(env: Any, name: str, value: Any) -> bool:
         return value
     flag = None if isinstance(value, (str, bytes)) or value is None else np.asarray(value)
     if flag is None or flag.size != 1 or flag.dtype.kind not in "biuf" or flag.reshape(()) not in (0, 1):
-        raise TypeError(f"{type(env.unwrapped).__name__}.step() returned {name}={value!r} "
+        raise TypeError(f"{_named(env)}.step() returned {name}={value!r} "
                         f"({type(value).__name__}); Gymnasium's API returns a bool")
     return bool(flag.reshape(()))
 
