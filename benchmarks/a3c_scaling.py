@@ -46,10 +46,12 @@ def measure(overrides: list[str], iterations: int) -> dict:
 
 
 def main() -> None:
+    from msrl.bench import count
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iterations", type=int, default=200)
-    p.add_argument("--envs-per-worker", type=int, default=4)
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--iterations", type=count, default=200)
+    p.add_argument("--envs-per-worker", type=count, default=4)
+    p.add_argument("--workers", type=count, nargs="+", default=[1, 2, 4])
     args = p.parse_args()
 
     import ray
@@ -57,7 +59,8 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
              logging_level=logging.ERROR, log_to_driver=False)
-    result: dict = {"config": {"iterations": args.iterations, "envs_per_worker": args.envs_per_worker,
+    result: dict = {"benchmark": "a3c_scaling", "load_average_before": round(os.getloadavg()[0], 2),
+                    "config": {"iterations": args.iterations, "envs_per_worker": args.envs_per_worker,
                                "cpus": os.cpu_count()}}
     try:
         result["a2c_fused"] = measure(["policy.name=fused", f"env.num_envs={args.envs_per_worker}"], args.iterations)
@@ -67,7 +70,7 @@ def main() -> None:
                                for n in args.workers}
     finally:
         ray.shutdown()
-    print(json.dumps(result, indent=2))
+    print(json.dumps({**result, "load_average_after": round(os.getloadavg()[0], 2)}, indent=2))
 
 
 if __name__ == "__main__":

@@ -66,12 +66,14 @@ def main() -> None:
     import msrl
     from msrl.config import load_config
 
+    from msrl.bench import count, positive
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--actors", type=int, default=3)
-    parser.add_argument("--every", type=float, default=2.0)
+    parser.add_argument("--kills", type=count, default=20)
+    parser.add_argument("--actors", type=count, default=3)
+    parser.add_argument("--every", type=positive, default=2.0)
     parser.add_argument("--raylet", action="store_true", help="kill a run's raylet instead (see above)")
-    parser.add_argument("--runs", type=int, default=3, help="with --raylet: how many runs")
+    parser.add_argument("--runs", type=count, default=3, help="with --raylet: how many runs")
     args = parser.parse_args()
     if args.raylet:
         return raylet_kills(args.runs)

@@ -33,10 +33,12 @@ BATCH, BUFFER, STARTS, LR, TARGET_EVERY_STEPS, UPDATES = 128, 100_000, 1_000, 1e
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=200_000)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--envs", type=int, default=8)
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=count, default=200_000)
+    ap.add_argument("--pairs", type=count, default=3)
+    ap.add_argument("--envs", type=count, default=8)
     add_peer_args(ap)
     args = ap.parse_args()
     if args.steps < 2 * STARTS:

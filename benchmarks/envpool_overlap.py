@@ -94,15 +94,18 @@ def ready_half(act, env: str, n: int, steps: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="cartpole", choices=list(ENVS))
-    ap.add_argument("--envs", default="8,16,64")
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--envs", default=[8, 16, 64], type=lambda text: [count(n) for n in text.split(",")],
+                    help="pool sizes, comma-separated (default 8,16,64)")
+    ap.add_argument("--steps", type=count, default=3000)
+    ap.add_argument("--pairs", type=count, default=3)
     args = ap.parse_args()
     load_before, act, results = os.getloadavg()[0], actor(args.env), {}
     sides = {"sync": sync, "halves": halves, "ready_half": ready_half}
-    for n in (int(x) for x in args.envs.split(",")):
+    for n in args.envs:
         rounds = []
         for r in range(args.pairs):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def steady_sps(example: str | Path, overrides: list[str], env_steps: int) -> flo
 
     program = msrl.build(load_config(example, [*overrides, f"run.total_env_steps={env_steps}"]))
     iterations = env_steps // program.env_steps_per_iteration
+    if iterations < 2:
+        sys.exit(f"--env-steps: at least {2 * program.env_steps_per_iteration:,}, two iterations of "
+                 f"{program.env_steps_per_iteration:,} steps (the first one compiles and is not timed)")
     with msrl.Session(program=program, seed=0, iterations_per_dispatch=iterations) as session:
         session.run(1)  # compiles
         t = time.perf_counter()
@@ -45,15 +49,17 @@ def sps(env: str, actors: int, envs_per_actor: int, subprocesses: int, env_steps
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="HalfCheetah-v5")
-    ap.add_argument("--actors", type=int, default=1)
-    ap.add_argument("--envs-per-actor", type=int, default=8)
-    ap.add_argument("--subprocesses", type=int, default=2)
-    ap.add_argument("--env-steps", type=int, default=32_768)
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--actors", type=count, default=1)
+    ap.add_argument("--envs-per-actor", type=count, default=8)
+    ap.add_argument("--subprocesses", type=count, default=2)
+    ap.add_argument("--env-steps", type=count, default=32_768)
+    ap.add_argument("--pairs", type=count, default=3)
     args = ap.parse_args()
-    load_before = os.getloadavg()
+    load_before = os.getloadavg()[0]
     rounds = []
     for k in range(args.pairs):
         order = [0, args.subprocesses] if k % 2 == 0 else [args.subprocesses, 0]
@@ -64,9 +70,9 @@ def main() -> None:
         "benchmark": "host_env_subprocesses", "env": f"gymnasium:{args.env}", "actors": args.actors,
         "envs_per_actor": args.envs_per_actor, "subprocesses": args.subprocesses, "env_steps": args.env_steps,
         "sps_in_thread": round(median[0]), "sps_subprocesses": round(median[args.subprocesses]),
-        "ratio": round(median[args.subprocesses] / median[0], 2),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()], "rounds": rounds,
+        "subprocesses_over_in_thread": round(median[args.subprocesses] / median[0], 2),
+        "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
+        "rounds": rounds,
     }, indent=2))
 
 

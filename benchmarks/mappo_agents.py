@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -52,20 +53,24 @@ def measure(agents: int, policy: str, iterations: int, repeats: int, num_envs: i
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--agents", type=int, nargs="+", default=[3, 6, 12, 24])
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=count, nargs="+", default=[3, 6, 12, 24])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
-    ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--num-envs", type=int, default=16)
+    ap.add_argument("--iterations", type=count, default=10)
+    ap.add_argument("--repeats", type=count, default=2)
+    ap.add_argument("--num-envs", type=count, default=16)
     args = ap.parse_args()
+    load_before = round(os.getloadavg()[0], 2)
     results = [measure(n, p, args.iterations, args.repeats, args.num_envs) for n in args.agents for p in args.policies]
     cfg = load_config(EXAMPLE, [f"env.num_envs={args.num_envs}"])
     print(json.dumps({
         "benchmark": "mappo_agents", "env": cfg.env.id, "num_envs": args.num_envs,
         "rollout_len": cfg.algorithm.rollout_len, "epochs": cfg.algorithm.epochs,
         "minibatches": cfg.algorithm.minibatches, "iterations": args.iterations, "repeats": args.repeats,
-        "results": results, "device": str(jax.devices()[0]),
+        "results": results, "device": str(jax.devices()[0]), "load_average_before": load_before,
+        "load_average_after": round(os.getloadavg()[0], 2),
     }, indent=2))
 
 

@@ -51,11 +51,13 @@ def random_returns(env_id: str, kwargs: dict, episodes: int, envs: int, seed: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="jaxmarl:MPE_simple_spread_v3")
-    ap.add_argument("--agents", type=int, default=3, help="num_agents and num_landmarks of the env")
-    ap.add_argument("--episodes", type=int, default=4096, help="at least this many (whole batches of --envs run)")
-    ap.add_argument("--envs", type=int, default=256)
+    ap.add_argument("--agents", type=count, default=3, help="num_agents and num_landmarks of the env")
+    ap.add_argument("--episodes", type=count, default=4096, help="at least this many (whole batches of --envs run)")
+    ap.add_argument("--envs", type=count, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     kwargs = {"num_agents": args.agents, "num_landmarks": args.agents}

@@ -30,7 +30,10 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.ya
 
 
 def _policies() -> None:
-    """Register ``multi_learner_no_allreduce``: the same replicas with the all-reduce left out."""
+    """Register ``multi_learner_no_allreduce``: the same replicas with the all-reduce left out. msrl refuses
+    learner replicas that do not average their gradients (each would learn alone and the run report one
+    replica's parameters) unless the plan wraps the learner (as async's does); this one wraps it in nothing, to time
+    the replicas without their all-reduce."""
     import msrl
     from msrl.policies.multi_learner import MultiLearner
 
@@ -39,7 +42,7 @@ def _policies() -> None:
         name: Literal["multi_learner_no_allreduce"] = "multi_learner_no_allreduce"
 
         def learner_plan(self):
-            return msrl.LearnerPlan()
+            return msrl.LearnerPlan(learner_replicas=self.learners, wrap=lambda learner, services: learner)
 
 
 def measure(backend: str, learners: int, envs_per_learner: int, iterations: int, all_reduce: bool) -> dict:
@@ -76,23 +79,27 @@ def sweep(backend: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from msrl.bench import count
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iterations", type=int, default=40)
-    p.add_argument("--envs-per-learner", type=int, default=4)
-    p.add_argument("--learners", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--iterations", type=count, default=40)
+    p.add_argument("--envs-per-learner", type=count, default=4)
+    p.add_argument("--learners", type=count, nargs="+", default=[1, 2, 4])
     p.add_argument("--only", choices=["jax", "ray"], help=argparse.SUPPRESS)  # the jax subprocess
     args = p.parse_args()
     _policies()
     if args.only == "jax":
         print(json.dumps(sweep("jax", args)))
         return
+    load_before = round(os.getloadavg()[0], 2)
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={max(args.learners)}"}
     out = subprocess.run([sys.executable, __file__, "--only", "jax", "--iterations", str(args.iterations),
                           "--envs-per-learner", str(args.envs_per_learner), "--learners", *map(str, args.learners)],
                          env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         sys.exit(out.stderr[-3000:])
-    result = {"config": {"iterations": args.iterations, "envs_per_learner": args.envs_per_learner,
+    result = {"benchmark": "multi_learner_scaling", "load_average_before": load_before,
+              "config": {"iterations": args.iterations, "envs_per_learner": args.envs_per_learner,
                          "cpus": os.cpu_count()},
               "jax_devices": json.loads(out.stdout.strip().splitlines()[-1])}
 
@@ -107,7 +114,7 @@ def main() -> None:
         result["ray"] = sweep("ray", args)
     finally:
         ray.shutdown()
-    print(json.dumps(result, indent=2))
+    print(json.dumps({**result, "load_average_after": round(os.getloadavg()[0], 2)}, indent=2))
 
 
 if __name__ == "__main__":

@@ -47,17 +47,19 @@ def space_to_depth_conv(x, kernel, stride):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--conv", choices=["slices", "space_to_depth", "native"], default="slices")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--repeats", type=count, default=3)
+    ap.add_argument("--top", type=count, default=12)
     args = ap.parse_args()
     if args.conv == "space_to_depth":
         rl.conv_valid = space_to_depth_conv
     if args.conv == "native":
         rl.conv_valid = lambda x, kernel, stride: jax.lax.conv_general_dilated(
             x, kernel, (stride, stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    load_before = os.getloadavg()
+    load_before = os.getloadavg()[0]
     net = rl.NatureCNN(action_dim=4, discrete=True)
     frames = jnp.asarray(np.random.RandomState(0).randint(0, 256, (1024, 4, 84, 84)), jnp.uint8)
     params = net.init(jax.random.PRNGKey(0), frames[:1])
@@ -104,8 +106,7 @@ def main() -> None:
         "seconds_per_iteration": round(median, 3), "gflops": round(16 * 256 * FLOP_PER_FRAME / median / 1e9, 1),
         "traced_matrix_products_s": round(products, 3), "traced_other_s": round(sum(ops.values()) - products, 3),
         "top_ops_seconds": [f"{s:.3f} {op}: {shape(op)}" for op, s in ops.most_common(args.top)],
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
     }, indent=2))
 
 

@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from msrl.bench import SB3, require
+from msrl.bench import SB3, count, require
 
 from host_env_subprocesses import steady_sps  # a sibling script
 
@@ -60,9 +60,9 @@ def sb3_sps(env_steps: int, device: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--env-steps", type=int, default=8192)
-    ap.add_argument("--pairs", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env-steps", type=count, default=8192)
+    ap.add_argument("--pairs", type=count, default=2)
     ap.add_argument("--sb3-device", default="cpu", help="torch device of SB3's networks (cpu, cuda)")
     args = ap.parse_args()
     require("ale_py", "cv2", *SB3)

@@ -90,10 +90,12 @@ def bench(name: str, steps: int, pairs: int, python: str | None, peer_flag: bool
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
-    ap.add_argument("--pairs", "--repeats", type=int, default=3)
-    ap.add_argument("--steps", "--total-env-steps", type=int, default=500_000)
+    ap.add_argument("--pairs", "--repeats", type=count, default=3)
+    ap.add_argument("--steps", "--total-env-steps", type=count, default=500_000)
     add_peer_args(ap)
     ap.add_argument("--peer-msrl-xla-flag", action="store_true",
                     help="run Rejax with the XLA CPU option msrl sets at import (msrl.XLA_CPU_FLAG) too")

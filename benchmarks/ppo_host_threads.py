@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from msrl.bench import SB3, require
+from msrl.bench import SB3, count, require
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole_threads.yaml"
 ENV_IDS = {"gymnasium": "gymnasium:CartPole-v1", "envpool": "envpool:CartPole-v1", "envpool_xla": "envpool:CartPole-v1"}
@@ -70,14 +70,14 @@ def sb3_sps(env_steps: int, num_envs: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--env-steps", type=int, default=102_400)
-    ap.add_argument("--actors", type=int, default=2)
-    ap.add_argument("--envs-per-actor", type=int, default=4)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env-steps", type=count, default=102_400)
+    ap.add_argument("--actors", type=count, default=2)
+    ap.add_argument("--envs-per-actor", type=count, default=4)
     ap.add_argument("--env", default=None,
                     help="msrl's host CartPole, comma-separated: gymnasium, envpool, envpool_xla; both (gymnasium and "
                          "envpool) or all (default: all where EnvPool is installed, else gymnasium)")
-    ap.add_argument("--pairs", type=int, default=1, help="rounds of (SB3, msrl sides), alternating their order")
+    ap.add_argument("--pairs", type=count, default=1, help="rounds of (SB3, msrl sides), alternating their order")
     args = ap.parse_args()
     require(*SB3)
     num_envs = args.actors * args.envs_per_actor

@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from msrl.bench import RLLIB, require
+from msrl.bench import RLLIB, count, require
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SIDES = {  # msrl's CartPole: the example and the overrides
@@ -96,11 +96,11 @@ def main() -> None:
     import ray
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--envs-per-actor", type=int, default=2)
+    parser.add_argument("--iterations", type=count, default=30)
+    parser.add_argument("--actors", type=count, default=2)
+    parser.add_argument("--envs-per-actor", type=count, default=2)
     parser.add_argument("--env", default="gymnax", help="msrl sides, comma-separated: gymnax, gymnasium, envpool, envpool_xla")
-    parser.add_argument("--pairs", type=int, default=1, help="rounds of (RLlib, msrl sides), alternating their order")
+    parser.add_argument("--pairs", type=count, default=1, help="rounds of (RLlib, msrl sides), alternating their order")
     args = parser.parse_args()
     require(*RLLIB)
     sides = args.env.split(",")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -240,20 +241,22 @@ SETTINGS = {"in_process": in_process, "flashbax": flashbax, "threads_server": th
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--capacity", type=int, default=1_000_000)
-    ap.add_argument("--insert-batch", type=int, default=1024, help="transitions per insert call")
-    ap.add_argument("--batch", type=int, default=256, help="prioritized sample size")
-    ap.add_argument("--samples", type=int, default=500, help="timed samples (and priority updates)")
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--capacity", type=count, default=1_000_000)
+    ap.add_argument("--insert-batch", type=count, default=1024, help="transitions per insert call")
+    ap.add_argument("--batch", type=count, default=256, help="prioritized sample size")
+    ap.add_argument("--samples", type=count, default=500, help="timed samples (and priority updates)")
     ap.add_argument("--only", nargs="*", choices=sorted(SETTINGS), default=list(SETTINGS))
     args = ap.parse_args()
     out: dict[str, Any] = {"benchmark": "replay_latency", "capacity": args.capacity,
                            "insert_batch": args.insert_batch, "sample_batch": args.batch,
                            "item": "CartPole transition (obs 4 f32, action i32, reward f32, done bool, next_obs 4 f32)",
-                           "device": str(jax.devices()[0])}
+                           "device": str(jax.devices()[0]), "load_average_before": round(os.getloadavg()[0], 2)}
     for name in args.only:
         out[name] = SETTINGS[name](args.capacity, args.insert_batch, args.batch, args.samples)
-    print(json.dumps(out, indent=2))
+    print(json.dumps({**out, "load_average_after": round(os.getloadavg()[0], 2)}, indent=2))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import statistics
 import time
 from pathlib import Path
 
-from msrl.bench import SB3, require
+from msrl.bench import SB3, count, require
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sac_pendulum.yaml"
 LR = 3e-4
@@ -95,15 +95,15 @@ def sb3_sps(args: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="Pendulum-v1", help="a Gymnasium id (Pendulum-v1, HalfCheetah-v5, ...)")
-    ap.add_argument("--env-steps", type=int, default=20_000)
-    ap.add_argument("--pairs", type=int, default=3, help="alternating rounds of every setting")
-    ap.add_argument("--num-envs", type=int, default=4)
-    ap.add_argument("--actors", type=int, default=2, help="replay_server's actor threads (they share the envs)")
-    ap.add_argument("--updates", type=int, default=2, help="gradient updates per iteration (one step of every env)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--buffer-size", type=int, default=1_000_000)
-    ap.add_argument("--learning-starts", type=int, default=1_000)
-    ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--env-steps", type=count, default=20_000)
+    ap.add_argument("--pairs", type=count, default=3, help="alternating rounds of every setting")
+    ap.add_argument("--num-envs", type=count, default=4)
+    ap.add_argument("--actors", type=count, default=2, help="replay_server's actor threads (they share the envs)")
+    ap.add_argument("--updates", type=count, default=2, help="gradient updates per iteration (one step of every env)")
+    ap.add_argument("--batch-size", type=count, default=256)
+    ap.add_argument("--buffer-size", type=count, default=1_000_000)
+    ap.add_argument("--learning-starts", type=count, default=1_000)
+    ap.add_argument("--torch-threads", type=count, default=1)
     args = ap.parse_args()
     require(*SB3)
     settings = {"msrl_replay_server_threads": [f"env.id=gymnasium:{args.env}", "policy.name=replay_server",

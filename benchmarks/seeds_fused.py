@@ -31,10 +31,12 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.ya
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=204_800)
-    ap.add_argument("--pairs", type=int, default=3)
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=count, default=8)
+    ap.add_argument("--steps", type=count, default=204_800)
+    ap.add_argument("--pairs", type=count, default=3)
     ap.add_argument("--seed-batching", default="auto", choices=["auto", "vmap", "sequential"])
     add_peer_args(ap)
     ap.add_argument("--one-device", action="store_true", help="keep JAX's one CPU device (msrl train gives a run "

@@ -42,10 +42,12 @@ def ms_per_call(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds-per-core", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=204_800)
-    ap.add_argument("--repeats", type=int, default=5)
+    from msrl.bench import count
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds-per-core", type=count, default=4)
+    ap.add_argument("--steps", type=count, default=204_800)
+    ap.add_argument("--repeats", type=count, default=5)
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     config = load_config(EXAMPLE, ["policy.name=fused", f"run.total_env_steps={args.steps}"])

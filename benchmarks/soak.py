@@ -61,9 +61,11 @@ def main() -> None:
     import msrl
     from msrl.config import load_config
 
+    from msrl.bench import positive
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--every", type=float, default=10.0)
+    parser.add_argument("--minutes", type=positive, default=10.0)
+    parser.add_argument("--every", type=positive, default=10.0)
     args = parser.parse_args()
 
     ray.init(address="local", include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, num_cpus=4)

@@ -13,8 +13,8 @@ that refused the sweep. Not a test: it takes ~15 minutes here.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,13 @@ def state_after(path: Path, overrides: list[str], iterations: int | None = None)
 
 
 def main() -> None:
-    for name in sys.argv[1:] or DEFAULT:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("examples", nargs="*", metavar="EXAMPLE", help="an examples/ config's name")
+    names = ap.parse_args().examples or DEFAULT
+    if unknown := [n for n in names if not (EXAMPLES / f"{n}.yaml").is_file()]:
+        known = sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
+        ap.error(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    for name in names:
         path = EXAMPLES / f"{name}.yaml"
         cfg = load_config(path, BASE)
         starts = [f"algorithm.learning_starts={cfg.env.num_envs * cfg.algorithm.rollout_len}"] \

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 import time
@@ -40,6 +42,28 @@ BENCHMARKS = (
     Benchmark("ppo_ray_vs_rllib", "ppo_ray_vs_rllib.py", ("--iterations", "5"),
               "msrl_ray_sps", "rllib_sps", "RLlib", needs=RLLIB),
 )
+
+
+def count(text: str) -> int:
+    """A benchmark option's whole number >= 1 (an argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, got {text!r}")
+    return value
+
+
+def positive(text: str) -> float:
+    """A benchmark option's number > 0 (an argparse ``type``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"a number > 0, got {text!r}")
+    return value
 
 
 def benchmarks_dir() -> Path:

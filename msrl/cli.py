@@ -392,7 +392,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="run benchmarks/ (msrl vs peers) and print a table")
     mode = b.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="short runs, a few minutes in all (default)")
+    mode.add_argument("--quick", action="store_true", help="short runs for a rough check, minutes each (default)")
     mode.add_argument("--full", action="store_true", help="the scripts' own defaults (the README's figures)")
     b.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="ppo_fused, ppo_host_threads, sac_vs_sb3, ...")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the combined results as JSON")
