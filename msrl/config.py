@@ -12,7 +12,8 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -170,6 +171,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__} {quote(data)}")
     _no_bools_for_numbers(model, data, prefix)
+    _no_unknown_nested_keys(model, data, prefix)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -198,10 +200,32 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
                 msg += "; several seeds in one program: run.num_seeds=N (seeds run.seed .. run.seed + N - 1)"
             elif isinstance(err["input"], list) and prefix != "algorithm":
                 msg += "; a list sweeps only an algorithm's float keys (one program per value otherwise)"
-        field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+        loc, field = err["loc"], None
+        for i in reversed([i for i, part in enumerate(loc) if isinstance(part, str)]):  # the key's own field
+            if (field := _model_at(model, loc[:i]).model_fields.get(loc[i])) is not None:
+                break
         if field is not None and field.description and err["type"] != "extra_forbidden":
             msg += f" — {field.description}"
         raise ConfigError(key, msg) from None
+
+
+def _no_unknown_nested_keys(model: type[BaseModel], data: dict, prefix: str) -> None:
+    """A ConfigError for a key its nested model does not have: a model of one's own (``optim: Optim``) ignores
+    unknown keys unless it says ``extra="forbid"`` (a typo, ``optim.lrr``, would leave ``lr`` at its default)."""
+    for name, value in data.items():
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        kinds = () if field is None else get_args(field.annotation) if get_origin(field.annotation) in (Union, UnionType) \
+            else (field.annotation,)  # (a model, or a model or None; not a dict or list of them)
+        nested = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if nested is None or not isinstance(value, dict):
+            continue
+        if nested.model_config.get("extra") in (None, "ignore"):
+            known = {*nested.model_fields, *(f.alias for f in nested.model_fields.values() if f.alias)}
+            unknown = [k for k in value if k not in known]
+            if unknown:
+                raise ConfigError(f"{prefix}.{name}.{_name(unknown[0])}", unknown_key(str(unknown[0]),
+                                                                                     nested.model_fields))
+        _no_unknown_nested_keys(nested, value, f"{prefix}.{name}")
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:

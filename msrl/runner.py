@@ -114,6 +114,9 @@ def tensorboard_writer() -> type:
     return SummaryWriter
 
 
+_MISSING = object()
+
+
 def _float(text: str) -> float:
     """A metrics.csv field as a number (nan where it is none)."""
     try:
@@ -765,10 +768,17 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         print(f"msrl: note: env.subprocesses={cfg.env.subprocesses}, but each replica steps {per} environment"
               f"{'s' if per > 1 else ''}: {per} worker process{'es' if per > 1 else ''} each", file=sys.stderr, flush=True)
     inert: dict[str, list[str]] = {}
+    dump, defaults = cfg.dump(), cfg.defaults()
     for section in ("algorithm", "policy"):
         model = getattr(cfg, section)
         for key, needs in model.inert().items():
-            if getattr(model, key) != type(model).model_fields[key].get_default(call_default_factory=True):
+            given, default = dump[section], defaults[section]  # (a key of a nested model: "optim.lr")
+            for part in key.split("."):
+                given, default = (x.get(part, _MISSING) if isinstance(x, dict) else _MISSING for x in (given, default))
+            if given is _MISSING:
+                raise ConfigError(f"{section}.{key}", f"{type(model).__qualname__}.inert() names it, but it is not a "
+                                  f"key of {section} {model.name}")
+            if given != default:
                 inert.setdefault(needs, []).append(f"{section}.{key}")
     for needs, keys in inert.items():
         print(f"msrl: note: {', '.join(keys)} only {'apply' if len(keys) > 1 else 'applies'} with {needs}; ignored "

@@ -384,3 +384,50 @@ def test_an_algorithm_without_a_config_of_its_own_or_super_init_says_so():
             as info:
         msrl.build(load_config(None, ["algorithm.name=no_super_init"]))
     assert (info.value.file, info.value.line) == (__file__, inspect.getsourcelines(_NoSuperInit)[1])
+
+
+def test_an_algorithm_of_ones_own_with_nested_models_is_checked_and_noted_key_by_key(tmp_path, capsys):
+    """A plug-in's config of nested pydantic models: a typo in one is refused (pydantic's default ignored it and
+    left the key at its default), an error quotes the key's own description (not its parent's), and a nested key in
+    ``inert()`` is noted when set (it was an AttributeError traceback out of ``msrl train``)."""
+    from pydantic import BaseModel, Field
+
+    from msrl.algorithms.ppo import PPO, PPOConfig
+
+    class Schedule(BaseModel):
+        kind: Literal["constant", "linear"] = "constant"
+        warmup: int = Field(0, ge=0, description="warm-up updates")
+
+    class Optim(BaseModel):
+        lr: float = Field(1e-3, gt=0, description="Adam's learning rate")
+        schedule: Schedule = Field(default_factory=Schedule, description="the schedule")
+
+    class NestedConfig(PPOConfig):
+        name: Literal["nested_ppo"] = "nested_ppo"
+        optim: Optim = Field(default_factory=Optim, description="the optimizer")
+        slip: str = "optim.schedule.warmup"  # (what inert() names: a key of a test below names none)
+
+        def inert(self):
+            return {self.slip: "algorithm.optim.schedule.kind=linear"}
+
+    @msrl.register_algorithm("nested_ppo")
+    class NestedPPO(PPO):
+        Config = NestedConfig
+
+    base = EXAMPLES / "ppo_cartpole.yaml"
+    with pytest.raises(ConfigError, match=r"^algorithm.optim.lrr: unknown key; did you mean 'lr'\? allowed keys: lr, "
+                                          r"schedule$"):
+        load_config(base, ["algorithm.name=nested_ppo", "algorithm.optim.lrr=5"])
+    with pytest.raises(ConfigError, match=r"^algorithm.optim.schedule.warmupp: unknown key; did you mean 'warmup'"):
+        load_config(base, ["algorithm.name=nested_ppo", "algorithm.optim.schedule.warmupp=5"])
+    with pytest.raises(ConfigError, match=r"^algorithm.optim.lr: Input should be greater than 0 \(got -1\) — Adam's "
+                                          r"learning rate$"):
+        load_config(base, ["algorithm.name=nested_ppo", "algorithm.optim.lr=-1"])
+    run = ["algorithm.name=nested_ppo", "algorithm.optim.schedule.warmup=5", "run.total_env_steps=512",
+           "run.progress=false", "run.tensorboard=false", "run.checkpoint_every_steps=0"]
+    msrl.train(base, run, run_dir=tmp_path / "a")
+    assert ("msrl: note: algorithm.optim.schedule.warmup only applies with algorithm.optim.schedule.kind=linear; "
+            "ignored here\n") in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"^algorithm.optim.warm: .*NestedConfig.inert\(\) names it, but it is not a "
+                                          r"key of algorithm nested_ppo$"):
+        msrl.train(base, [*run, "algorithm.slip=optim.warm"], run_dir=tmp_path / "b")
