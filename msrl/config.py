@@ -214,8 +214,8 @@ def _no_unknown_nested_keys(model: type[BaseModel], data: dict, prefix: str) -> 
     unknown keys unless it says ``extra="forbid"`` (a typo, ``optim.lrr``, would leave ``lr`` at its default)."""
     for name, value in data.items():
         field = model.model_fields.get(name) if isinstance(name, str) else None
-        kinds = () if field is None else get_args(field.annotation) if get_origin(field.annotation) in (Union, UnionType) \
-            else (field.annotation,)  # (a model, or a model or None; not a dict or list of them)
+        kind = field.annotation if field is not None else None  # a model, or a model or None (not a dict of them)
+        kinds = get_args(kind) if get_origin(kind) in (Union, UnionType) else (kind,)
         nested = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
         if nested is None or not isinstance(value, dict):
             continue
