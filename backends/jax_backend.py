@@ -308,8 +308,11 @@ class DevicesRuntime(ThreadsRuntime):
             ids = frag.spec.devices or range(len(devices))
             if max(ids) >= len(devices):  # (the key of the built-in policies' devices, or the policy of yours)
                 key = f"{name}_devices" if f"{name}_devices" in type(program.policy).model_fields else "name"
+                cpu = devices[0].platform == "cpu"  # (a resume in a shell without the XLA_FLAGS the run had)
                 raise ConfigError(f"policy.{key}", f"device {max(ids)} of role {name!r} does not exist: this process "
-                                  f"has {len(devices)} JAX devices ({devices[0].platform})")
+                                  f"has {len(devices)} JAX devices ({devices[0].platform})" + (
+                                      f"; XLA_FLAGS=--xla_force_host_platform_device_count={max(ids) + 1} gives the "
+                                      "CPU that many" if cpu else ""))
             pinned.update({(name, r): devices[ids[r % len(ids)]] for r in range(frag.spec.replicas)})
         super().__init__(program, seed, pinned)
 

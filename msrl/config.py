@@ -191,19 +191,20 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
                 return _validate(model, fixed, prefix)
         err = min(e.errors(), key=lambda err: err["type"] != "extra_forbidden")  # a typo before what it misses
         key = ".".join([prefix, *(_name(p) if isinstance(p, str) else str(p) for p in err["loc"])])
+        loc, field = err["loc"], None
+        for i in reversed([i for i, part in enumerate(loc) if isinstance(part, str)]):  # the key's own field
+            if (field := _model_at(model, loc[:i]).model_fields.get(loc[i])) is not None:
+                break
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = unknown_key(str(err["loc"][-1]), _model_at(model, err["loc"][:-1]).model_fields)
         elif "input" in err and err["type"] != "missing":
             msg += f" (got {quote(err['input'])})"
+            listed = field is not None and "list" in str(field.annotation).lower()  # (a key that takes a list)
             if isinstance(err["input"], list) and key == "run.seed":
                 msg += "; several seeds in one program: run.num_seeds=N (seeds run.seed .. run.seed + N - 1)"
-            elif isinstance(err["input"], list) and prefix != "algorithm":
+            elif isinstance(err["input"], list) and prefix != "algorithm" and not listed:
                 msg += "; a list sweeps only an algorithm's float keys (one program per value otherwise)"
-        loc, field = err["loc"], None
-        for i in reversed([i for i, part in enumerate(loc) if isinstance(part, str)]):  # the key's own field
-            if (field := _model_at(model, loc[:i]).model_fields.get(loc[i])) is not None:
-                break
         if field is not None and field.description and err["type"] != "extra_forbidden":
             msg += f" — {field.description}"
         raise ConfigError(key, msg) from None

@@ -85,7 +85,8 @@ class DistributedPolicy(Policy):
         backend = getattr(self, backend_key)
         if backend not in (None, "jax", self.backend):
             raise ConfigError(f"policy.{backend_key}", f"{backend!r} cannot run inside policy.backend="
-                              f"{self.backend!r}; use {self.backend!r} or 'jax' (one jitted program per step)")
+                              f"{self.backend!r}; use " + (f"{self.backend!r} or " if self.backend != "jax" else "")
+                              + "'jax' (one jitted program per step)")
         res = self.resources.get(name, Resources())
         return FragmentSpec(name=name, replicas=replicas, backend=backend or self.backend,
                             devices=tuple(devices) if devices is not None else None, **res.model_dump())

@@ -57,8 +57,18 @@ def test_devices_need_the_jax_backend_and_existing_devices():
     with pytest.raises(msrl.ConfigError, match="policy.actor_devices.*only policy.backend=jax"):
         msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.actor_devices=[0]"]))
     cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=jax", "policy.learner_devices=[7]"])
-    with pytest.raises(msrl.ConfigError, match="policy.learner_devices: device 7 of role .learner. does not exist"):
+    with pytest.raises(msrl.ConfigError, match=r"policy.learner_devices: device 7 of role .learner. does not exist: "
+                                               r"this process has \d+ JAX devices \(cpu\); XLA_FLAGS=--xla_force_host_"
+                                               r"platform_device_count=8 gives the CPU that many$"):
         msrl.Session(cfg)
+    # (an empty list is no sweep; 'jax' is offered once inside the jax backend)
+    with pytest.raises(msrl.ConfigError, match=r"^policy.actor_devices: List should have at least 1 item after "
+                                               r"validation, not 0 \(got \[\]\) — backend jax: the JAX devices"):
+        load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=jax", "policy.actor_devices=[]"])
+    with pytest.raises(msrl.ConfigError, match=r"^policy.actor_backend: 'threads' cannot run inside "
+                                               r"policy.backend='jax'; use 'jax' \(one jitted program per step\)$"):
+        msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=jax",
+                                          "policy.actor_backend=threads"]))
 
 
 def test_fine_on_the_jax_backend_is_refused_at_the_loop():
