@@ -546,3 +546,16 @@ def test_a_reduction_over_many_features_in_tiles_splits_bitwise():
     actors, _ = final_params([*wide, "policy.name=single_learner_coarse", "policy.backend=threads", "policy.actors=16",
                               "policy.envs_per_actor=1"], iterations=2, config=base)
     assert max_diff(fused, actors) == 0.0
+
+
+def test_a_mujoco_env_without_mujoco_names_msrls_extra():
+    """(Gymnasium's own message named its extra alone: `pip install "gymnasium[mujoco]"`.)"""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['mujoco'] = None\n"
+            "import msrl\nfrom msrl.envs import make_env\n"
+            "try:\n    make_env('gymnasium:HalfCheetah-v5')\nexcept msrl.ConfigError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.startswith("env.id: gymnasium:HalfCheetah-v5 cannot be made: MuJoCo is not installed") and \
+        out.rstrip().endswith("(msrl's extra: pip install -e '.[mujoco]' in msrl's folder)"), out

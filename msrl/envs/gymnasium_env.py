@@ -208,9 +208,11 @@ class GymnasiumEnv(Environment):
             probe = gymnasium.make(name, **kwargs)
         except (gymnasium.error.Error, ModuleNotFoundError, ImportError) as e:
             mine = isinstance(e, gymnasium.error.NameNotFound) and ":" not in name
+            mujoco = isinstance(e, gymnasium.error.DependencyNotInstalled) and "mujoco" in str(e).lower()
             raise ConfigError("env.id", f"gymnasium:{name} cannot be made: {e}" + (
                 " (one of your own registers when its module is imported: `msrl ... --import FILE.py`, or import "
-                "it before msrl.train)" if mine else "")) from None
+                "it before msrl.train)" if mine else " (msrl's extra: pip install -e '.[mujoco]' in msrl's folder)"
+                if mujoco else "")) from None
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
             raise ConfigError("env.kwargs" if kwargs else "env.id", f"gymnasium:{name} cannot be made"
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: {e}") from None
