@@ -612,3 +612,35 @@ def test_learners_on_several_replicas_must_average_their_gradients_together():
                                                r"'learner' replicas \(msrl.all_reduce_mean\(\)\), but the threads "
                                                r"backend has no collectives: nothing would average them"):
         msrl.Session(config, ["policy.name=test_yours", "policy.learners=2", "policy.mistake=learners"])
+
+
+def test_a_subclass_loop_that_calls_super_is_its_base_loop():
+    """``return super().train_step()`` in a subclass of a built-in (README suggests subclassing them) was refused:
+    "train_step() never calls msrl.env_step()". super().method() is inlined as a helper is: the next class's in the
+    MRO, so the subclass computes its base's numbers; a super() call of no method is refused at its line."""
+    from helpers import final_params, max_diff
+
+    from msrl.algorithms.ppo import PPO
+
+    @msrl.register_algorithm("ppo_via_super")
+    class ViaSuper(PPO):
+        class Config(PPO.Config):
+            name: Literal["ppo_via_super"] = "ppo_via_super"
+
+        def train_step(self):
+            return super().train_step()
+
+        def gone(self):
+            return super().no_such_loop()
+
+    small = ["algorithm.rollout_len=8", "algorithm.hidden=[8]", "env.num_envs=2"]
+    base, _ = final_params(small, 2)
+    via, _ = final_params([*small, "algorithm.name=ppo_via_super"], 2)
+    assert max_diff(base, via) == 0.0
+    from msrl.compiler.frontend import parse
+
+    algorithm = ViaSuper(ViaSuper.Config(), msrl.Context(make_env("gymnax:CartPole-v1").spec, 2, 1000))
+    with pytest.raises(msrl.CompileError, match=r"super\(\).no_such_loop\(\) names no plain method of a base class") \
+            as info:
+        parse(algorithm, "gone")
+    assert info.value.file == __file__

@@ -285,8 +285,10 @@ class Frontend:
         function that uses the API is refused (only the algorithm's methods are inlined)."""
         name = _method_called(call, "self")
         if name is None:
-            self._refuse_function_using_api(src, call)
-            return None
+            inherited = self._super_method(src, call)
+            if inherited is None:
+                self._refuse_function_using_api(src, call)
+            return inherited
         raw = inspect.getattr_static(type(self.alg), name, None)
         if isinstance(raw, (staticmethod, classmethod)):
             fn = raw.__func__
@@ -300,6 +302,25 @@ class Frontend:
         if getattr(fn, "__qualname__", None) in self.inlining:
             raise src.error(call, f"helper self.{name}() calls itself; recursion cannot be compiled")
         return fn if self._uses_api(fn) else None
+
+    def _super_method(self, src: Source, call: ast.AST) -> Callable | None:
+        """The method ``super().name(...)`` calls from the method ``src`` is: the next one in the algorithm's MRO,
+        inlined as any helper (a built-in's loop extended by a subclass: ``return super().train_step()``)."""
+        f = call.func if isinstance(call, ast.Call) else None
+        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
+                and f.value.func.id == "super" and not f.value.args and not f.value.keywords):
+            return None
+        mro = type(self.alg).__mro__
+        owner = next((i for i, c in enumerate(mro) if any(inspect.isfunction(v) and inspect.unwrap(v) is src.fn
+                                                           for v in vars(c).values())), None)
+        base = next((c for c in mro[owner + 1:] if f.attr in vars(c)), None) if owner is not None else None
+        fn = vars(base)[f.attr] if base is not None else None
+        if not inspect.isfunction(fn):
+            raise src.error(call, f"super().{f.attr}() names no plain method of a base class of the algorithm",
+                            f"call a method of {type(self.alg).__name__} as self.name(...)")
+        if getattr(fn, "__qualname__", None) in self.inlining:
+            raise src.error(call, f"super().{f.attr}() calls itself; recursion cannot be compiled")
+        return fn
 
     def _refuse_function_using_api(self, src: Source, call: ast.AST) -> None:
         """A call of a plain function (another module's, say) that calls the API itself: the compiler would not
