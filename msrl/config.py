@@ -532,7 +532,34 @@ def _no_bools_for_numbers(model: type[BaseModel], data: dict, prefix: str) -> No
 
 def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> ExperimentConfig:
     """A config from a YAML file (or a dict of its sections) with ``KEY.PATH=VALUE`` overrides applied."""
-    return validate_config(read_config(path, overrides))
+    data = read_config(path, overrides)
+    try:
+        return validate_config(data)
+    except ConfigError as e:
+        raise in_file(e, path, overrides) from None
+
+
+def in_file(error: ConfigError, path: Any, overrides: list[str] = ()) -> ConfigError:
+    """``error`` naming the file and line where its key is written (``y/my.yaml:3: ...``), unless the key is not
+    the file's: an override sets it (or a key inside it), or the file does not write it."""
+    given = [o.partition("=")[0].strip() for o in override_list(overrides)]
+    if not error.key or not isinstance(path, (str, os.PathLike)) or any(
+            k == error.key or k.startswith(error.key + ".") or error.key.startswith(k + ".") for k in given):
+        return error
+    try:
+        node = yaml.compose(Path(path).expanduser().read_text(), Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, OSError, ValueError):
+        return error
+    line = None
+    for part in error.key.split("."):
+        if isinstance(node, yaml.SequenceNode) and part.isdigit():  # (an item of a list: the list's line)
+            break
+        written = [(k, v) for k, v in (node.value if isinstance(node, yaml.MappingNode) else ())
+                   if isinstance(k, yaml.ScalarNode) and k.value == part]
+        if not written:
+            return error
+        line, node = written[-1][0].start_mark.line + 1, written[-1][1]
+    return ConfigError(error.key, f"{path}:{line}: {error.message}")
 
 
 def dotted(prefix: str, value: Any) -> list[str]:

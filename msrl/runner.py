@@ -18,7 +18,7 @@ import yaml
 
 from msrl import checkpoint, resources
 from msrl.algorithm import Context
-from msrl.config import ExperimentConfig, dotted, override_list, read_config, validate_config
+from msrl.config import ExperimentConfig, dotted, in_file, override_list, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import (CLI_FLAGS, CompileError, ConfigError, Interrupted, MsrlError, TrainingError, arg, defined_at,
                          user_code_error)
@@ -631,10 +631,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     if not isinstance(cfg, ExperimentConfig):
         try:
             cfg = validate_config(data)
-        except ConfigError as e:  # resuming with the run's own config: name it
-            if not own or e.key in overridden:
-                raise
-            raise ConfigError(e.key, f"{saved}: {e.message}") from None
+        except ConfigError as e:  # (where the file writes the key: a resumed run's config.yaml too)
+            raise in_file(e, cfg, overrides) from None
     spread_over_cores(cfg)  # (before anything starts JAX)
     check_members(cfg.policy.backend, cfg.run, cfg.env.id)  # (before compiling)
     if cfg.run.wandb is not None:  # (before compiling)

@@ -156,7 +156,8 @@ def test_resume_names_the_runs_config_and_a_changed_algorithm_or_policy_first(tm
         assert re.search(error, capsys.readouterr().err)
     saved.write_text(saved.read_text().replace("  lr: ", "  lr: fast #"))
     assert main(["train", "--resume", str(run)]) == 2
-    assert f"algorithm.lr: {saved}: Input should be a valid number" in capsys.readouterr().err
+    line = next(i for i, text in enumerate(saved.read_text().splitlines(), 1) if text.startswith("  lr: fast #"))
+    assert f"algorithm.lr: {saved}:{line}: Input should be a valid number" in capsys.readouterr().err
 
 
 def test_eval_refuses_a_seed_a_prng_key_cannot_hold(tmp_path, capsys):

@@ -141,7 +141,7 @@ def test_minibatches_must_divide_the_batch():
 
 def test_sections_must_be_mappings(tmp_path):
     (tmp_path / "scalar.yaml").write_text("algorithm: ppo\n")
-    with pytest.raises(msrl.ConfigError, match=r"algorithm: must be a mapping.*name: ppo"):
+    with pytest.raises(msrl.ConfigError, match=r"^algorithm: .*scalar.yaml:1: must be a mapping.*name: ppo"):
         load_config(tmp_path / "scalar.yaml")
 
 
@@ -431,3 +431,19 @@ def test_an_algorithm_of_ones_own_with_nested_models_is_checked_and_noted_key_by
     with pytest.raises(ConfigError, match=r"^algorithm.optim.warm: .*NestedConfig.inert\(\) names it, but it is not a "
                                           r"key of algorithm nested_ppo$"):
         msrl.train(base, [*run, "algorithm.slip=optim.warm"], run_dir=tmp_path / "b")
+
+
+def test_a_bad_value_in_ones_yaml_names_its_file_and_line(tmp_path):
+    """(It named the key alone: with a file and overrides, which of them was wrong?) A key an override sets is the
+    override's: no line."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("algorithm:\n  name: ppo\n  epochs: four\n  hidden: [64, x]\nenv:\n  id: gymnax:CartPole-v1\n"
+                    "policy:\n  name: fused\n  actors: 2\n")
+    with pytest.raises(ConfigError, match=rf"^algorithm.epochs: {path}:3: Input should be a valid integer"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=rf"^algorithm.hidden.1: {path}:4: Input should be a valid integer"):
+        load_config(path, ["algorithm.epochs=4"])
+    with pytest.raises(ConfigError, match=rf"^policy.actors: {path}:9: unknown key; allowed keys: name, backend$"):
+        load_config(path, ["algorithm.epochs=4", "algorithm.hidden=[64]"])
+    with pytest.raises(ConfigError, match=r"^algorithm.epochs: Input should be a valid integer.*\(got 'five'\)"):
+        load_config(path, ["algorithm.epochs=five"])

@@ -183,6 +183,7 @@ print(msrl.train(None, ["run.total_env_steps=3072"], run_dir={str(run)!r}, resum
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["run"]["imports"] = ["/nowhere/custom_algorithm.py"]
     (run / "config.yaml").write_text(yaml.safe_dump(config))
+    line = (run / "config.yaml").read_text().splitlines().index("  imports:") + 1  # (where the file lists them)
     lines = python(f"""import msrl
 from msrl.registry import import_user_module
 for spec in ({str(run / "config.yaml")!r}, {str(tmp_path / "mine" / "json.py")!r}):
@@ -192,7 +193,8 @@ for spec in ({str(run / "config.yaml")!r}, {str(tmp_path / "mine" / "json.py")!r
         print(e)
 import_user_module({str(moved)!r})  # (as --import does)
 print(msrl.train(None, ["run.total_env_steps=4096"], run_dir={str(run)!r}, resume=True)["env_steps"])""")
-    assert lines[:2] == ["run.imports: /nowhere/custom_algorithm.py: no such file (if it is one a run's config.yaml "
+    assert lines[:2] == [f"run.imports: {run / 'config.yaml'}:{line}: /nowhere/custom_algorithm.py: no such file (if "
+                         "it is one a run's config.yaml "
                          "lists, and it has moved, give --import with its new place, or, from Python, "
                          "msrl.registry.import_user_module(its new place) before msrl.load or msrl.train)",
                          f"--import: {tmp_path / 'mine' / 'json.py'}: a module named 'json' exists already (Python's "
