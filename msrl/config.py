@@ -596,7 +596,8 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = (),
         if not p.is_file():
             raise ConfigError("", f"config file {str(p)!r} " + ("is a directory" if p.is_dir() else "does not exist"))
         try:
-            data = yaml.load(p.read_text(), Loader=_StrictLoader)
+            with open(p, encoding="utf-8") as f:  # (a syntax error's marks name the file)
+                data = yaml.load(f, Loader=_StrictLoader)
         except ConfigError as e:
             raise ConfigError(e.key, f"{p}: {e.message}") from None
         except _YAML_ERRORS as e:

@@ -126,8 +126,9 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("algorithm: [unclosed\n")
-    with pytest.raises(msrl.ConfigError, match="not valid YAML"):
+    with pytest.raises(msrl.ConfigError, match="not valid YAML") as info:
         load_config(bad)
+    assert f'in "{bad}", line 2' in str(info.value)  # (it said "<unicode string>")
     (tmp_path / "noalgo.yaml").write_text("env: {id: gymnax:CartPole-v1}\n")
     with pytest.raises(msrl.ConfigError, match="algorithm.name: missing"):
         load_config(tmp_path / "noalgo.yaml")
