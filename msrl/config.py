@@ -198,6 +198,8 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = unknown_key(str(err["loc"][-1]), _model_at(model, err["loc"][:-1]).model_fields)
+            if prefix in ("algorithm", "policy") and len(loc) == 1:
+                msg += _owners(prefix, str(loc[0]))
         elif "input" in err and err["type"] != "missing":
             msg += f" (got {quote(err['input'])})"
             listed = field is not None and "list" in str(field.annotation).lower()  # (a key that takes a list)
@@ -314,6 +316,21 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
             raise ConfigError(f"algorithm.{key}", f"is swept, but it only applies with {inert[key]}: every member "
                               "would train the same; set that, or sweep another key")
     return cfg
+
+
+def _owners(section: str, key: str) -> str:
+    """`` (a key of policy.name single_learner_coarse)``: the algorithms or policies that have ``key``."""
+    registry = ALGORITHMS if section == "algorithm" else POLICIES
+
+    def fields(name: str) -> Any:
+        try:
+            found = registry.get(name)
+        except Exception:  # noqa: BLE001 - a plug-in that does not load has no say in this message
+            return {}
+        return getattr(found, "Config", found).model_fields
+
+    has = [n for n in registry.names() if key in fields(n)]
+    return f" (a key of {section}.name {', '.join(has[:-1])}{' or ' if has[1:] else ''}{has[-1]})" if has else ""
 
 
 def _section_of(key: Any, data: dict[str, Any]) -> str:

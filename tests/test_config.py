@@ -444,7 +444,9 @@ def test_a_bad_value_in_ones_yaml_names_its_file_and_line(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match=rf"^algorithm.hidden.1: {path}:4: Input should be a valid integer"):
         load_config(path, ["algorithm.epochs=4"])
-    with pytest.raises(ConfigError, match=rf"^policy.actors: {path}:9: unknown key; allowed keys: name, backend$"):
+    with pytest.raises(ConfigError, match=rf"^policy.actors: {path}:9: unknown key; allowed keys: name, backend \(a "
+                                          r"key of policy.name replay_server, single_learner_coarse or "
+                                          r"single_learner_fine\)$"):  # (whose key it is)
         load_config(path, ["algorithm.epochs=4", "algorithm.hidden=[64]"])
     with pytest.raises(ConfigError, match=r"^algorithm.epochs: Input should be a valid integer.*\(got 'five'\)"):
         load_config(path, ["algorithm.epochs=five"])
