@@ -197,7 +197,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
                 break
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = unknown_key(str(err["loc"][-1]), _model_at(model, err["loc"][:-1]).model_fields)
+            msg = unknown_key(str(loc[-1]), _model_at(model, loc[:-1]).model_fields)
             if prefix in ("algorithm", "policy") and len(loc) == 1:
                 msg += _owners(prefix, str(loc[0]))
         elif "input" in err and err["type"] != "missing":
@@ -330,7 +330,12 @@ def _owners(section: str, key: str) -> str:
         return getattr(found, "Config", found).model_fields
 
     has = [n for n in registry.names() if key in fields(n)]
-    return f" (a key of {section}.name {', '.join(has[:-1])}{' or ' if has[1:] else ''}{has[-1]})" if has else ""
+    return f" (a key of {section}.name {_either(has)})" if has else ""
+
+
+def _either(names: list[str]) -> str:
+    """``a, b or c``."""
+    return f"{', '.join(names[:-1])}{' or ' if names[1:] else ''}{names[-1]}"
 
 
 def _section_of(key: Any, data: dict[str, Any]) -> str:
@@ -345,7 +350,7 @@ def _section_of(key: Any, data: dict[str, Any]) -> str:
     if isinstance(name, str) and name in POLICIES.names() and key in POLICIES.get(name).model_fields:
         found.append(f"policy.{key}")
     elif has := [p for p in POLICIES.names() if key in POLICIES.get(p).model_fields and p != "fused"]:
-        found.append(f"policy.{key}, with policy.name {', '.join(has[:-1])}{' or ' if has[1:] else ''}{has[-1]}")
+        found.append(f"policy.{key}, with policy.name {_either(has)}")
     return f" (did you mean {' or '.join(found)}?)" if found else ""
 
 

@@ -378,11 +378,11 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
         raise ConfigError(arg("render"), f"msrl renders gymnasium: environments only, not {cfg.env.id} (train the "
                           "task's Gymnasium version to render it: gymnasium:CartPole-v1 for gymnax:CartPole-v1, "
                           "gymnasium:InvertedPendulum-v5 for brax:inverted_pendulum)")
-    try:
-        if render is not None:
+    if render is not None:
+        try:
             Path(render).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(arg("render"), f"cannot create the folder {render}: {e.strerror}") from None
+        except OSError as e:
+            raise ConfigError(arg("render"), f"cannot create the folder {render}: {e.strerror}") from None
     initial_carry, act = greedy_policy(algorithm.actor)
     step = jax.jit(env.step) if env.jittable else env.step
     init = env.init if env.host_state else jax.jit(env.init)  # one compile, not dozens
