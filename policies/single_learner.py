@@ -39,13 +39,20 @@ class _SingleLearner(msrl.DistributedPolicy):
     actor_devices: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, min_length=1, description="backend jax: the JAX devices the actor replicas take in turn (default: all)")
     learner_devices: list[Annotated[int, Field(ge=0)]] | None = Field(
-        None, min_length=1, description="backend jax: the learner's JAX device, the first listed (default: device 0)")
+        None, min_length=1, description="backend jax: the learner's JAX device, a list of one (default: device 0)")
 
     def _roles(self, actor_role: str, learner_role: str) -> list[msrl.FragmentSpec]:
         if self.backend != "jax" and (self.actor_devices or self.learner_devices):
             raise msrl.ConfigError("policy.actor_devices" if self.actor_devices else "policy.learner_devices",
                                    f"places roles on JAX devices, which only policy.backend=jax does (not "
                                    f"{self.backend!r})")
+        if self.learner_devices and len(self.learner_devices) > 1:
+            raise msrl.ConfigError("policy.learner_devices", f"{self.learner_devices}: the one learner takes one device; "
+                                   "list one (learners on several devices: policy.name=multi_learner)")
+        if self.actor_devices and len(self.actor_devices) > self.actors:
+            raise msrl.ConfigError("policy.actor_devices", f"{self.actor_devices}: {self.actors} actor replicas take "
+                                   f"one device each, so devices {self.actor_devices[self.actors:]} would stay idle; "
+                                   "list at most policy.actors devices")
         return self.check_roles([self.role(actor_role, self.actors, "actor_backend", self.actor_devices),
                                  self.role(learner_role, 1, "learner_backend", self.learner_devices)])
 

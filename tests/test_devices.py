@@ -69,6 +69,14 @@ def test_devices_need_the_jax_backend_and_existing_devices():
                                                r"policy.backend='jax'; use 'jax' \(one jitted program per step\)$"):
         msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=jax",
                                           "policy.actor_backend=threads"]))
+    # (a device more than the replicas take would stay idle: refused, not dropped)
+    jax_coarse = ["policy.name=single_learner_coarse", "policy.backend=jax"]
+    with pytest.raises(msrl.ConfigError, match=r"^policy.learner_devices: \[1, 2\]: the one learner takes one device; "
+                                               r"list one \(learners on several devices: policy.name=multi_learner\)$"):
+        msrl.build(load_config(CARTPOLE, jax_coarse + ["policy.learner_devices=[1,2]"]))
+    with pytest.raises(msrl.ConfigError, match=r"^policy.actor_devices: \[0, 1, 2\]: 2 actor replicas take one device "
+                                               r"each, so devices \[2\] would stay idle"):
+        msrl.build(load_config(CARTPOLE, jax_coarse + ["policy.actors=2", "policy.actor_devices=[0,1,2]"]))
 
 
 def test_fine_on_the_jax_backend_is_refused_at_the_loop():
