@@ -644,3 +644,49 @@ def test_a_subclass_loop_that_calls_super_is_its_base_loop():
             as info:
         parse(algorithm, "gone")
     assert info.value.file == __file__
+
+
+def test_plain_python_beside_the_api_runs_alike_under_every_split():
+    """Three loops of plain Python a user writes in train_step (probe): a `for` over range() with no API call in
+    it failed to compile at all (its loop variable and temporaries were read before it ran: "UnboundLocalError
+    while tracing"); `T = self.cfg.rollout_len` used as a shape, and `cfg = self.cfg`, worked fused but crashed
+    a fragment of jitted pieces (a jitted piece got them as traced arguments); `T, U = ...` was not known at
+    compile time. Now each trains and gives fused's parameters bitwise on single_learner_fine."""
+    from helpers import final_params, max_diff
+
+    from msrl.algorithms.dqn import DQN
+    from msrl.algorithms.dqn.dqn import Transition
+
+    @msrl.register_algorithm("dqn_plain_python")
+    class PlainPython(DQN):
+        class Config(DQN.Config):
+            name: Literal["dqn_plain_python"] = "dqn_plain_python"
+
+        def train_step(self):
+            cfg = self.cfg
+            T, U = cfg.rollout_len, self.cfg.updates
+            obs = msrl.env_observe()
+            seen = jnp.zeros((T, obs.shape[0]))
+            for t in range(T):
+                out = msrl.agent_act(obs)
+                next_obs, reward, done = msrl.env_step(out.action)
+                shaped = reward
+                for _ in range(2):
+                    half = 0.5 * shaped
+                    shaped = shaped - half + 0.25
+                seen = seen.at[t].set(shaped)
+                msrl.buffer_insert(Transition(obs, out.action, shaped, done))
+                obs = next_obs
+            for _ in range(U):
+                sample = msrl.buffer_sample(cfg.batch_size)
+                metrics, priorities = msrl.agent_learn(sample)
+                msrl.buffer_update(sample.indices, priorities)
+            return {**metrics, "seen": seen.mean()}
+
+    dqn = ["algorithm.name=dqn_plain_python", "algorithm.rollout_len=2", "algorithm.updates=2", "algorithm.hidden=[8]",
+           "algorithm.batch_size=8", "algorithm.learning_starts=8", "env.num_envs=4"]
+    dqn_yaml = Path(__file__).parents[1] / "examples" / "dqn_cartpole.yaml"
+    fused, rows = final_params(dqn, 3, dqn_yaml)
+    fine, fine_rows = final_params([*dqn, "policy.name=single_learner_fine", "policy.actors=2"], 3, dqn_yaml)
+    assert max_diff(fused, fine) == 0.0 and np.isfinite(rows[-1]["loss"])
+    assert [r["seen"] for r in rows] == [r["seen"] for r in fine_rows]

@@ -19,7 +19,7 @@ import warnings
 from typing import Any, Callable
 
 from msrl.api import API, ApiSpec, api_spec
-from msrl.compiler.ir import Stmt, leaves, state_var
+from msrl.compiler.ir import Stmt, leaves, state_var, walk
 from msrl.errors import CompileError, defined_at, did_you_mean
 
 RESERVED_PREFIXES = ("_s_", "_c_", "_api", "_h", "_msrl")
@@ -147,12 +147,35 @@ def _as_list(node: Any) -> list:
     return node if isinstance(node, list) else [] if node is None else [node]
 
 
+def _is_reference(value: ast.expr) -> bool:
+    """``self.a.b`` or ``name.a``: an object reached by attributes, no computation."""
+    while isinstance(value, ast.Attribute):
+        value = value.value
+    return isinstance(value, ast.Name)
+
+
 def _is_names(target: ast.expr) -> bool:
     if isinstance(target, ast.Name):
         return True
     if isinstance(target, ast.Starred):
         return _is_names(target.value)
     return isinstance(target, (ast.Tuple, ast.List)) and all(_is_names(e) for e in target.elts)
+
+
+def _only_bound_flows_through(stmts: list[Stmt], bound: set[str]) -> set[str]:
+    """A compound statement (``for``, ``if``, ...) reads what it assigns, as a path through it may skip the
+    assignment and keep the value from before; but a name bound nowhere before it (its loop variable, a
+    temporary of its body) has no value from before. (Nor one bound only by the iteration before: the
+    statement takes the same path in every iteration, its trip counts and conditions being the trace's.)
+    Returns what is bound after ``stmts``."""
+    for s in stmts:
+        if s.kind == "loop":
+            bound = _only_bound_flows_through(s.body, bound | {s.var})
+            continue
+        if s.kind == "compute" and isinstance(s.node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+            s.uses -= s.defs - bound
+        bound = bound | s.defs
+    return bound
 
 
 class Source:
@@ -242,6 +265,12 @@ class Frontend:
         if not any(s.kind == "api" and s.api.name == "env_step" for s in leaves(stmts)):
             raise src.error(src.fdef, f"{type(self.alg).__name__}.{self.method}() never calls msrl.env_step()",
                             "an iteration must step the environments")
+        # values known at compile time are the generated code's globals, not data: never a jitted function's
+        # argument (a traced value where a shape needs an int) nor sent between fragments
+        self.namespace.update(self.statics)
+        for s in walk(stmts):
+            s.defs, s.uses = s.defs - set(self.statics), s.uses - set(self.statics)
+        _only_bound_flows_through(stmts, set())
         return stmts
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -359,19 +388,30 @@ class Frontend:
                 counts[node.id] = counts.get(node.id, 0) + 1
         statics: dict[str, Any] = {}
         for st in src.fdef.body:
-            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-                name = st.targets[0].id
-                if counts.get(name) != 1 or _node_names(st.value, ast.Load) & (set(counts) - set(statics)):
-                    continue
-                if any(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _PURE_BUILTINS)
-                       for n in ast.walk(st.value)):
-                    continue  # only plain expressions: never run user calls (or the API) at compile time
-                try:
-                    value = eval(compile(ast.Expression(st.value), "<static>", "eval"), self._scope(src), dict(statics))
-                except Exception:
-                    continue
-                if isinstance(value, _STATIC_TYPES):
-                    statics[name] = value
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and _is_names(st.targets[0])):
+                continue
+            target = st.targets[0]
+            names = [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+            if any(isinstance(n, ast.Starred) for n in ast.walk(target)) or any(counts.get(n) != 1 for n in names) \
+                    or _node_names(st.value, ast.Load) & (set(counts) - set(statics)):
+                continue
+            if any(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _PURE_BUILTINS)
+                   for n in ast.walk(st.value)):
+                continue  # only plain expressions: never run user calls (or the API) at compile time
+            try:
+                value = eval(compile(ast.Expression(st.value), "<static>", "eval"), self._scope(src), dict(statics))
+            except Exception:
+                continue
+            if isinstance(target, ast.Name):
+                values = {target.id: value}
+            elif isinstance(value, (tuple, list)) and len(value) == len(target.elts) and all(
+                    isinstance(e, ast.Name) for e in target.elts):  # `n, m = self.cfg.a, self.cfg.b`
+                values = {e.id: v for e, v in zip(target.elts, value)}
+            else:
+                continue
+            # a value of the config's (or a plain `cfg = self.cfg`): the same wherever the loop runs
+            if all(isinstance(v, _STATIC_TYPES) for v in values.values()) or _is_reference(st.value):
+                statics.update(values)
         return statics
 
     def _static_eval(self, src: Source, expr: ast.expr, rename: dict[str, str], what: str, hint: str) -> Any:
