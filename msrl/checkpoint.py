@@ -17,6 +17,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,18 +71,20 @@ def save(run_dir: Path, snapshot: dict[str, list[dict[str, Any]]], meta: dict[st
     left by an earlier save that died are removed first."""
     from flax import serialization
 
-    states = {f"{frag}/{r}/{comp}": [np.asarray(x) if _storable(x) else None for x in jax.tree.leaves(state)]
-              for frag, replicas in snapshot.items() for r, comps in enumerate(replicas) for comp, state in comps.items()}
+    flat = {f"{frag}/{r}/{comp}": jax.tree_util.tree_flatten_with_path(state)[0]
+            for frag, replicas in snapshot.items() for r, comps in enumerate(replicas) for comp, state in comps.items()}
+    states = {key: [np.asarray(x) if _storable(x) else None for _, x in leaves] for key, leaves in flat.items()}
+    paths = {key: [jax.tree_util.keystr(where) for where, _ in leaves] for key, leaves in flat.items()}
     folder = Path(run_dir) / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("ckpt_*.tmp"):
         stale.unlink(missing_ok=True)
     path = of_iteration(run_dir, meta["iteration"])
-    payload = serialization.msgpack_serialize({"meta": meta, "states": states})
+    payload = serialization.msgpack_serialize({"meta": meta, "states": states, "paths": paths})
     write_atomic(path, serialization.msgpack_serialize({
         "format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(),
         "config_hash": config_hash(meta.get("config", {})), "payload": payload}))
-    for old in sorted(folder.glob("ckpt_*.msgpack"))[:-keep]:
+    for old in saved(run_dir)[:-keep]:
         old.unlink()
     return path
 
@@ -91,9 +94,17 @@ def of_iteration(run_dir: Path, iteration: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"ckpt_{iteration:09d}.msgpack"
 
 
+def saved(run_dir: Path) -> list[Path]:
+    """The checkpoint files msrl wrote in a run (``ckpt_<iteration>.msgpack``), oldest first: not a copy one
+    made beside them (``ckpt_best.msgpack``), which is neither taken as the newest nor rotated away."""
+    found = {int(m.group(1)): p for p in (Path(run_dir) / "checkpoints").glob("ckpt_*.msgpack")
+             if (m := re.fullmatch(r"ckpt_(\d{9,})\.msgpack", p.name))}
+    return [found[i] for i in sorted(found)]
+
+
 def latest(run_dir: Path) -> Path | None:
     """The newest checkpoint file of a run (whether it loads or not: see :func:`latest_good`)."""
-    found = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.msgpack"))
+    found = saved(run_dir)
     return found[-1] if found else None
 
 
@@ -101,13 +112,16 @@ def latest_good(run_dir: Path, quiet: bool = False) -> tuple[Path, dict[str, lis
     """The newest checkpoint that :func:`load` accepts, with its states and meta; None if the run has no
     checkpoint. Each newer one that is corrupt or non-finite is skipped with a warning on stderr naming it,
     why, and the one used instead (``quiet``: no warning). If none loads: a :class:`TrainingError` naming each."""
-    found = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.msgpack"), reverse=True)
     bad: list[str] = []
-    for path in found:
+    for path in reversed(saved(run_dir)):
         try:
             states, meta = load(path)
         except TrainingError as e:
             bad.append(str(e))
+            continue
+        if path.name != of_iteration(run_dir, meta.get("iteration", -1)).name:
+            bad.append(f"{path} holds iteration {meta.get('iteration')}, not the one its name says (copied in from "
+                       "elsewhere?)")
             continue
         if bad and not quiet:
             for reason in bad:
@@ -137,16 +151,30 @@ def load(path: Path) -> tuple[dict[str, list[Any]], dict[str, Any]]:
         raise
     except Exception as e:  # noqa: BLE001 - any decoding failure means the same thing to the user
         raise TrainingError(f"{path} is not an msrl checkpoint (it does not decode as msgpack: {e})") from None
-    if not isinstance(data, dict) or set(data) != {"meta", "states"} or not isinstance(data["states"], dict):
+    if not isinstance(data, dict) or set(data) - {"paths"} != {"meta", "states"} or not isinstance(data["states"],
+                                                                                                  dict):
         raise TrainingError(f"{path} is not an msrl checkpoint (format {FORMAT})")
-    # msgpack_restore turns lists into {"0": ..., "1": ...}
-    states = {k: [v[str(i)] for i in range(len(v))] if isinstance(v, dict) else v for k, v in data["states"].items()}
+
+    def as_list(v: Any) -> list:  # msgpack_restore turns lists into {"0": ..., "1": ...}
+        return [v[str(i)] for i in range(len(v))] if isinstance(v, dict) else v
+
+    paths = data.get("paths") or {}  # (none in a checkpoint written before they were stored)
+    states = {k: Leaves(as_list(v), as_list(paths[k]) if k in paths else None) for k, v in data["states"].items()}
     for key, leaves in states.items():
         if key.rsplit("/", 1)[-1] in CHECKED:
             for i, x in enumerate(leaves):
                 if isinstance(x, np.ndarray) and x.dtype.kind in "fc" and not np.isfinite(x).all():
                     raise TrainingError(f"{path} holds non-finite values (state {key!r}, array {i})")
     return states, data["meta"]
+
+
+class Leaves(list):
+    """A stored component state: its leaves, and where each sits in the state (``['params']['Dense_0']['kernel']``;
+    None: not stored)."""
+
+    def __init__(self, leaves: Any, paths: list[str] | None = None):
+        super().__init__(leaves)
+        self.paths = paths
 
 
 def restore(template: dict[str, list[dict[str, Any]]], states: dict[str, list[Any]], path: Path) -> dict:
@@ -165,6 +193,11 @@ def restore_state(template: Any, states: dict[str, list[Any]], key: str, path: P
                             "by a different program")
     flat, tree = jax.tree_util.tree_flatten_with_path(template)
     saved_leaves = states[key]
+    saved_paths, paths = getattr(saved_leaves, "paths", None), [jax.tree_util.keystr(where) for where, _ in flat]
+    if saved_paths is not None and saved_paths != paths:  # by name, not only by place: a layer renamed (or two
+        there, here = next(((a, b) for a, b in zip(saved_paths + ["nothing"], paths + ["nothing"]) if a != b))
+        raise TrainingError(f"{path}: state {key!r} holds {key}{there} where this program's has {key}{here}: it was "
+                            "written by a different program")  # of one shape swapped) must not load silently
     if len(flat) != len(saved_leaves):
         raise TrainingError(f"{path}: state {key!r} holds {len(saved_leaves)} arrays, but this program's has "
                             f"{len(flat)}: it was written by a different program")

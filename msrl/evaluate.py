@@ -150,8 +150,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None,
     learner, services = prepare_learner(cfg.policy, algorithm.learner)  # as trained: a policy may wrap it
     held = f"{SNAPSHOT_KEY}/0/{PARAMETERS}" if PARAMETERS in services else None  # (async's parameter holder)
     if len(each) > 1:  # every saved array has a leading member axis
-        states = {**states, **{k: [None if x is None else np.asarray(x)[i] for x in states[k]]
-                               for k in (key, held) if k in states}}
+        states = {**states, **{k: checkpoint.Leaves([None if x is None else np.asarray(x)[i] for x in states[k]],
+                                                    states[k].paths) for k in (key, held) if k in states}}
         meta = {**meta, "run_seed": each[i].seed, **({"member": each[i].name} if swept or member else {})}
     if held is not None:  # the run's parameters are the service's, not a replica's copy (maybe some updates old)
         holder = services[PARAMETERS].make(cfg.run.seed)

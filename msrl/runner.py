@@ -385,7 +385,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
 
 def _holds_a_run(folder: Path) -> bool:
     """Whether ``folder`` is an msrl run's directory (not a project's of its own config.yaml and checkpoints/)."""
-    if not (folder / "config.yaml").is_file() or not (any((folder / "checkpoints").glob("ckpt_*.msgpack")) or
+    if not (folder / "config.yaml").is_file() or not (checkpoint.saved(folder) or
                                                        (folder / "metrics.csv").is_file()):
         return False
     try:

@@ -496,3 +496,59 @@ def test_a_config_a_run_was_trained_with_that_no_longer_validates_names_the_chec
     with pytest.raises(msrl.ConfigError, match=rf"^algorithm.hidden: {re.escape(str(at))} \(the config the run was "
                                                r"trained with\): Input should be a valid list"):
         trained_config(tmp_path / "config.yaml", {"config": saved}, at)
+
+
+def test_a_checkpoint_loads_by_name_not_only_by_place(tmp_path):
+    """A checkpoint's arrays went back by position, checked by count and shape only: layers renamed in one's own
+    algorithm (probe: the baseline head's name sorting before the policy head's, of one shape) loaded the baseline's
+    weights into the policy without a word (eval 268 -> 9). Each array's place in the state is stored beside it
+    and must be the same; checkpoints written before that load as they did."""
+    from flax import serialization
+
+    cfg = msrl.load_config(CARTPOLE, ["algorithm.hidden=[8]", "env.num_envs=2", "algorithm.rollout_len=4"])
+    with msrl.Session(cfg) as session:
+        session.run(1)
+        snap = session.snapshot()
+    path = checkpoint.save(tmp_path, snap, {"iteration": 1, "config": {}})
+    states, _ = checkpoint.load(path)
+    assert max_diff(checkpoint.restore(snap, states, path), snap) == 0.0
+
+    def renamed(tree):  # what naming the layers does: Dense_0 -> policy_0, ... (same shapes, other names)
+        if isinstance(tree, dict):
+            return {k.replace("Dense_", "policy_"): renamed(v) for k, v in tree.items()}
+        return tree
+
+    other = {frag: [{comp: renamed(state) for comp, state in comps.items()} for comps in replicas]
+             for frag, replicas in snap.items()}
+    with pytest.raises(msrl.TrainingError, match=r"state 'main/0/learner' holds main/0/learner\['params'\]\['params'\]"
+                                                 r"\['Dense_0'\]\['bias'\] where this program's has main/0/learner\['params'\]"
+                                                 r"\['params'\]\['policy_0'\]\['bias'\]: it was written by a different "
+                                                 r"program"):
+        checkpoint.restore(other, states, path)
+
+    data = serialization.msgpack_restore(path.read_bytes())  # one written before the places were stored
+    payload = serialization.msgpack_restore(data["payload"])
+    del payload["paths"]
+    checkpoint.write_atomic(path, serialization.msgpack_serialize({"format": 1, **payload}))
+    old, _ = checkpoint.load(path)
+    assert max_diff(checkpoint.restore(other, old, path), snap) == 0.0  # (by place, as then)
+
+
+def test_a_copy_beside_the_checkpoints_is_neither_the_newest_nor_rotated_away(tmp_path, capsys):
+    """`cp ckpt_000000005.msgpack ckpt_best.msgpack` (probe) made eval and resume take the copy as the newest (by
+    name: the run silently went back to iteration 5), and rotation then deleted the real newer ones. Only msrl's
+    own names count, by their iteration; a file whose iteration is not its name's is skipped, saying so."""
+    import shutil
+
+    train(CARTPOLE, [*QUIET, "run.total_env_steps=5120", "run.checkpoint_every_steps=2560"], run_dir=tmp_path)
+    folder = tmp_path / "checkpoints"
+    shutil.copy(folder / "ckpt_000000005.msgpack", folder / "ckpt_best.msgpack")
+    shutil.copy(folder / "ckpt_000000005.msgpack", folder / "ckpt_000000099.msgpack")
+    path, _, meta = checkpoint.latest_good(tmp_path)
+    assert path == folder / "ckpt_000000010.msgpack" and meta["iteration"] == 10
+    assert "ckpt_000000099.msgpack holds iteration 5, not the one its name says" in capsys.readouterr().err
+    (folder / "ckpt_000000099.msgpack").unlink()
+    summary = train(None, ["run.total_env_steps=10240", "run.keep_checkpoints=2"], run_dir=tmp_path, resume=True)
+    assert summary["iterations"] == 20
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt_000000015.msgpack", "ckpt_000000020.msgpack",
+                                                         "ckpt_best.msgpack"]
