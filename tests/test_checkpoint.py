@@ -520,10 +520,10 @@ def test_a_checkpoint_loads_by_name_not_only_by_place(tmp_path):
 
     other = {frag: [{comp: renamed(state) for comp, state in comps.items()} for comps in replicas]
              for frag, replicas in snap.items()}
-    with pytest.raises(msrl.TrainingError, match=r"state 'main/0/learner' holds main/0/learner\['params'\]\['params'\]"
-                                                 r"\['Dense_0'\]\['bias'\] where this program's has main/0/learner\['params'\]"
-                                                 r"\['params'\]\['policy_0'\]\['bias'\]: it was written by a different "
-                                                 r"program"):
+    layer = r"main/0/learner\['params'\]\['params'\]\['{}'\]\['bias'\]"
+    with pytest.raises(msrl.TrainingError, match=fr"state 'main/0/learner' holds {layer.format('Dense_0')} where this "
+                                                 fr"program's has {layer.format('policy_0')}: it was written by a "
+                                                 "different program"):
         checkpoint.restore(other, states, path)
 
     data = serialization.msgpack_restore(path.read_bytes())  # one written before the places were stored
