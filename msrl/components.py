@@ -63,6 +63,20 @@ class EnvSpec:
     obs_dtype: np.dtype
     action_space: Discrete | Box
 
+    def __post_init__(self):
+        from msrl.errors import MsrlError
+
+        alike = " (every agent's is the same: agents are a batch axis)" if isinstance(self, MultiAgentSpec) else ""
+        for name, shape in (("obs_shape", self.obs_shape), ("state_shape", getattr(self, "state_shape", ()))):
+            if not isinstance(shape, (tuple, list)) or not all(isinstance(d, (int, np.integer)) and not isinstance(
+                    d, bool) and d >= 0 for d in shape):
+                raise MsrlError(f"msrl.{type(self).__name__}({self.id!r}, ...): {name} must be a tuple of ints, one "
+                                f"observation's shape{alike if name == 'obs_shape' else ''}; got {shape!r}")
+            object.__setattr__(self, name, tuple(int(d) for d in shape))
+        if not isinstance(self.action_space, (Discrete, Box)):
+            raise MsrlError(f"msrl.{type(self).__name__}({self.id!r}, ...): action_space must be an msrl.Discrete or "
+                            f"msrl.Box{alike}; got {self.action_space!r}")
+
     @property
     def discrete(self) -> bool:
         return isinstance(self.action_space, Discrete)

@@ -243,3 +243,31 @@ def test_a_multi_agent_env_of_ones_own_learns_and_splits_over_actors_bitwise(tmp
     msrl.train(SPREAD, [*TINY, *meet, *QUICK, "run.total_env_steps=10000"], run_dir=tmp_path,
                on_iteration=reached(-2.0))
     assert_reaches(tmp_path, -2.0, within=10000)
+
+
+class _MeetOfThree(_Meet):
+    """_Meet with a spec that says three agents (its observations hold two)."""
+
+    spec = msrl.MultiAgentSpec("usersmeet:Three", (2,), np.dtype(np.float32), msrl.Discrete(3), num_agents=3,
+                               state_shape=(4,))
+
+
+def test_a_multi_agent_env_unlike_its_spec_is_refused_naming_its_method():
+    """A multi-agent env of one's own was never checked against its spec (probe): one whose spec said 3 agents and
+    whose observations held 2 trained without a word (`msrl.load` then said 3 agents); an observation of another
+    size failed as a flax shape error naming neither the env nor its spec; a spec of one action space per agent
+    failed as an AttributeError inside MAPPO."""
+    from msrl.policies.fused import Fused
+
+    algorithm = MAPPO(MAPPO.Config(**{"rollout_len": 4, "hidden": [8]}), Context(_MeetOfThree.spec, 4, 1000))
+    with pytest.raises(msrl.CompileError, match=r"_MeetOfThree.observe\(\) \(.*test_mappo.py:\d+\) returned "
+                       r"observations MultiAgentObs\(agents=float32\[4, 2, 2\], state=float32\[4, 4\]\), but "
+                       r"usersmeet:Three's spec \(MultiAgentSpec\) says MultiAgentObs\(agents=float32\[3, 2\], "
+                       r"state=\[4\]\) for each environment"):
+        msrl.compile(algorithm, Fused(), _MeetOfThree(), 4)
+    with pytest.raises(msrl.MsrlError, match=r"^msrl.MultiAgentSpec\('mine', \.\.\.\): action_space must be an "
+                       r"msrl.Discrete or msrl.Box \(every agent's is the same: agents are a batch axis\); got \["):
+        msrl.MultiAgentSpec("mine", (2,), np.dtype(np.float32), [msrl.Discrete(3), msrl.Discrete(5)], num_agents=2)
+    with pytest.raises(msrl.MsrlError, match=r"obs_shape must be a tuple of ints, one observation's shape \(every "
+                       r"agent's is the same: agents are a batch axis\); got \(\(2,\), \(1,\)\)"):
+        msrl.MultiAgentSpec("mine", ((2,), (1,)), np.dtype(np.float32), msrl.Discrete(3), num_agents=2)

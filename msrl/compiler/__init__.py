@@ -26,8 +26,8 @@ from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import assign_roles, partition
-from msrl.components import (SHAPE_PROBE, STATS, Actor, Environment, Learner, MultiAgentSpec, ReplayBuffer,
-                             vouched_rowwise)
+from msrl.components import (SHAPE_PROBE, STATS, Actor, Environment, Learner, MultiAgentObs, MultiAgentSpec,
+                             ReplayBuffer, vouched_rowwise)
 from msrl.errors import CompileError, ConfigError, defined_at, method_name
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
@@ -197,17 +197,32 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
     observations ``[N, *obs_shape]`` of ``obs_dtype``, and from ``step`` ``[N]`` rewards and ends; else a
     CompileError naming the method (``step``'s form is checked by :meth:`Environment.transition`)."""
     spec = env.spec
-    if method not in ("observe", "reset", "transition") or isinstance(spec, MultiAgentSpec):  # (a multi-agent
-        return  # spec: its adapter's own shapes)
+    if method not in ("observe", "reset", "transition"):
+        return
     out, name = result[1], method_name(env, _written(method))
     obs = out.obs if method == "transition" else out
-    want = f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}"
-    shape = tuple(getattr(obs, "shape", ()))
-    if shape[1:] != tuple(spec.obs_shape) or np.dtype(getattr(obs, "dtype", None)) != np.dtype(spec.obs_dtype):
-        got = f"{np.dtype(obs.dtype).name}{list(shape)}" if hasattr(obs, "dtype") else f"a {type(obs).__name__}"
-        raise CompileError(f"{name} returned observations {got}, but {spec.id}'s spec (EnvSpec) says {want} for "
-                           "each environment", hint="return what the spec says, or make the spec say what the env "
-                           "returns")
+
+    def form(x: Any) -> str:
+        return f"{np.dtype(x.dtype).name}{list(x.shape)}" if hasattr(x, "dtype") else f"a {type(x).__name__}"
+
+    dtype = np.dtype(spec.obs_dtype)
+    if isinstance(spec, MultiAgentSpec):  # agents [N, num_agents, *obs_shape], state [N, *state_shape]
+        agents = (spec.num_agents, *spec.obs_shape)
+        want = f"MultiAgentObs(agents={dtype.name}{list(agents)}, state={list(spec.state_shape)})"
+        shape = tuple(getattr(getattr(obs, "agents", None), "shape", ()))
+        fits = isinstance(obs, MultiAgentObs) and shape[1:] == agents and hasattr(obs.agents, "dtype") and \
+            np.dtype(obs.agents.dtype) == dtype and tuple(getattr(obs.state, "shape", ())) == (*shape[:1],
+                                                                                                *spec.state_shape)
+        got = f"MultiAgentObs(agents={form(obs.agents)}, state={form(obs.state)})" if isinstance(obs, MultiAgentObs) \
+            else form(obs)
+    else:
+        want, shape = f"{dtype.name}{list(spec.obs_shape)}", tuple(getattr(obs, "shape", ()))
+        fits = shape[1:] == tuple(spec.obs_shape) and np.dtype(getattr(obs, "dtype", None)) == dtype
+        got = form(obs)
+    if not fits:
+        raise CompileError(f"{name} returned observations {got}, but {spec.id}'s spec ({type(spec).__name__}) says "
+                           f"{want} for each environment", hint="return what the spec says, or make the spec say what "
+                           "the env returns")
     if method == "transition":
         for what, x in (("rewards", out.reward), ("terminated flags", out.terminated),
                         ("truncated flags", out.truncated)):
