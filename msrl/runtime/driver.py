@@ -406,6 +406,8 @@ class ReplicaRuntime(Runtime):
     def __init__(self, program: Any, seed: int):
         self.program, self.seed, self.iteration = program, seed, 0
         self.keys = replica_keys(program)
+        self._env_seen: dict[Key, tuple[dict, float]] = {}  # a replica's last env stats, and the episodes its
+        # processes before a restart counted
         self.stopping: Any = lambda: False  # the caller's stop request (see stream)
         transforms = getattr(program.components.get("learner"), "grad_transforms", ())
         for name, frag in program.fragments.items():
@@ -458,19 +460,36 @@ class ReplicaRuntime(Runtime):
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         outputs = self._run(iterations)
+        start, self.iteration = self.iteration, self.iteration + iterations
         stats: dict[int, list] = {}
         results: dict[int, list[dict[str, float]]] = {}  # the loop's metrics, of every replica returning them
         for key, out in outputs.items():
             returns = any(s.kind == "return" for s in self.program.fragments[key[0]].stmts)
-            for it, st, result in out:
-                if st is not None:
-                    stats.setdefault(it, []).append(st)
-                if returns:
-                    results.setdefault(it, []).append(result_metrics(result))
+            for it, result in ((it, result) for it, _, result in out if returns):
+                results.setdefault(it, []).append(result_metrics(result))
+            for it, st in self._env_stats(key, {it: st for it, st, _ in out if st is not None}, start):
+                stats.setdefault(it, []).append(st)
         counters = services.metrics(self.program.services)  # as of the end of these iterations
-        start, self.iteration = self.iteration, self.iteration + iterations
         return [{**episode_metrics(stats.get(it, [])), **mean_metrics(results.get(it, [])),
                  **policy_lag(self.program, it), **counters} for it in range(start, self.iteration)]
+
+    def _env_stats(self, key: Key, by_iteration: dict[int, dict], start: int) -> list[tuple[int, dict]]:
+        """A replica's env stats for each iteration from ``start`` on, counting its episodes on through a restart:
+        a restarted process's environments count from 0 (the episodes before are added), and the iterations its
+        dead process ran but never reported keep the last stats it did report."""
+        if not by_iteration and key not in self._env_seen:
+            return []
+        out = []
+        for it in range(start, self.iteration):
+            last, before = self._env_seen.get(key, (None, 0.0))
+            st = by_iteration.get(it, last)
+            if st is None:
+                continue
+            if last is not None and float(st["episodes"]) < float(last["episodes"]):  # a restarted process's
+                before += float(last["episodes"])
+            self._env_seen[key] = (st, before)
+            out.append((it, {**st, "episodes": float(st["episodes"]) + before}))
+        return out
 
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
         states = self._call(self.keys, "get_state", skip)
@@ -480,6 +499,7 @@ class ReplicaRuntime(Runtime):
         return {**out, **services.snapshot(self.program.services)}
 
     def restore(self, snapshot: dict[str, list[dict]], iteration: int | None = None) -> None:
+        self._env_seen = {}  # (the restored environments count their own episodes)
         for key in self.keys:
             self._call([key], "set_state", snapshot[key[0]][key[1]], iteration)
         services.restore(self.program.services, snapshot)
