@@ -143,7 +143,8 @@ def run_benchmarks(benchmarks: tuple[Benchmark, ...] = BENCHMARKS, directory: st
                    quick: bool = True, only: list[str] | None = None, timeout: float | None = None,
                    console: Any = None) -> list[dict[str, Any]]:
     """Run the selected benchmarks one after another (they time themselves, so never in parallel)."""
-    directory = Path(directory) if directory is not None else benchmarks_dir()
+    # (resolved: a script runs from the folder's parent, where a relative path would not lead)
+    directory = Path(directory).resolve() if directory is not None else benchmarks_dir()
     if not directory.is_dir():
         raise MsrlError(f"no benchmarks directory at {directory}")
     names = [b.name for b in benchmarks]

@@ -318,7 +318,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     records = run_benchmarks(directory=args.dir, quick=not args.full, only=args.only, console=console)
     console.print(table(records))
     _write_json(args.json, {"mode": "full" if args.full else "quick", "benchmarks": records})
-    return 0
+    return 1 if any(r["status"] == "failed" for r in records) else 0  # (skipped: a peer not installed)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -394,7 +394,9 @@ def make_parser() -> argparse.ArgumentParser:
     mode = b.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="short runs for a rough check, minutes each (default)")
     mode.add_argument("--full", action="store_true", help="the scripts' own defaults (the README's figures)")
-    b.add_argument("--only", nargs="+", action="extend", metavar="NAME", help="ppo_fused, ppo_host_threads, sac_vs_sb3, ...")
+    b.add_argument("--only", nargs="+", action="extend", metavar="NAME",
+                   help="ppo_fused, ppo_host_threads, sac_vs_sb3 or ppo_ray_vs_rllib (other scripts of benchmarks/ "
+                   "run as python benchmarks/NAME.py)")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the combined results as JSON")
     b.add_argument("--dir", default=None, help="benchmarks directory (default: the source checkout's)")
     b.set_defaults(fn=cmd_bench)

@@ -619,7 +619,14 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     if cfg is None and saved is not None:
         cfg = saved
         if not cfg.is_file():
-            raise ConfigError(arg("resume"), f"{run_dir} is not a run directory (no config.yaml)")
+            if Path(run_dir).is_file() and Path(run_dir).parent.name == "checkpoints":  # a checkpoint named
+                raise ConfigError(arg("resume"), f"{run_dir} is a checkpoint; a run resumes from its newest good "
+                                  f"one: give its directory, {Path(run_dir).parent.parent} (to go on from an older "
+                                  "checkpoint, move the newer ones out of checkpoints/ first)")
+            raise ConfigError(arg("resume"), f"{run_dir} is not a run directory (no config.yaml)" + (
+                f"; its checkpoints are there: give the config file it was trained with too (msrl train CONFIG "
+                f"--resume {run_dir}, or train(CONFIG, run_dir=..., resume=True)), and its config.yaml is written again"
+                if checkpoint.saved(Path(run_dir)) else ""))
     overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
     if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")

@@ -552,3 +552,13 @@ def test_a_copy_beside_the_checkpoints_is_neither_the_newest_nor_rotated_away(tm
     assert summary["iterations"] == 20
     assert sorted(p.name for p in folder.iterdir()) == ["ckpt_000000015.msgpack", "ckpt_000000020.msgpack",
                                                          "ckpt_best.msgpack"]
+    from msrl.cli import main  # (what resume says when given a checkpoint, or a run that lost its config.yaml)
+
+    assert main(["train", "--resume", str(folder / "ckpt_000000015.msgpack")]) == 2
+    assert (f"ckpt_000000015.msgpack is a checkpoint; a run resumes from its newest good one: give its directory, "
+            f"{tmp_path} (to go on from an older checkpoint, move the newer ones out of checkpoints/ first)"
+            in capsys.readouterr().err)
+    (tmp_path / "config.yaml").unlink()
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert (f"is not a run directory (no config.yaml); its checkpoints are there: give the config file it was trained "
+            f"with too (msrl train CONFIG --resume {tmp_path}" in capsys.readouterr().err)

@@ -160,7 +160,7 @@ def test_bench_runs_scripts_and_tabulates(tmp_path):
     assert "…" not in buf.getvalue() and all(f"{145025 + n:,}" in buf.getvalue() for n in (4, 16))
 
 
-def test_bench_cli_json_and_errors(tmp_path, capsys):
+def test_bench_cli_json_and_errors(tmp_path, capsys, monkeypatch):
     fused = textwrap.dedent("""
         import argparse, json
         ap = argparse.ArgumentParser()
@@ -193,6 +193,15 @@ def test_bench_cli_json_and_errors(tmp_path, capsys):
     assert "unknown benchmark nope" in capsys.readouterr().err
     assert main(["bench", "--dir", str(tmp_path), "--only", "sac_vs_sb3"]) == 2  # a folder without its script
     assert f"{tmp_path} lacks the benchmark script sac_vs_sb3.py" in capsys.readouterr().err
+
+    deep = tmp_path / "deep" / "benchmarks"  # a folder given relative, in two parts (its script was looked for in
+    deep.mkdir(parents=True)  # deep/deep/benchmarks: scripts run from the folder's parent)
+    (deep / "ppo_fused.py").write_text(fused)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--dir", "deep/benchmarks", "--only", "ppo_fused"]) == 0
+    (deep / "ppo_fused.py").write_text("raise SystemExit('broken')\n")  # a failed benchmark: the exit status says so
+    assert main(["bench", "--dir", "deep/benchmarks", "--only", "ppo_fused"]) == 1
+    assert "broken" in capsys.readouterr().out
 
 
 def test_last_json_takes_the_final_object():

@@ -755,10 +755,12 @@ class Program:
         mode = "python" if not spec.jit else "host" if on_host else "scan"
         per_step = [s for s in walk(stmts) if s.kind == "loop" and any(b.kind in ("send", "recv") for b in walk(s.body))]
         if spec.backend == "jax" and per_step:
-            raise CompileError(f"policy {self.policy.name!r} places fragment {spec.name!r} on the jax backend, but it "
-                               "communicates inside a loop", per_step[0].file, per_step[0].line,
-                               "a role on jax runs as one jitted program between receiving and sending; place it "
-                               "on threads")
+            placed = next((k for k in type(self.policy).model_fields if k.endswith("_backend")
+                           and getattr(self.policy, k) == "jax"), "backend")
+            raise CompileError(f"policy {self.policy.name!r} places fragment {spec.name!r} on the jax backend "
+                               f"(policy.{placed}=jax), but it communicates inside this loop", per_step[0].file,
+                               per_step[0].line, "a role on jax runs as one jitted program between receiving and "
+                               f"sending; set policy.{placed}=threads (or ray)")
         shapes = self.shapes if spec.replicas == 1 else self._replica_shapes(self.num_envs // spec.replicas)
         lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, shapes, host)
         ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
