@@ -82,6 +82,6 @@ def test_devices_need_the_jax_backend_and_existing_devices():
 def test_fine_on_the_jax_backend_is_refused_at_the_loop():
     """single_learner_fine communicates every env step: a role on jax runs as one program between comms."""
     with pytest.raises(msrl.CompileError, match=r"places fragment 'env_worker' on the jax backend "
-                       r"\(policy.backend=jax\), but it communicates inside this loop") as info:  # (which key put it there: probe)
+                       r"\(policy.backend=jax\), but it communicates inside this loop") as info:  # (the key: probe)
         msrl.build(load_config(CARTPOLE, ["policy.name=single_learner_fine", "policy.backend=jax"]))
     assert "set policy.backend=threads (or ray)" in info.value.hint
