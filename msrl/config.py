@@ -616,7 +616,9 @@ def read_config(path: str | Path | dict | None, overrides: list[str] = (),
     elif path is not None:
         p = Path(path).expanduser()
         if not p.is_file():
-            raise ConfigError("", f"config file {str(p)!r} " + ("is a directory" if p.is_dir() else "does not exist"))
+            raise ConfigError("", f"config file {str(p)!r} " + ("is a directory" if p.is_dir() else "does not exist")
+                              + (f" (a run's: its config is {p / 'config.yaml'})" if (p / "config.yaml").is_file()
+                                 else ""))
         try:
             with open(p, encoding="utf-8") as f:  # (a syntax error's marks name the file)
                 data = yaml.load(f, Loader=_StrictLoader)

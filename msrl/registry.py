@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import operator
+import re
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -203,6 +204,10 @@ def import_user_module(spec: str, key: str = "--import") -> None:
             relative = f" (a relative path is taken from the working directory, {Path.cwd()})"
             raise ConfigError(key, f"{spec}: no such file" + (relative if not path.is_absolute() else
                                                              moved * (key == "run.imports")))
+        if not name.isidentifier():  # (`my.algo.py` was "No module named 'my.algo'; 'my' is not a package")
+            better = re.sub(r"\W", "_", name)
+            raise ConfigError(key, f"{path}: a module's name cannot hold a dot (or a dash, a space: Python imports "
+                              f"the file as module {name!r}); rename it, e.g. {better}.py")
         other = _origin(name)
         if name in sys.stdlib_module_names or other not in (None, spec):
             raise ConfigError(key, f"{spec}: a module named {name!r} exists already ("

@@ -169,6 +169,7 @@ class UsersEnv(msrl.Environment):
                  "episodes": state["episodes"] + done}
         out = {"obs_float16": (state["obs"].astype(jax.numpy.float16), reward, done),
                "obs_3": (state["obs"][:, :1], reward, done), "reward_2d": (state["obs"], reward[:, None], done),
+               "obs_dict": ({"position": state["obs"]}, reward, done),
                "done_float": (state["obs"], reward, done.astype(jax.numpy.float32)),
                "four": (state["obs"], reward, done, done),
                "int_done": (state["obs"], reward, done.astype(jax.numpy.int32)),

@@ -136,6 +136,12 @@ def test_a_misplaced_config_a_folder_and_a_list_where_one_value_goes_are_named(t
                          r".*base.yaml is not a .py file")]:  # (was "No module named 'base'")
         assert main(args) == 2
         assert re.search(error, capsys.readouterr().err)
+    (tmp_path / "config.yaml").write_text(Path(CARTPOLE).read_text())  # a run's folder: its config named (probe)
+    assert main(["graph", str(tmp_path)]) == 2
+    assert f"is a directory (a run's: its config is {tmp_path / 'config.yaml'})" in capsys.readouterr().err
+    (tmp_path / "my.algo.py").write_text("")  # a file name Python cannot import as a module
+    assert main(["train", "--import", str(tmp_path / "my.algo.py"), CARTPOLE]) == 2
+    assert "my.algo.py: a module's name cannot hold a dot" in capsys.readouterr().err
 
 
 def test_resume_names_the_runs_config_and_a_changed_algorithm_or_policy_first(tmp_path, capsys):

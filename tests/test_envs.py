@@ -322,6 +322,8 @@ def test_ppo_on_brax_ant_gives_fused_parameters_bitwise_on_any_split():
     ("obs_float16", (r"UsersEnv.step\(\) \(.*helpers.py:\d+\) returned observations float16\[4, 2\], but "
                      r"users:Walk's spec \(EnvSpec\) says float32\[2\] for each environment")),
     ("obs_3", r"returned observations float32\[4, 1\]"),
+    ("obs_dict", r"returned observations a dict, but .*\n  hint: an observation is one array per environment: "
+                 r"concatenate the parts"),
     ("reward_2d", r"returned rewards of shape \[4, 1\]; they must be one per environment: \[4\]"),
     ("done_float", r"returned episode ends \(done, or terminated and truncated\) of dtype float32; they must be bool"),
     ("four", r"returned \(state, 4 values\); its output must be an EnvStep or \(obs, reward, done\)"),

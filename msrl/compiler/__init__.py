@@ -220,8 +220,11 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
         fits = shape[1:] == tuple(spec.obs_shape) and np.dtype(getattr(obs, "dtype", None)) == dtype
         got = form(obs)
     if not fits:
+        parts = not isinstance(obs, MultiAgentObs) and not hasattr(obs, "shape")  # (a dict, a tuple: one array each)
         raise CompileError(f"{name} returned observations {got}, but {spec.id}'s spec ({type(spec).__name__}) says "
-                           f"{want} for each environment", hint="return what the spec says, or make the spec say what "
+                           f"{want} for each environment", hint="an observation is one array per environment: "
+                           "concatenate the parts (jnp.concatenate of each flattened, along the last axis) and give "
+                           "the spec that shape" if parts else "return what the spec says, or make the spec say what "
                            "the env returns")
     if method == "transition":
         for what, x in (("rewards", out.reward), ("terminated flags", out.terminated),
