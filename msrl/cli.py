@@ -22,6 +22,7 @@ def _graph_text(program: Any) -> str:
         lines.append(f"  {f.name}: replicas={f.spec.replicas} backend={f.spec.backend}{where} jit={f.spec.jit} "
                      f"state={','.join(f.state_keys)}")
     lines.append(f"env steps per iteration: {program.env_steps_per_iteration}")
+    lines += [f"beside the graph: {line}" for line in program.beside_the_graph()]
     lines.append("nodes (program order; shapes are the whole program's, all replicas of a fragment together):")
 
     def depth(n: str) -> int:
@@ -81,10 +82,12 @@ def _graph_dot(program: Any) -> str:
     for u, v, e in g.edges(data=True):
         if g.nodes[u]["kind"] == "loop" or g.nodes[v]["kind"] == "loop":
             continue
-        style = {"state": "dashed", "params": "bold"}.get(e["kind"], "solid")
+        style = "dashed" if e["carry"] else "bold" if e["kind"] == "params" else "solid"  # (dashed: carried, as
+        color = ', color="gray40"' if e["kind"] == "state" else ""  # in the image; a component's state: grey)
         shape = f"\\n{e['dtype']}{e['shape']}" if e["shape"] is not None and e["kind"] == "data" else ""
         label = (e["name"] + shape).replace('"', '\\"')
-        out.append(f'  "{u}" -> "{v}" [label="{label}", style={style}{", constraint=false" if e["carry"] else ""}];')
+        out.append(f'  "{u}" -> "{v}" [label="{label}", style={style}{color}'
+                   f'{", constraint=false" if e["carry"] else ""}];')
     out.append("}")
     return "\n".join(out)
 

@@ -59,6 +59,23 @@ def test_graph_shows_where_the_fragments_are_placed(capsys, overrides, shown):
                       {"actor": (None, 2.0, 0.0), "learner": (None, 1.0, 0.5)})
 
 
+def test_graph_says_what_a_policy_adds_beside_its_nodes(capsys):
+    """multi_learner's all-reduce and async's parameter holder were nowhere in the graph (probe): one fragment of
+    N replicas, as if each learned alone. The DOT output dashes carried edges only, as the image does (it dashed
+    every state edge)."""
+    assert main(["graph", CARTPOLE, "--policy", "multi_learner"]) == 0
+    assert ("beside the graph: the gradients of the 2 'learner' replicas are averaged (an all-reduce) before every "
+            "optimizer step" in capsys.readouterr().out)
+    assert main(["graph", str(EXAMPLES / "a3c_cartpole.yaml"), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["beside_the_graph"] == [
+        "service 'parameters': async's parameter holder, which every replica calls (its state is checkpointed)"]
+    assert main(["graph", CARTPOLE]) == 0 and "beside the graph" not in capsys.readouterr().out
+    assert main(["graph", CARTPOLE, "--format", "dot"]) == 0
+    edges = [line for line in capsys.readouterr().out.splitlines() if "->" in line]
+    assert edges and all(("style=dashed" in line) == ("constraint=false" in line) for line in edges)
+    assert any("style=solid, color=" in line for line in edges)  # a state edge within the iteration
+
+
 def test_a_reader_that_stops_reading_ends_the_command_quietly():
     """``msrl graph ... | head -1``: stdout closed before msrl writes (it printed "msrl: error: [Errno 32] Broken pipe",
     then a traceback at exit)."""

@@ -846,7 +846,21 @@ class Program:
                                                                        "ray" else set())), "state": f.state_keys}
                  for f in self.fragments.values()]
         return {"nodes": nodes, "edges": edges, "fragments": frags,
-                "env_steps_per_iteration": self.env_steps_per_iteration}
+                "env_steps_per_iteration": self.env_steps_per_iteration, "beside_the_graph": self.beside_the_graph()}
+
+    def beside_the_graph(self) -> list[str]:
+        """What the policy adds that no comm node shows: an all-reduce inside the learner's optimizer step, the
+        services it hosts (async's parameter holder)."""
+        from msrl.backend import reduces_over_replicas
+
+        out = []
+        learners = [f for f in self.fragments.values() if "learner" in f.state_keys]
+        if reduces_over_replicas(getattr(self.components.get("learner"), "grad_transforms", ())) and learners:
+            out.append(f"the gradients of the {learners[0].spec.replicas} {learners[0].name!r} replicas are averaged "
+                       "(an all-reduce) before every optimizer step, so every replica holds the same parameters")
+        out += [f"service {name!r}: {service.name}, which every replica calls (its state is checkpointed)"
+                for name, service in self.services.items()]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.graph_dict(), indent=2, default=str)
