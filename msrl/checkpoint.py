@@ -170,11 +170,17 @@ def load(path: Path) -> tuple[dict[str, list[Any]], dict[str, Any]]:
 
 class Leaves(list):
     """A stored component state: its leaves, and where each sits in the state (``['params']['Dense_0']['kernel']``;
-    None: not stored)."""
+    None: not stored). A pytree whose leaves keep those places: saved again, it is saved as it was."""
 
     def __init__(self, leaves: Any, paths: list[str] | None = None):
         super().__init__(leaves)
         self.paths = paths
+
+
+jax.tree_util.register_pytree_with_keys(
+    Leaves, lambda x: (tuple(zip(x.paths or map(jax.tree_util.SequenceKey, range(len(x))), x)),
+                       None if x.paths is None else tuple(x.paths)),
+    lambda paths, leaves: Leaves(leaves, None if paths is None else list(paths)))
 
 
 def restore(template: dict[str, list[dict[str, Any]]], states: dict[str, list[Any]], path: Path) -> dict:
