@@ -25,6 +25,13 @@ PyTree = Any
 class Discrete:
     n: int
 
+    def __post_init__(self):
+        from msrl.errors import MsrlError
+
+        if isinstance(self.n, bool) or not isinstance(self.n, (int, np.integer)) or self.n < 1:
+            raise MsrlError(f"msrl.Discrete(n): n is how many actions there are, an int >= 1; got {self.n!r}")
+        object.__setattr__(self, "n", int(self.n))
+
     @property
     def shape(self) -> tuple[int, ...]:
         return ()
@@ -50,6 +57,9 @@ class Box:
         except (ValueError, TypeError):
             raise MsrlError(f"msrl.Box(low, high, shape): low and high must be numbers or arrays of shape {shape}, "
                             f"got {np.shape(self.low)} and {np.shape(self.high)}") from None
+        if np.isnan(low).any() or np.isnan(high).any() or (low > high).any():
+            raise MsrlError(f"msrl.Box(low, high, shape): every low must be <= its high (neither NaN; -inf and inf "
+                            f"leave a side unbounded), got low {low.tolist()} and high {high.tolist()}")
         for name, value in (("low", low), ("high", high), ("shape", shape)):
             object.__setattr__(self, name, value)
 
@@ -237,8 +247,13 @@ class Environment:
         raise NotImplementedError
 
     def transition(self, state: PyTree, action: jax.Array) -> tuple[PyTree, EnvStep]:
-        """``step``, its result as an :class:`EnvStep` (what ``msrl.env_step`` calls). A jitted env's result is
-        checked as it is traced: ``(state, EnvStep or (obs, reward, done))``, its ends bool or integers."""
+        """``step``, its result as an :class:`EnvStep` (what ``msrl.env_step`` and ``msrl eval`` call). A jitted
+        env's actions are clipped to a Box's bounds first (a Gaussian policy's samples may fall outside them; msrl's
+        adapters clip as they hand actions on, in the env's dtype), and its result is checked as it is traced:
+        ``(state, EnvStep or (obs, reward, done))``, its ends bool or integers."""
+        space = self.spec.action_space
+        if isinstance(space, Box) and not self.host_state and hasattr(action, "shape"):
+            action = jnp.clip(action, space.low, space.high)
         result = self.step(state, action)
         if not self.host_state:
             _check_step_form(self, result)

@@ -384,7 +384,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
         except OSError as e:
             raise ConfigError(arg("render"), f"cannot create the folder {render}: {e.strerror}") from None
     initial_carry, act = greedy_policy(algorithm.actor)
-    step = jax.jit(env.step) if env.jittable else env.step
+    step = jax.jit(env.transition) if env.jittable else env.transition  # (as msrl.env_step steps it)
     init = env.init if env.host_state else jax.jit(env.init)  # one compile, not dozens
     state = init(jax.random.PRNGKey(seed), np.arange(episodes))
     state, obs = env.observe(state)

@@ -647,11 +647,13 @@ def test_a_subclass_loop_that_calls_super_is_its_base_loop():
 
 
 def test_plain_python_beside_the_api_runs_alike_under_every_split():
-    """Three loops of plain Python a user writes in train_step (probe): a `for` over range() with no API call in
-    it failed to compile at all (its loop variable and temporaries were read before it ran: "UnboundLocalError
-    while tracing"); `T = self.cfg.rollout_len` used as a shape, and `cfg = self.cfg`, worked fused but crashed
-    a fragment of jitted pieces (a jitted piece got them as traced arguments); `T, U = ...` was not known at
-    compile time. Now each trains and gives fused's parameters bitwise on single_learner_fine."""
+    """Plain Python a user writes in train_step (probes): a `for` over range() with no API call in it failed to
+    compile at all (its loop variable and temporaries were read before it ran: "UnboundLocalError while
+    tracing"); `T = self.cfg.rollout_len` used as a shape, `cfg = self.cfg` and a lambda worked fused but crashed
+    a fragment of jitted pieces (a jitted piece got them as traced arguments, or returned a function); `T, U = ...`
+    was not known at compile time; a walrus on an API call read in its own statement was unbound. Now each trains
+    and gives fused's parameters bitwise on single_learner_fine. A metric nested in a dict was dropped silently:
+    refused."""
     from helpers import final_params, max_diff
 
     from msrl.algorithms.dqn import DQN
@@ -669,14 +671,14 @@ def test_plain_python_beside_the_api_runs_alike_under_every_split():
             seen = jnp.zeros((T, obs.shape[0]))
             for t in range(T):
                 out = msrl.agent_act(obs)
-                next_obs, reward, done = msrl.env_step(out.action)
-                shaped = reward
+                shaped = (step := msrl.env_step(out.action)).reward + 0.0 * step.done
+                scale = lambda x: 0.5 * x  # noqa: E731
                 for _ in range(2):
-                    half = 0.5 * shaped
+                    half = scale(shaped)
                     shaped = shaped - half + 0.25
                 seen = seen.at[t].set(shaped)
-                msrl.buffer_insert(Transition(obs, out.action, shaped, done))
-                obs = next_obs
+                msrl.buffer_insert(Transition(obs, out.action, shaped, step.done))
+                obs = step.obs
             for _ in range(U):
                 sample = msrl.buffer_sample(cfg.batch_size)
                 metrics, priorities = msrl.agent_learn(sample)
@@ -690,3 +692,16 @@ def test_plain_python_beside_the_api_runs_alike_under_every_split():
     fine, fine_rows = final_params([*dqn, "policy.name=single_learner_fine", "policy.actors=2"], 3, dqn_yaml)
     assert max_diff(fused, fine) == 0.0 and np.isfinite(rows[-1]["loss"])
     assert [r["seen"] for r in rows] == [r["seen"] for r in fine_rows]
+
+    @msrl.register_algorithm("dqn_nested_metric")
+    class NestedMetric(DQN):
+        class Config(DQN.Config):
+            name: Literal["dqn_nested_metric"] = "dqn_nested_metric"
+
+        def train_step(self):
+            metrics = super().train_step()
+            return {"learn": {"loss": metrics["loss"]}}
+
+    with pytest.raises(msrl.CompileError, match=r"returns metric 'learn' as a dict holding one number; every metric "
+                                                r"is one number under its own key"):
+        final_params([*dqn, "algorithm.name=dqn_nested_metric"], 1, dqn_yaml)

@@ -561,3 +561,56 @@ def test_a_mujoco_env_without_mujoco_names_msrls_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert out.startswith("env.id: gymnasium:HalfCheetah-v5 cannot be made: MuJoCo is not installed") and \
         out.rstrip().endswith("(msrl's extra: pip install -e '.[mujoco]' in msrl's folder)"), out
+
+
+class _Paid(msrl.Environment):
+    """Its reward is the action it is given, within Box(3, 7); four steps an episode."""
+
+    spec = msrl.EnvSpec("paid:Box", (1,), np.dtype(np.float32), msrl.Box(3.0, 7.0, (1,)))
+
+    def init(self, key, env_ids):
+        zeros = jnp.zeros(env_ids.shape[0])
+        return {"t": zeros, "ret": zeros, "last": zeros, "episodes": zeros}
+
+    def observe(self, s):
+        return s, s["t"][:, None]
+
+    reset = observe
+
+    def step(self, s, action):
+        t, ret = s["t"] + 1, s["ret"] + action[:, 0]
+        done = t >= 4
+        s = {"t": jnp.where(done, 0.0, t), "ret": jnp.where(done, 0.0, ret), "last": jnp.where(done, ret, s["last"]),
+             "episodes": s["episodes"] + done}
+        return s, msrl.EnvStep(s["t"][:, None], action[:, 0], done, jnp.zeros_like(done))
+
+    def stats(self, s):
+        finished = s["episodes"] > 0
+        return {"return_sum": jnp.where(finished, s["last"], 0.0).sum(), "finished": finished.sum(),
+                "episodes": s["episodes"].sum()}
+
+
+@msrl.register_env("paid")
+def _make_paid(name, **kwargs):
+    return _Paid()
+
+
+def test_a_box_of_ones_own_env_gets_its_actions_within_its_bounds(tmp_path):
+    """PPO's Gaussian samples (around 0 at first) reached an env of one's own outside its Box(3, 7), in training
+    and `msrl eval` (probe: 941 of 1536 out of bounds), while msrl's adapters and `msrl.load(...).act` clip. Now
+    msrl.env_step and eval clip for every jitted env: each step pays 3 to 7. A Box or Discrete that cannot be
+    (low > high, NaN, n < 1) is refused where it is made."""
+    from msrl.evaluate import evaluate
+
+    cfg = ["env.id=paid:Box", "env.num_envs=4", "algorithm.rollout_len=8", "algorithm.hidden=[8]", "run.seed=0",
+           "run.total_env_steps=128", "run.checkpoint_every_steps=128", "run.progress=false", "run.tensorboard=false"]
+    msrl.train(EXAMPLES / "ppo_pendulum.yaml", cfg, run_dir=tmp_path)
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        returns = [float(r["episode_return"]) for r in csv.DictReader(f)]
+    assert returns and all(12.0 <= r <= 28.0 for r in returns), returns
+    assert 12.0 <= evaluate(tmp_path, episodes=2)["return_mean"] <= 28.0
+    for make, text in [(lambda: msrl.Box(5.0, -2.0, (1,)), r"every low must be <= its high .* got low \[5.0\]"),
+                       (lambda: msrl.Box(np.nan, 1.0, (1,)), r"neither NaN"),
+                       (lambda: msrl.Discrete(0), r"an int >= 1; got 0"), (lambda: msrl.Discrete(2.5), r"got 2.5")]:
+        with pytest.raises(msrl.MsrlError, match=text):
+            make()

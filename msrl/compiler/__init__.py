@@ -221,11 +221,14 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
         got = form(obs)
     if not fits:
         parts = not isinstance(obs, MultiAgentObs) and not hasattr(obs, "shape")  # (a dict, a tuple: one array each)
+        wide = dtype.kind in "fiu" and dtype.itemsize == 8  # (which JAX without x64 never gives)
         raise CompileError(f"{name} returned observations {got}, but {spec.id}'s spec ({type(spec).__name__}) says "
                            f"{want} for each environment", hint="an observation is one array per environment: "
                            "concatenate the parts (jnp.concatenate of each flattened, along the last axis) and give "
-                           "the spec that shape" if parts else "return what the spec says, or make the spec say what "
-                           "the env returns")
+                           "the spec that shape" if parts else f"msrl runs JAX in 32 bits (jax_enable_x64 is refused), "
+                           f"so a jitted env's arrays are never {dtype.name}: make the spec say "
+                           f"{dtype.name.replace('64', '32')}" if wide else "return what the spec "
+                           "says, or make the spec say what the env returns")
     if method == "transition":
         for what, x in (("rewards", out.reward), ("terminated flags", out.terminated),
                         ("truncated flags", out.truncated)):
@@ -668,6 +671,12 @@ class Program:
                     ret.file if ret else None, ret.line if ret else None,
                     "log text another way (print, or TensorBoard from on_iteration)")
             shapes = [np.shape(x) for x in jax.tree.leaves(value)]
+            if len(shapes) == 1 and not jax.tree_util.treedef_is_leaf(jax.tree.structure(value)):  # (it was dropped)
+                raise CompileError(
+                    f"{self.algorithm.__class__.__name__}.train_step returns metric {str(key)!r} as a "
+                    f"{type(value).__name__} holding one number; every metric is one number under its own key",
+                    ret.file if ret else None, ret.line if ret else None,
+                    f"return it flat, e.g. {{'{key}/loss': ...}} (TensorBoard groups the keys by their '/')")
             bad = next((shape for shape in shapes if shape != ()), None)
             if bad is not None or len(shapes) > 1:
                 raise CompileError(

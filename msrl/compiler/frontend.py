@@ -165,7 +165,7 @@ def _is_names(target: ast.expr) -> bool:
 def _only_bound_flows_through(stmts: list[Stmt], bound: set[str]) -> set[str]:
     """A compound statement (``for``, ``if``, ...) reads what it assigns, as a path through it may skip the
     assignment and keep the value from before; but a name bound nowhere before it (its loop variable, a
-    temporary of its body) has no value from before. (Nor one bound only by the iteration before: the
+    temporary of its body, a walrus's name) has no value from before. (Nor one bound only by the iteration before: the
     statement takes the same path in every iteration, its trip counts and conditions being the trace's.)
     Returns what is bound after ``stmts``."""
     for s in stmts:
@@ -174,6 +174,8 @@ def _only_bound_flows_through(stmts: list[Stmt], bound: set[str]) -> set[str]:
             continue
         if s.kind == "compute" and isinstance(s.node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
             s.uses -= s.defs - bound
+        elif s.kind in ("compute", "return"):  # (a walrus's name read after it in the statement: bound there)
+            s.uses -= {n.target.id for n in ast.walk(s.node) if isinstance(n, ast.NamedExpr)} - bound
         bound = bound | s.defs
     return bound
 
@@ -381,13 +383,17 @@ class Frontend:
 
     def _static_locals(self, src: Source) -> dict[str, Any]:
         """Locals assigned once, at the top level, from expressions of ``self``/globals/constants: their
-        values are known at compile time (so ``n = self.cfg.steps; for _ in range(n)`` is static)."""
+        values are known at compile time (so ``n = self.cfg.steps; for _ in range(n)`` is static). So is a
+        lambda of such values assigned once anywhere (``f = lambda x: jnp.tanh(x) * scale``): a function, never
+        data (it cannot be a jitted piece's argument or result)."""
         counts: dict[str, int] = {}
         for node in _scope_walk(src.fdef):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 counts[node.id] = counts.get(node.id, 0) + 1
         statics: dict[str, Any] = {}
-        for st in src.fdef.body:
+        lambdas = [n for n in _scope_walk(src.fdef) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)
+                   and n not in src.fdef.body]
+        for st in [*src.fdef.body, *lambdas]:
             if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and _is_names(st.targets[0])):
                 continue
             target = st.targets[0]
@@ -395,11 +401,12 @@ class Frontend:
             if any(isinstance(n, ast.Starred) for n in ast.walk(target)) or any(counts.get(n) != 1 for n in names) \
                     or _node_names(st.value, ast.Load) & (set(counts) - set(statics)):
                 continue
+            function = isinstance(st.value, ast.Lambda)  # (its body's calls run when it is called, not here)
             if any(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _PURE_BUILTINS)
-                   for n in ast.walk(st.value)):
+                   for n in ast.walk(ast.Tuple(st.value.args.defaults, ast.Load()) if function else st.value)):
                 continue  # only plain expressions: never run user calls (or the API) at compile time
-            try:
-                value = eval(compile(ast.Expression(st.value), "<static>", "eval"), self._scope(src), dict(statics))
+            try:  # (a lambda sees the statics as its globals)
+                value = eval(compile(ast.Expression(st.value), "<static>", "eval"), {**self._scope(src), **statics})
             except Exception:
                 continue
             if isinstance(target, ast.Name):
@@ -410,7 +417,7 @@ class Frontend:
             else:
                 continue
             # a value of the config's (or a plain `cfg = self.cfg`): the same wherever the loop runs
-            if all(isinstance(v, _STATIC_TYPES) for v in values.values()) or _is_reference(st.value):
+            if all(isinstance(v, _STATIC_TYPES) for v in values.values()) or _is_reference(st.value) or function:
                 statics.update(values)
         return statics
 
@@ -712,6 +719,14 @@ class Frontend:
                 else:
                     out.extend(frontend._inline(src, n, helper, tmp, loop))
                 return ast.copy_location(ast.Name(tmp, ast.Load()), n)
+
+            def visit_NamedExpr(self, n: ast.NamedExpr):  # `(step := msrl.env_step(a)).reward + step.done`: the
+                n.value, n.target = self.visit(n.value), self.visit(n.target)  # name is bound as the call is hoisted,
+                if isinstance(n.value, ast.Name) and n.value.id in frontend._temps:  # so what follows reads it
+                    bind = ast.copy_location(ast.Assign([ast.Name(n.target.id, ast.Store())], n.value), n)
+                    out.append(frontend._compute(src, ast.fix_missing_locations(bind), {}, loop))
+                    return ast.copy_location(ast.Name(n.target.id, ast.Load()), n)
+                return n
 
             def visit_Name(self, n: ast.Name):
                 if api_spec(frontend._resolve(src, n, frontend._all_locals)):
