@@ -177,6 +177,20 @@ def test_a_session_takes_what_the_config_says_and_refuses_what_it_cannot_take():
         msrl.Session(cartpole, "run.seed=1")  # (read letter by letter: "r: overrides are written KEY.PATH=VALUE")
     with pytest.raises(TypeError, match="or a compiled program .program=...., got neither"):
         msrl.Session()  # (it said "not both")
+    # Session's own arguments are checked as the config's keys are (probe: seed=2**32 ran seed 0, seeds=-1 ran
+    # nothing, overrides beside a validated config or a program were dropped, a typo swept raised AttributeError)
+    config = msrl.load_config(cartpole, [])
+    for kwargs, error in [({"seed": 2**32}, r"^seed: Input should be less than or equal to 4294967295, got 4294967296 "
+                                            r"\(as the config's run.seed\)$"),
+                          ({"seeds": -1}, r"^seeds: Input should be greater than or equal to 1"),
+                          ({"stall_timeout_s": "x"}, r"^stall_timeout_s: Input should be a valid number"),
+                          ({"sweep": {"lrr": [1e-3, 1e-4]}}, r"^sweep: 'lrr' is no key of algorithm 'ppo'"),
+                          ({"overrides": ["run.seed=7"]}, r"^overrides: give overrides with a config file or dict, not "
+                                                          r"with a validated config$")]:
+        with pytest.raises(msrl.ConfigError, match=error):
+            msrl.Session(config, **kwargs)
+    with pytest.raises(msrl.ConfigError, match=r"^program: a compiled program \(msrl.build\(config\)\), got str"):
+        msrl.Session(program=str(cartpole))
 
 
 class Endless(msrl.Environment):

@@ -42,6 +42,18 @@ class Session:
             raise TypeError("Session takes a config (a YAML file's path, a dict of its sections or a validated config) "
                             f"or a compiled program (program=...), {given}")
         self.config = None
+        if program is not None:
+            from msrl.compiler import Program
+
+            if not isinstance(program, Program):
+                raise ConfigError("program", f"a compiled program (msrl.build(config)), got {type(program).__name__} "
+                                  f"{program!r:.60}" + ("; give a config as Session's first argument"
+                                                        if isinstance(program, (str, Path, dict, ExperimentConfig))
+                                                        else ""))
+        if overrides and (program is not None or isinstance(config, ExperimentConfig)):  # (they were dropped)
+            raise ConfigError("overrides", "give overrides with a config file or dict, not with " + (
+                "a compiled program (its config was fixed when it was built)" if program is not None else
+                "a validated config"))
         if program is None:
             from msrl.runner import build
 
@@ -57,7 +69,7 @@ class Session:
         k = 1 if iterations_per_dispatch is None else iterations_per_dispatch
         if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
             raise ConfigError("iterations_per_dispatch", f"a whole number >= 1 of iterations per call, got {k!r:.100}")
-        run = RunConfig.model_construct(seed=int(seed or 0), num_seeds=int(seeds or 1), sweep=sweep or {})
+        run = _run_arguments(seed, seeds, sweep, stall_timeout_s, program)
         self.program, self.seed, self.seeds, self.iteration = program, run.seed, run.num_seeds, 0
         self.members = members(run)  # what the program runs for: every combination of swept values x every seed
         check_members(program.policy.backend, run, program.env.spec.id)
@@ -219,6 +231,35 @@ class Snapshot(dict):
                 Snapshot, lambda s: ([(jax.tree_util.DictKey(k), s[k]) for k in sorted(s)], (sorted(s), s.iteration)),
                 lambda aux, values: Snapshot(dict(zip(aux[0], values)), aux[1]))
             Snapshot._registered = True
+
+
+def _run_arguments(seed: Any, seeds: Any, sweep: Any, stall_timeout_s: Any, program: Any) -> Any:
+    """Session's keyword arguments checked as the config's run keys are (they went around them: ``seed=2**32``
+    ran seed 0, ``seeds=-1`` ran nothing), as a RunConfig."""
+    from pydantic import ValidationError
+
+    from msrl.config import SEED_MAX, RunConfig
+    from msrl.errors import ConfigError
+
+    given = {"seed": 0 if seed is None else seed, "num_seeds": 1 if seeds is None else seeds, "sweep": sweep or {},
+             **({} if stall_timeout_s is None else {"stall_timeout_s": stall_timeout_s})}
+    given = {k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for k, v in given.items()}
+    try:
+        run = RunConfig.model_validate(given)
+    except ValidationError as e:
+        error = e.errors()[0]
+        key = str(error["loc"][0]) if error["loc"] else "seed"
+        raise ConfigError({"num_seeds": "seeds"}.get(key, key), f"{error['msg']}, got {error.get('input')!r:.100} "
+                          f"(as the config's run.{key})") from None
+    if run.seed + run.num_seeds - 1 > SEED_MAX:
+        raise ConfigError("seeds", f"seeds {run.seed:,} .. {run.seed + run.num_seeds - 1:,} pass the largest "
+                          f"32-bit seed, {SEED_MAX:,}")
+    fields = type(program.algorithm.cfg).model_fields
+    unknown = next((k for k in run.sweep if k not in fields), None)
+    if unknown is not None:
+        raise ConfigError("sweep", f"{unknown!r} is no key of algorithm {program.algorithm.cfg.name!r} (sweep takes "
+                          "its keys: {'lr': [...]})")
+    return run
 
 
 def _not_held(snapshot: Any) -> tuple[str, ...]:
