@@ -151,8 +151,8 @@ def load(path: Path) -> tuple[dict[str, list[Any]], dict[str, Any]]:
         raise
     except Exception as e:  # noqa: BLE001 - any decoding failure means the same thing to the user
         raise TrainingError(f"{path} is not an msrl checkpoint (it does not decode as msgpack: {e})") from None
-    if not isinstance(data, dict) or set(data) - {"paths"} != {"meta", "states"} or not isinstance(data["states"],
-                                                                                                  dict):
+    if not isinstance(data, dict) or set(data) - {"paths"} != {"meta", "states"} or \
+            not isinstance(data["states"], dict):
         raise TrainingError(f"{path} is not an msrl checkpoint (format {FORMAT})")
 
     def as_list(v: Any) -> list:  # msgpack_restore turns lists into {"0": ..., "1": ...}
@@ -199,11 +199,12 @@ def restore_state(template: Any, states: dict[str, list[Any]], key: str, path: P
                             "by a different program")
     flat, tree = jax.tree_util.tree_flatten_with_path(template)
     saved_leaves = states[key]
+    # by name, not only by place: a layer renamed (two of one shape swapping places) must not load silently
     saved_paths, paths = getattr(saved_leaves, "paths", None), [jax.tree_util.keystr(where) for where, _ in flat]
-    if saved_paths is not None and saved_paths != paths:  # by name, not only by place: a layer renamed (or two
+    if saved_paths is not None and saved_paths != paths:
         there, here = next(((a, b) for a, b in zip(saved_paths + ["nothing"], paths + ["nothing"]) if a != b))
         raise TrainingError(f"{path}: state {key!r} holds {key}{there} where this program's has {key}{here}: it was "
-                            "written by a different program")  # of one shape swapped) must not load silently
+                            "written by a different program")
     if len(flat) != len(saved_leaves):
         raise TrainingError(f"{path}: state {key!r} holds {len(saved_leaves)} arrays, but this program's has "
                             f"{len(flat)}: it was written by a different program")
