@@ -254,10 +254,10 @@ def _run_arguments(seed: Any, seeds: Any, sweep: Any, stall_timeout_s: Any, prog
     if run.seed + run.num_seeds - 1 > SEED_MAX:
         raise ConfigError("seeds", f"seeds {run.seed:,} .. {run.seed + run.num_seeds - 1:,} pass the largest "
                           f"32-bit seed, {SEED_MAX:,}")
-    fields = type(program.algorithm.cfg).model_fields
-    unknown = next((k for k in run.sweep if k not in fields), None)
+    cfg = program.algorithm.cfg  # (a program of one's own may hold any config object)
+    unknown = next((k for k in run.sweep if not hasattr(cfg, k)), None)
     if unknown is not None:
-        raise ConfigError("sweep", f"{unknown!r} is no key of algorithm {program.algorithm.cfg.name!r} (sweep takes "
+        raise ConfigError("sweep", f"{unknown!r} is no key of algorithm {getattr(cfg, 'name', '')!r} (sweep takes "
                           "its keys: {'lr': [...]})")
     return run
 
