@@ -220,15 +220,15 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
         fits = shape[1:] == tuple(spec.obs_shape) and np.dtype(getattr(obs, "dtype", None)) == dtype
         got = form(obs)
     if not fits:
-        parts = not isinstance(obs, MultiAgentObs) and not hasattr(obs, "shape")  # (a dict, a tuple: one array each)
-        wide = dtype.kind in "fiu" and dtype.itemsize == 8  # (which JAX without x64 never gives)
+        hint = "return what the spec says, or make the spec say what the env returns"
+        if not isinstance(obs, MultiAgentObs) and not hasattr(obs, "shape"):  # a dict, a tuple: one array each
+            hint = ("an observation is one array per environment: concatenate the parts (jnp.concatenate of each "
+                    "flattened, along the last axis) and give the spec that shape")
+        elif dtype.kind in "fiu" and dtype.itemsize == 8:  # (which JAX without x64 never gives)
+            hint = (f"msrl runs JAX in 32 bits (jax_enable_x64 is refused), so a jitted env's arrays are never "
+                    f"{dtype.name}: make the spec say {dtype.name.replace('64', '32')}")
         raise CompileError(f"{name} returned observations {got}, but {spec.id}'s spec ({type(spec).__name__}) says "
-                           f"{want} for each environment", hint="an observation is one array per environment: "
-                           "concatenate the parts (jnp.concatenate of each flattened, along the last axis) and give "
-                           "the spec that shape" if parts else f"msrl runs JAX in 32 bits (jax_enable_x64 is refused), "
-                           f"so a jitted env's arrays are never {dtype.name}: make the spec say "
-                           f"{dtype.name.replace('64', '32')}" if wide else "return what the spec "
-                           "says, or make the spec say what the env returns")
+                           f"{want} for each environment", hint=hint)
     if method == "transition":
         for what, x in (("rewards", out.reward), ("terminated flags", out.terminated),
                         ("truncated flags", out.truncated)):
@@ -747,14 +747,18 @@ class Program:
 
         return {k: jax.tree.map(at, v, big[k]) if k in big else v for k, v in self.shapes.items()}
 
+    def _set_to_jax(self) -> list[str]:
+        """The policy's role placements (``actor_backend``, ...) set to jax: what put a role there."""
+        fields = type(self.policy).model_fields
+        return [k for k in fields if k.endswith("_backend") and getattr(self.policy, k) == "jax"]
+
     def _lower(self, spec: FragmentSpec) -> Fragment:
         stmts = self._project(self.stmts, spec.name)
         keys, derive = self._state_keys(stmts)
         returns = any(s.kind == "return" for s in stmts)
         host = frozenset(c for c in keys if getattr(self.components.get(c), "jittable", True) is False)
         if host and spec.backend == "jax":
-            placed = [k for k in type(self.policy).model_fields if k.endswith("_backend")
-                      and getattr(self.policy, k) == "jax" and getattr(self.policy, "backend", "jax") != "jax"]
+            placed = self._set_to_jax() if getattr(self.policy, "backend", "jax") != "jax" else []
             raise CompileError(
                 f"environment {self.env.spec.id!r} runs on the host (numpy), but policy {self.policy.name!r} "
                 f"places it in fragment {spec.name!r} on the jax backend, which jits it",
@@ -767,8 +771,7 @@ class Program:
         mode = "python" if not spec.jit else "host" if on_host else "scan"
         per_step = [s for s in walk(stmts) if s.kind == "loop" and any(b.kind in ("send", "recv") for b in walk(s.body))]
         if spec.backend == "jax" and per_step:
-            placed = next((k for k in type(self.policy).model_fields if k.endswith("_backend")
-                           and getattr(self.policy, k) == "jax"), "backend")
+            placed = next(iter(self._set_to_jax()), "backend")
             raise CompileError(f"policy {self.policy.name!r} places fragment {spec.name!r} on the jax backend "
                                f"(policy.{placed}=jax), but it communicates inside this loop", per_step[0].file,
                                per_step[0].line, "a role on jax runs as one jitted program between receiving and "
