@@ -33,7 +33,8 @@ class A2CConfig(msrl.AlgorithmConfig):
     anneal_lr: bool = Field(False, description="decay the learning rate linearly to 0 over the run")
     optimizer: Literal["adam", "rmsprop"] = Field("adam", description="adam, or rmsprop (A3C's and IMPALA's papers)")
     rms_decay: float = Field(0.99, gt=0, lt=1, description="rmsprop's squared-gradient decay")
-    opt_eps: float = Field(1e-5, gt=0, description="adam's / rmsprop's epsilon")
+    opt_eps: float = Field(1e-5, gt=0, description="adam's epsilon (g / (sqrt(v) + eps)); rmsprop's "
+                          "(g / sqrt(v + eps), inside the root as in TensorFlow, not outside as in PyTorch)")
     normalize_advantage: bool = Field(False, description="standardize the advantages of each batch")
     ent_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus in the loss")
     vf_coef: float = Field(0.5, ge=0, description="weight of the value loss in the loss")

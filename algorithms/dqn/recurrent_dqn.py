@@ -12,7 +12,7 @@ priority mixes the max and the mean of its absolute TD errors (R2D2's eta = 0.9)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -33,6 +33,9 @@ class RecurrentDQNConfig(DQNConfig):
     burn_in: int = Field(4, ge=0, le=msrl.INT32_MAX, description="first steps of a window that only warm up the "
                          "hidden state (no loss)")
     priority_eta: float = Field(0.9, ge=0, le=1, description="a window's priority: eta max|td| + (1 - eta) mean|td|")
+    hidden: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [64, 64], min_length=1,
+                                                      description="the embedding's width (before the GRU), then the "
+                                                      "Q head's layers")
 
     def inert(self) -> dict[str, str]:
         return {**super().inert(), **({} if self.prioritized else {"priority_eta": "algorithm.prioritized=true"})}
