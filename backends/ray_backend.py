@@ -418,9 +418,13 @@ class RayRuntime(ReplicaRuntime):
                       if c.op == "gather" else replica) for c in comms if c.src_fragment == name}
         resume_at = min(ray.get([self.workers[r].call.remote("received_through", key)
                                  for r in receivers])) + 1
+        ran = (f"iteration {self.iteration}" if resume_at == self.iteration + 1 else
+               f"iterations {self.iteration}-{resume_at - 1}")
+        lost = (f" (its episodes of {ran} were never reported: the metrics leave them out)"
+                if resume_at > self.iteration else "")
         print(f"msrl: note: fragment {name!r} replica {replica}'s process died; Ray restarted it (restart "
               f"{self.restarts.get(key, 0)} of policy.max_actor_restarts={self.policy.max_actor_restarts}), and it "
-              f"rejoins at iteration {resume_at}", file=sys.stderr, flush=True)
+              f"rejoins at iteration {resume_at}{lost}", file=sys.stderr, flush=True)
         params = next(((self.workers[(c.src_fragment, 0)], c.id) for c in comms
                        if c.dst_fragment == name and c.var == "@params"), None)
         return self.workers[key].resume.remote(self.workers, self.hosts, resume_at, params, target - resume_at)

@@ -296,7 +296,8 @@ def test_a_killed_actor_rejoins_a_run_whose_actors_act_one_update_behind(capsys)
         rows += session.run(4)
         assert session.runtime.restarts == {("actor", 1): 1}
         assert re.search(r"msrl: note: fragment 'actor' replica 1's process died; Ray restarted it \(restart 1 of "
-                         r"policy.max_actor_restarts=3\), and it rejoins at iteration [34]\n", capsys.readouterr().err)
+                         r"policy.max_actor_restarts=3\), and it rejoins at iteration (3|4 \(its episodes of "
+                         r"iteration 3 were never reported: the metrics leave them out\))\n", capsys.readouterr().err)
         assert [r["policy_lag"] for r in rows] == [0] + [1] * 6 and all(np.isfinite(r["loss"]) for r in rows)
         episodes = [r["episodes"] for r in rows]  # the restarted actor's envs count from 0: its episodes before are
         assert episodes == sorted(episodes) and episodes[2] > 0  # added (the column dropped for good)
