@@ -7,6 +7,7 @@ import inspect
 import numbers
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,7 @@ class TrainedPolicy:
         self._initial_carry, self._step = greedy_policy(self.algorithm.actor)
         self._env_actions = env_actions(self.env)
         self._carry, self._n = None, None  # the hidden state, and the number of environments it is for
+        self._warned = False  # (once: act without done on a recurrent policy)
 
     def reset(self) -> None:
         """Forget a recurrent policy's hidden state: the next ``act`` starts every episode afresh."""
@@ -308,6 +310,11 @@ class TrainedPolicy:
                              f"{n}; call reset() first to start {n} afresh (to go on, keep the batch and pass "
                              "done where an episode ended)")
         fresh = self._n != n
+        if self.recurrent and not fresh and done is None and not self._warned:
+            self._warned = True
+            warnings.warn("act: this recurrent policy carries its hidden state on from the last call, across "
+                          "episode ends too: pass done (where obs starts a new episode: the previous step's done) "
+                          "or call reset() between episodes", stacklevel=2)
         if fresh:
             self._carry, self._n = self._initial_carry(n), n
         if single and done is not None and np.shape(done) == ():  # one observation's done

@@ -6,6 +6,7 @@ and the compile error for handing episode starts to an actor that keeps no state
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import jax
@@ -237,7 +238,9 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys, monkeypatch):
     policy = msrl.load(run)
     assert policy.recurrent
     obs = np.zeros((2, 4), np.float32)
-    a = [policy.act(obs + 0.1 * i) for i in range(3)]
+    with pytest.warns(UserWarning, match=r"^act: this recurrent policy carries its hidden state on from the last "
+                                         r"call, across episode ends too: pass done"):  # (once: it carried silently)
+        a = [policy.act(obs + 0.1 * i) for i in range(3)]
     policy.reset()
     assert all(np.array_equal(x, policy.act(obs + 0.1 * i)) for i, x in enumerate(a))  # a reset starts afresh
     carried = np.asarray(policy._carry)
@@ -268,6 +271,11 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys, monkeypatch):
     policy.reset()
     assert all(np.array_equal(x, policy.act(many * i)) for i, x in enumerate(whole))
     np.testing.assert_array_equal(np.asarray(policy._carry), carry)
+    told = msrl.load(run)
+    with warnings.catch_warnings():  # a policy told where episodes start warns of nothing
+        warnings.simplefilter("error")
+        for i in range(3):
+            told.act(obs, done=np.full(2, i == 0))
 
 
 def test_load_carries_a_hidden_state_that_is_a_pair(tmp_path):
