@@ -19,8 +19,9 @@ It is not ``pool.reset(env_id)``: with Atari's ``episodic_life`` EnvPool's auto-
 with the same game (4 lives left), while ``reset`` starts a new game. tests/test_envpool.py checks the adapter
 against a raw pool (CartPole, Pendulum, Breakout with ``episodic_life``), bitwise.
 
-Termination and truncation stay apart: ``terminated &= ~truncated`` (an episode cut by EnvPool's
-``max_episode_steps`` is bootstrapped, even if it also ended), as for ``gymnasium:`` envs.
+Termination and truncation stay apart: an episode cut by EnvPool's ``max_episode_steps`` is truncated and
+bootstrapped. One that also ended naturally on that step is truncated too, unlike a ``gymnasium:`` env's (there
+terminal wins): EnvPool's Gymnasium API returns ``terminated = done & ~trunc``, so the terminal flag is lost.
 
 Observations: float spaces are float32; Atari frames stay ``uint8`` ``[stack, 84, 84]`` (scale them in the
 network). ``env.kwargs`` go to ``envpool.make`` (``num_threads``, ``max_episode_steps``, Atari's ``episodic_life``,
@@ -207,7 +208,7 @@ class EnvPoolEnv(Environment):
         final = final.astype(self.spec.obs_dtype, copy=False)
         reward = np.asarray(reward, np.float32)
         truncated = np.asarray(truncated, np.bool_)
-        terminated = np.asarray(terminated, np.bool_) & ~truncated  # cut by a time limit: bootstrap
+        terminated = np.asarray(terminated, np.bool_) & ~truncated  # (EnvPool's already: see the docstring)
         done = terminated | truncated
         obs = final
         if done.any():  # msrl resets in the same step (gymnax's contract); EnvPool would on the next one
@@ -447,7 +448,7 @@ class EnvPoolXlaEnv(EnvPoolEnv):
             handle = jax.lax.fori_loop(0, n, send_one, state.handle)
             handle, final, reward, terminated, truncated, score, game_over = jax.lax.fori_loop(
                 0, n, recv_one, (handle, jnp.zeros_like(state.obs), zeros_f, zeros_b, zeros_b, zeros_f, zeros_b))
-            terminated = terminated & ~truncated  # cut by a time limit: bootstrap (as on the host)
+            terminated = terminated & ~truncated  # (as on the host)
             done = terminated | truncated
             game_end = (game_over | truncated) if self._atari else done
 
