@@ -63,6 +63,14 @@ class SumLearner(msrl.Learner):
         return {"w": state["w"]}
 
 
+class PlainNumbersLearner(SumLearner):
+    """Metrics that hold plain Python numbers beside arrays (a count, a flag, a constant)."""
+
+    def learn(self, state, batch, **extra):
+        state, metrics = super().learn(state, batch, **extra)
+        return state, {**metrics, "inner": 2, "on": True, "hint": 0.5}
+
+
 class Base(msrl.Algorithm):
     def __init__(self, steps: int = 3, flag: bool = True):
         super().__init__(SimpleNamespace(steps=steps, flag=flag, inner=2), None)
@@ -84,6 +92,25 @@ class Simple(Base):
             msrl.buffer_insert(Item(obs, out.action, reward, done))
             obs = next_obs
         return msrl.agent_learn(msrl.buffer_get())
+
+
+class LearnsInALoop(Base):
+    """``agent_learn`` inside a loop, its metrics first assigned there and holding plain Python numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.learner = PlainNumbersLearner()
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+        batch = msrl.buffer_get()
+        for _ in range(self.cfg.inner):
+            metrics = msrl.agent_learn(batch)
+        return metrics
 
 
 class FillsInAFunctionOfItsOwn(Base):

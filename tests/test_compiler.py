@@ -107,6 +107,15 @@ def test_nested_loops_statements_unpacking_static_if(env):
     assert "bonus=total" in src
 
 
+def test_metrics_of_plain_python_numbers_first_assigned_in_a_loop(env):
+    """The carry of a value first assigned in a scanned loop starts from zeros of its shape: a plain Python
+    number's too (it was an AttributeError, 'bool' object has no attribute 'shape', under fused only)."""
+    prog, jit_state, rows, eager_state, results = fused_vs_eager(loops.LearnsInALoop, env)
+    assert_trees_close(jit_state, eager_state)
+    assert {k: rows[-1][k] for k in ("inner", "on", "hint")} == {"inner": 2.0, "on": 1.0, "hint": 0.5}
+    assert rows[-1]["w"] == pytest.approx(float(results[-1]["w"]))
+
+
 def test_a_function_defined_in_a_scanned_loop_may_fill_its_own_list(env):
     prog, jit_state, rows, eager_state, results = fused_vs_eager(loops.FillsInAFunctionOfItsOwn, env)
     assert rows[-1]["total"] == pytest.approx(float(results[-1]["total"]))

@@ -780,7 +780,7 @@ class Program:
         lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, shapes, host)
         ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
               "_msrl_jit": jax.jit, "_msrl_stack": lambda items: jax.tree.map(lambda *xs: np.stack(xs), *items),
-              "_msrl_zeros": lambda name: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros[name]),
+              "_msrl_zeros": lambda name: jax.tree.map(lambda s: jnp.zeros_like(s), zeros[name]),  # (a Python number too)
               **{f"_c_{c}": self.components[c] for c in keys if c != "params"}}
         if derive:
             ns["_c_learner"] = self.components["learner"]
