@@ -263,7 +263,7 @@ def test_a_python_if_on_the_index_of_a_scanned_loop_says_why_at_its_line(policy)
 
     split = {"fused": Fused(), "coarse": SingleLearnerCoarse(actors=2), "fine": SingleLearnerFine(actors=2)}[policy]
     program = msrl.compile(loops.IndexIf(), split, make_env("gymnax:CartPole-v1"), 4)
-    with pytest.raises(msrl.CompileError, match=r"TracerBoolConversionError .*\n  hint: a Python `if`.* `i` is: "
+    with pytest.raises(msrl.CompileError, match=r"TracerBoolConversionError .*\n  hint: a Python `if`.* `i` too: "
                                                 r"the loop runs as lax.scan\): select with jnp.where") as info, \
             msrl.Session(program=program, seed=0) as session:
         session.run(1)

@@ -329,8 +329,9 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
                 "array (a metric's array is logged as a number; x.astype(jnp.float32) converts its dtype)")
     elif isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
         hint = ("a Python `if`, `and`/`or`, `x if c else y` or `int(x)` needs a value known at compile time; this one "
-                "is computed when the program runs (inside `for i in range(N)` over API calls, `i` is: the loop "
-                "runs as lax.scan): select with jnp.where, or write the special iteration out before the loop")
+                "is computed when the program runs (what an API call returns and what is made from it; inside `for "
+                "i in range(N)` over API calls, `i` too: the loop runs as lax.scan): select with jnp.where, or write "
+                "a loop's special iteration out before the loop")
     if inner is not None and inner[:2] != (file, line):
         at = f"{file.rsplit('/', 1)[-1]}:{line}"
         raise CompileError(f"{type(exc).__name__} in {inner[2]}() while {doing} `{source}` ({at}): {first}",
