@@ -1021,7 +1021,8 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
                             f"stopped{_last_good(run_dir)}. " + (
                                 f"Lower {lr} or check the environment's rewards." if env_checked else
                                 f"Check environment {env_id}'s observations and rewards (it does not count "
-                                f"non-finite ones: its stats() has no 'nonfinite'), or lower {lr}."))
+                                f"non-finite ones: its stats() has no 'nonfinite'), or lower {lr}.") +
+                            " (A metric the loop sets to NaN on purpose stops the run too: log a finite value.)")
 
 
 def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict,

@@ -158,7 +158,8 @@ def test_a_nan_metric_from_an_env_that_counts_no_nans_names_the_env_to_check(tmp
     telling to change the policy, at iteration 3."""
     with pytest.raises(msrl.TrainingError, match=r"metric '.*' is nan \(non-finite\); training stopped.*Check "
                                                  r"environment uncounted:CartPole-v1's observations and rewards.*, "
-                                                 r"or lower algorithm\.lr\.$"):
+                                                 r"or lower algorithm\.lr\. \(A metric the loop sets to NaN on "
+                                                 r"purpose stops the run too: log a finite value\.\)$"):
         train(EXAMPLES / example, [*QUIET, "env.id=uncounted:CartPole-v1", "run.total_env_steps=20480",
                                                "run.iterations_per_dispatch=1"], run_dir=tmp_path)
 
@@ -171,7 +172,8 @@ def test_a_nan_metric_names_the_algorithms_own_learning_rate_keys(tmp_path):
     cfg = load_config(EXAMPLES / "sac_pendulum.yaml")
     with pytest.raises(msrl.TrainingError, match=r"^iteration 2: metric 'actor_loss' is nan \(non-finite\); training "
                                                  r"stopped.*Lower algorithm\.actor_lr / algorithm\.critic_lr / "
-                                                 r"algorithm\.alpha_lr or check the environment's rewards\.$"):
+                                                 r"algorithm\.alpha_lr or check the environment's rewards\. \(A "
+                                                 r"metric the loop sets to NaN on purpose"):
         _check_finite({"env_nonfinite": 0, "actor_loss": float("nan")}, 2, cfg, 200, tmp_path)
 
 
