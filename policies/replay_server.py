@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import msrl
 
@@ -25,12 +25,19 @@ class ReplayServer(msrl.DistributedPolicy):
     backend: Literal["threads", "ray"] = Field("threads", description="where the roles run: threads of this process, "
                                                "or Ray actors")
     actors: int = Field(2, gt=0, le=4096, description="actor replicas (env + act)")
-    shards: int = Field(2, gt=0, le=4096, description="replay-buffer replicas; actors must be a multiple (1 "
-                        "gives fused's numbers; several draw the batch shard by shard: different by design)")
+    shards: int = Field(2, gt=0, le=4096, description="replay-buffer replicas (default 2; 1 where policy.actors is "
+                        "odd); actors must be a multiple (1 gives fused's numbers; several draw the batch shard by "
+                        "shard: different by design)")
     envs_per_actor: int | None = Field(None, gt=0, le=msrl.INT32_MAX,
                                        description="environments per actor (default: env.num_envs / actors)")
     param_sync_every: int = Field(1, gt=0, le=msrl.INT32_MAX,
                                   description="iterations between the actors' parameter pulls")
+
+    @model_validator(mode="after")
+    def _one_shard_for_odd_actors(self) -> ReplayServer:
+        if "shards" not in self.model_fields_set and self.actors % 2:  # (2 cannot take them evenly)
+            self.shards = 1
+        return self
 
     def total_envs(self, num_envs: int) -> int:
         return self.shard_envs(num_envs, "actors", "envs_per_actor")

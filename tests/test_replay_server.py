@@ -281,3 +281,15 @@ def test_a_buffer_of_yours_with_shards_is_split_like_msrls_own():
     assert max_diff(params["conf_sac"], params["test_own_split_sac"]) == 0
     assert max_diff(params["initial"], params["test_own_split_sac"]) > 1e-4  # (it sampled and learned)
 
+
+
+def test_one_or_an_odd_number_of_actors_gets_one_shard_unless_told():
+    """Two shards (the default) cannot take one actor's transitions: a run of one actor failed on a key the user
+    never set. The default is 1 shard where policy.actors is odd; a shard count one sets is kept (and checked)."""
+    shards = {actors: load_config(DQN, ["policy.name=replay_server", f"policy.actors={actors}",
+                                        "env.num_envs=12"]).policy.shards for actors in (1, 2, 3, 4)}
+    assert shards == {1: 1, 2: 2, 3: 1, 4: 2}
+    cfg = load_config(DQN, ["policy.name=replay_server", "policy.actors=3", "policy.shards=2", "env.num_envs=12"])
+    with pytest.raises(ConfigError, match=r"^policy\.shards: 2 shards cannot take the transitions of "
+                                          r"policy\.actors=3 actors evenly"):
+        cfg.policy.fragments()
