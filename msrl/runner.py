@@ -144,6 +144,7 @@ class _Table:
                       f"removed); the rows go on from iteration {resume_at + 1}", file=sys.stderr, flush=True)
         self.csv_file = open(path, "a" if resume_at is not None else "w", newline="")
         self.writer: csv.DictWriter | None = None
+        self.kept = kept  # (until the first row: a resumed run whose code logs new metrics rewrites the header)
         if kept:
             self.writer = csv.DictWriter(self.csv_file, fieldnames=list(kept[0]), extrasaction="ignore")
         self.tb = None
@@ -177,6 +178,17 @@ class _Table:
 
     def log(self, row: dict[str, float]) -> dict[str, float]:
         """Write ``row``; returns its finite scalars under their TensorBoard tags."""
+        new = [k for k in row if self.kept and k not in self.kept[0]]
+        if new:  # a resumed run logs metrics its rows before lack (msrl or the algorithm changed): add columns
+            path = Path(self.csv_file.name)
+            self.csv_file.close()
+            columns = [*self.kept[0], *new]
+            rewrite_csv(path, self.kept, columns)
+            print(f"msrl: note: {path} gains the column{'s' * (len(new) > 1)} {', '.join(new)} (the rows before the "
+                  "resumed checkpoint leave them empty)", file=sys.stderr, flush=True)
+            self.csv_file = open(path, "a", newline="")
+            self.writer = csv.DictWriter(self.csv_file, fieldnames=columns, extrasaction="ignore")
+        self.kept = []
         if self.writer is None:
             self.writer = csv.DictWriter(self.csv_file, extrasaction="ignore",
                                          fieldnames=[*FIRST_COLUMNS, *(k for k in row if k not in FIRST_COLUMNS)])
@@ -282,14 +294,14 @@ class _Logger:
                 self.wandb.finish()
 
 
-def rewrite_csv(path: Path, rows: list[dict]) -> None:
-    """Replace a CSV file by ``rows`` (header from the first) atomically: a kill at any moment leaves either
-    the old file or the new one (a resumed run then appends to it)."""
+def rewrite_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    """Replace a CSV file by ``rows`` (header ``columns``, else the first row's keys) atomically: a kill at any
+    moment leaves either the old file or the new one (a resumed run then appends to it)."""
     import io
 
     text = io.StringIO()
     if rows:
-        writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\r\n")
+        writer = csv.DictWriter(text, fieldnames=columns or list(rows[0]), lineterminator="\r\n")
         writer.writeheader()
         writer.writerows(rows)
     checkpoint.write_atomic(path, text.getvalue().encode())

@@ -88,6 +88,29 @@ def test_a_resume_says_which_rows_a_cut_metrics_file_lost_and_drops_a_half_writt
         assert [int(r["iteration"]) for r in csv.DictReader(f)] == [1, 2, 3, 9, 10]
 
 
+def test_a_resumed_run_that_logs_a_new_metric_adds_its_column(tmp_path, capsys):
+    """A run written by an older msrl (or algorithm) that did not log a metric: resumed, the new metric was
+    dropped from metrics.csv without a word (the header was the old one)."""
+    assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(tmp_path)]) == 0
+    metrics = tmp_path / "metrics.csv"
+    with open(metrics, newline="") as f:
+        rows = list(csv.DictReader(f))
+    old = [{k: v for k, v in r.items() if k != "entropy"} for r in rows]  # as a version without it wrote them
+    with open(metrics, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(old[0]))
+        writer.writeheader()
+        writer.writerows(old)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path), "run.total_env_steps=5120"]) == 0
+    assert f"note: {metrics} gains the column entropy (the rows before the resumed checkpoint leave them empty)" \
+        in capsys.readouterr().err
+    with open(metrics, newline="") as f:
+        after = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in after] == list(range(1, 11))
+    assert [r["entropy"] == "" for r in after] == [True] * 8 + [False] * 2
+    assert all(float(r["entropy"]) > 0 for r in after[8:])
+
+
 def test_resume_with_the_run_dir_alone(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(run)]) == 0
