@@ -178,6 +178,48 @@ def test_a_users_subclass_of_an_adapter_that_overrides_step_is_checked_again():
     msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), make_env("gymnax:CartPole-v1"), 4)
 
 
+class Wrapped(msrl.Environment):
+    """A user's wrapper around msrl's gymnax adapter: its rewards scaled, or with the max over environments."""
+
+    def __init__(self, mix: bool = False):
+        self.env, self.mix = make_env("gymnax:CartPole-v1"), mix
+        self.spec = self.env.spec
+
+    def init(self, key, env_ids):
+        return self.env.init(key, env_ids)
+
+    def observe(self, state):
+        return self.env.observe(state)
+
+    def reset(self, state):
+        return self.env.reset(state)
+
+    def starts(self, state):
+        return self.env.starts(state)
+
+    def stats(self, state):
+        return self.env.stats(state)
+
+    def step(self, state, action):
+        state, out = self.env.step(state, action)
+        reward = out.reward + jax.numpy.abs(out.obs[:, 0]).max() if self.mix else 0.5 * out.reward
+        return state, msrl.EnvStep(out.obs, reward, out.terminated, out.truncated, out.final_obs)
+
+
+def test_a_users_wrapper_of_an_adapter_is_checked_by_its_own_code_alone():
+    """The adapter it wraps is taken on msrl's word (its own `done.any()` cond made every wrapper 'reduce over the
+    environment axis', the wrapper named for it); the wrapper's own code is still checked."""
+    from msrl.policies.fused import Fused
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    fused, coarse = (_final_w(loops.Simple(), p, Wrapped()) for p in (Fused(), SingleLearnerCoarse(actors=2)))
+    assert fused == coarse and fused != 0.0
+    with pytest.raises(msrl.CompileError, match=r"Wrapped.step\(\) \(.*test_threads.py:\d+\), called here, reduces "
+                                                r"over the environment axis"):
+        msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), Wrapped(mix=True), 4)
+    assert "step" not in vars(Wrapped().env)  # (the trust lasts the check only)
+
+
 def test_a_users_jitted_env_that_keeps_to_its_rows_runs_on_actors_as_under_fused():
     from msrl.policies.fused import Fused
     from msrl.policies.single_learner import SingleLearnerCoarse

@@ -491,6 +491,10 @@ class Program:
                 f"compute {what} on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
 
     def _check_rows(self) -> None:
+        with rows.trusting(self.components["env"]):  # (the adapters a user's env wraps: on msrl's word)
+            self._check_each_row()
+
+    def _check_each_row(self) -> None:
         """A replica holding a share of the environments runs the loop's statements on that share. Each must
         compute every environment's row from that environment alone (:mod:`msrl.compiler.rows`: traced at the N
         environments of the loop and at the replica's share), and a number a replica hands across a cut must not

@@ -15,14 +15,16 @@ as mixing (the policy then refuses the loop; it never runs it differently)."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 from jax.extend import core
 
 from msrl.compiler.ir import Stmt, is_state
+from msrl.components import ENV_METHODS, Environment, vouched_rowwise
 
 _REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
            "argmax", "argmin"}
@@ -40,6 +42,7 @@ _LINALG = {"cholesky", "triangular_solve", "lu", "qr", "eigh", "eig", "svd", "ho
            "tridiagonal", "tridiagonal_solve"}  # on the last two axes, batched over the leading ones
 _CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")  # where calls (jit, custom_jvp/vjp, checkpoint) keep their body
 
+VOUCHED = "_msrl_vouched_rowwise"  # a call of a method of an env msrl vouches for (see trusting)
 COUNT = "uses a number that depends on how many environments a replica holds"
 SHAPE = "computes differently for different numbers of environments"
 
@@ -140,6 +143,11 @@ def _eqn(e1: core.JaxprEqn, e2: core.JaxprEqn, ins: list[str | None]) -> list[st
             outs += _call(j1, j2, ins[i:i + k] + b) if j1 is not None else []
             i += k
         return [next((r for r in outs if r), None)] * n
+    if p1.get("name") == VOUCHED:  # each environment's row from its own, on the leading axis
+        moved = any(_dims(tuple(a.aval.shape), tuple(b.aval.shape)) not in (frozenset(), frozenset({0}))
+                    for a, b in zip(e1.invars, e2.invars))
+        return ["hands a wrapped environment arrays whose environment axis is not the first"] * n if moved else \
+            [None] * n
     body = next((k for k in _CALLS if k in p1), None)
     if body is not None:
         return _call(p1[body], p2[body], ins)
@@ -255,6 +263,52 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
             s == () or len(s) == len(out) and all(m in (n, 1) for m, n in zip(s, out)) for s in shape_in):
         return None  # an operand of size 1 along an axis is broadcast
     return f"uses `{name}` on an environment axis, which msrl cannot tell computes each environment's row alone"
+
+
+def _vouched_call(method: Callable) -> Callable:
+    """``method`` traced as one call named :data:`VOUCHED` (its array arguments traced, the rest as given)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        traced = [isinstance(x, jax.Array) for x in leaves]
+
+        def body(*xs: Any) -> Any:
+            it = iter(xs)
+            a, k = jax.tree.unflatten(tree, [next(it) if t else x for x, t in zip(leaves, traced)])
+            return method(*a, **k)
+
+        body.__name__ = VOUCHED
+        return jax.jit(body)(*[x for x, t in zip(leaves, traced) if t])
+
+    return call
+
+
+@contextlib.contextmanager
+def trusting(env: Any) -> Iterator[None]:
+    """While a user's ``env`` is checked, the envs it wraps (its attributes, and theirs) that msrl vouches for
+    (:func:`vouched_rowwise`: its adapters) are taken on trust: their methods are traced as single calls the walk
+    does not enter, so a wrapper's own code is checked and an adapter's (a ``done.any()`` cond) is not."""
+    patched: list[tuple[Any, str]] = []
+
+    def visit(obj: Any, seen: set[int]) -> None:
+        for value in list(vars(obj).values()):
+            if not isinstance(value, Environment) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            if not vouched_rowwise(value):
+                visit(value, seen)
+                continue
+            for m in ENV_METHODS:
+                if m not in vars(value) and callable(getattr(value, m, None)):
+                    setattr(value, m, _vouched_call(getattr(value, m)))
+                    patched.append((value, m))
+
+    if isinstance(env, Environment):
+        visit(env, {id(env)})
+    try:
+        yield
+    finally:
+        for value, m in patched:
+            delattr(value, m)
 
 
 def _function(s: Stmt, names: list[str], namespace: dict[str, Any], method: bool) -> Callable:
