@@ -366,3 +366,24 @@ def test_envpool_atari_logs_whole_games_while_the_learner_sees_lives():
     stats = env.stats(state)
     assert stats["episodes"] >= 2 and lives_lost >= 3 * stats["episodes"], (stats, lives_lost)
     assert stats["return_sum"] >= 0 and stats["length_sum"] > 100 * stats["finished"]
+
+
+def test_a_users_env_over_an_xla_pool_is_refused_where_replicas_hold_a_share_unless_it_vouches():
+    """Its simulators are on the host: the row check cannot trace it, and it was skipped (a wrapper drawing noise
+    from one key for all environments trained differently under coarse than under fused, without a word)."""
+    import loops
+    from msrl.envs.envpool_env import EnvPoolXlaEnv
+    from msrl.policies.single_learner import SingleLearnerCoarse
+
+    class Noisy(EnvPoolXlaEnv):
+        def observe(self, state):
+            state, obs = super().observe(state)
+            return state, obs + 0.01 * jax.random.normal(jax.random.PRNGKey(0), obs.shape)  # one key for all
+
+    with pytest.raises(msrl.CompileError, match=r"steps each of its 2 'actor' replicas' share of the 4 environments "
+                                                r"alone, but Noisy \(.*test_envpool.py:\d+\) holds simulators of the "
+                                                r"host") as info:
+        msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), Noisy("CartPole-v1"), 4)
+    assert "set the env's `rowwise = True` if it does" in info.value.hint
+    msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), make_env("envpool:CartPole-v1", xla=True), 4)
+    msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=1), Noisy("CartPole-v1"), 4)  # one actor holds all

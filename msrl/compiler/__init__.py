@@ -491,10 +491,6 @@ class Program:
                 f"compute {what} on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
 
     def _check_rows(self) -> None:
-        with rows.trusting(self.components["env"]):  # (the adapters a user's env wraps: on msrl's word)
-            self._check_each_row()
-
-    def _check_each_row(self) -> None:
         """A replica holding a share of the environments runs the loop's statements on that share. Each must
         compute every environment's row from that environment alone (:mod:`msrl.compiler.rows`: traced at the N
         environments of the loop and at the replica's share), and a number a replica hands across a cut must not
@@ -510,6 +506,17 @@ class Program:
         namespace = {**self.namespace, "self": self.algorithm, "_c_actor": actor, "_c_env": env}
         acting = [s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in share and s.kind == "api"
                   and s.api.component in checked]
+        stepping = next((s for s in leaves(self.stmts) if self.plan.assign.get(s.id) in share and s.kind == "api"
+                         and s.api.component == "env"), None)
+        if stepping is not None and env.jittable and env.host_simulator and not vouched_rowwise(env):
+            frag, (file, line) = self.plan.assign[stepping.id], defined_at(type(env))
+            raise CompileError(
+                f"policy {self.policy.name!r} steps each of its {frags[frag].replicas} {frag!r} replicas' share of "
+                f"the {self.num_envs} environments alone, but {type(env).__name__}{f' ({file}:{line})' * bool(file)} holds "
+                "simulators of the host (an EnvPool env.xla pool), so msrl cannot check that it computes each "
+                "environment's numbers from that environment alone", stepping.file, stepping.line,
+                "set the env's `rowwise = True` if it does (no mean or key shared over environments), or use "
+                "policy.name=fused")
 
         def judge(n: int, at_n: Callable[[int], str | None]) -> str | None:
             """Why a replica's ``n`` environments may compute other rows than the loop's N. For one environment,
@@ -525,7 +532,8 @@ class Program:
             comp, n = self.components[s.api.component], share[self.plan.assign[s.id]]  # its state, as a replica
             ids = {k: [jax.random.PRNGKey(0), jax.ShapeDtypeStruct((k,), jnp.int32)]  # starts it
                    for k in (n, self.num_envs, 2 * self.num_envs)}
-            why = judge(n, lambda k, comp=comp: rows.mixing_fn(comp.init, ids[self.num_envs], ids[k]))
+            with rows.trusting(comp):  # (the adapters a user's env wraps: on msrl's word)
+                why = judge(n, lambda k, comp=comp: rows.mixing_fn(comp.init, ids[self.num_envs], ids[k]))
             if why:
                 raise CompileError(
                     f"policy {self.policy.name!r} initializes the {s.api.component} on each of its "
@@ -543,8 +551,9 @@ class Program:
             if not why and s in acting:  # its arguments pass: the actor's or env's own method, with its state
                 comp = self.components[s.api.component]
                 what = f"{method_name(comp, _written(s.api.method))}, called here,"
-                why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace,
-                                                     method=True))
+                with rows.trusting(comp):
+                    why = judge(n, lambda k: rows.mixing(s, small[s.id], self._inputs[k].get(s.id, {}), namespace,
+                                                         method=True))
                 if why and comp is env:
                     raise CompileError(
                         f"policy {self.policy.name!r} steps each of its {frags[frag].replicas} {frag!r} replicas' "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 import math
 from typing import Any, Callable, Iterator
 
@@ -265,9 +266,15 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
     return f"uses `{name}` on an environment axis, which msrl cannot tell computes each environment's row alone"
 
 
+_TRUSTING: contextvars.ContextVar[bool] = contextvars.ContextVar("msrl_row_check_trusting", default=False)
+
+
 def _vouched_call(method: Callable) -> Callable:
-    """``method`` traced as one call named :data:`VOUCHED` (its array arguments traced, the rest as given)."""
+    """``method`` traced as one call named :data:`VOUCHED` (its array arguments traced, the rest as given) while
+    :func:`trusting` runs; ``method`` itself elsewhere (a copy of the env made meanwhile keeps this)."""
     def call(*args: Any, **kwargs: Any) -> Any:
+        if not _TRUSTING.get():
+            return method(*args, **kwargs)
         leaves, tree = jax.tree.flatten((args, kwargs))
         traced = [isinstance(x, jax.Array) for x in leaves]
 
@@ -302,11 +309,13 @@ def trusting(env: Any) -> Iterator[None]:
                     setattr(value, m, _vouched_call(getattr(value, m)))
                     patched.append((value, m))
 
-    if isinstance(env, Environment):
+    if isinstance(env, Environment) and env.jittable and not vouched_rowwise(env):
         visit(env, {id(env)})
+    token = _TRUSTING.set(True)
     try:
         yield
     finally:
+        _TRUSTING.reset(token)
         for value, m in patched:
             delattr(value, m)
 

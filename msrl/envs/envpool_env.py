@@ -384,6 +384,7 @@ class EnvPoolXlaEnv(EnvPoolEnv):
 
     jittable = True
     host_simulator = True
+    rowwise = True  # each env its own C++ simulator, seeded from its global index
     busy = None  # its steps run inside the replica's program: the stall watch sees a step that has not finished
 
     def shape_stand_in(self) -> Environment:
