@@ -185,6 +185,9 @@ def test_a_session_takes_what_the_config_says_and_refuses_what_it_cannot_take():
                           ({"seeds": -1}, r"^seeds: Input should be greater than or equal to 1"),
                           ({"stall_timeout_s": "x"}, r"^stall_timeout_s: Input should be a valid number"),
                           ({"sweep": {"lrr": [1e-3, 1e-4]}}, r"^sweep: 'lrr' is no key of algorithm 'ppo'"),
+                          ({"sweep": {"lr": []}}, r"^sweep: 'lr' must be a non-empty list of values, got \[\]$"),
+                          ({"seeds": True}, r"^seeds: a number, got True \(as the config's run.num_seeds\)$"),
+                          ({"seed_batching": "bogus"}, r"^seed_batching: Input should be 'auto', 'vmap' or "),
                           ({"overrides": ["run.seed=7"]}, r"^overrides: give overrides with a config file or dict, not "
                                                           r"with a validated config$")]:
         with pytest.raises(msrl.ConfigError, match=error):

@@ -69,7 +69,7 @@ class Session:
         k = 1 if iterations_per_dispatch is None else iterations_per_dispatch
         if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
             raise ConfigError("iterations_per_dispatch", f"a whole number >= 1 of iterations per call, got {k!r:.100}")
-        run = _run_arguments(seed, seeds, sweep, stall_timeout_s, program)
+        run = _run_arguments(seed, seeds, sweep, stall_timeout_s, seed_batching, program)
         self.program, self.seed, self.seeds, self.iteration = program, run.seed, run.num_seeds, 0
         self.members = members(run)  # what the program runs for: every combination of swept values x every seed
         check_members(program.policy.backend, run, program.env.spec.id)
@@ -233,7 +233,7 @@ class Snapshot(dict):
             Snapshot._registered = True
 
 
-def _run_arguments(seed: Any, seeds: Any, sweep: Any, stall_timeout_s: Any, program: Any) -> Any:
+def _run_arguments(seed: Any, seeds: Any, sweep: Any, stall_timeout_s: Any, seed_batching: Any, program: Any) -> Any:
     """Session's keyword arguments checked as the config's run keys are (they went around them: ``seed=2**32``
     ran seed 0, ``seeds=-1`` ran nothing), as a RunConfig."""
     from pydantic import ValidationError
@@ -241,8 +241,14 @@ def _run_arguments(seed: Any, seeds: Any, sweep: Any, stall_timeout_s: Any, prog
     from msrl.config import SEED_MAX, RunConfig
     from msrl.errors import ConfigError
 
-    given = {"seed": 0 if seed is None else seed, "num_seeds": 1 if seeds is None else seeds, "sweep": sweep or {},
-             **({} if stall_timeout_s is None else {"stall_timeout_s": stall_timeout_s})}
+    given = {"seed": 0 if seed is None else seed, "num_seeds": 1 if seeds is None else seeds,
+             "sweep": {} if sweep is None else sweep,
+             **({} if stall_timeout_s is None else {"stall_timeout_s": stall_timeout_s}),
+             **({} if seed_batching is None else {"seed_batching": seed_batching})}
+    flag = next((k for k, v in given.items() if isinstance(v, bool)), None)
+    if flag is not None:  # (pydantic takes true for 1)
+        raise ConfigError({"num_seeds": "seeds"}.get(flag, flag), f"a number, got {given[flag]!r} (as the config's "
+                          f"run.{flag})")
     given = {k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for k, v in given.items()}
     try:
         run = RunConfig.model_validate(given)
@@ -254,6 +260,9 @@ def _run_arguments(seed: Any, seeds: Any, sweep: Any, stall_timeout_s: Any, prog
     if run.seed + run.num_seeds - 1 > SEED_MAX:
         raise ConfigError("seeds", f"seeds {run.seed:,} .. {run.seed + run.num_seeds - 1:,} pass the largest "
                           f"32-bit seed, {SEED_MAX:,}")
+    empty = next((k for k, v in run.sweep.items() if not isinstance(v, list) or not v), None)
+    if empty is not None:
+        raise ConfigError("sweep", f"{empty!r} must be a non-empty list of values, got {run.sweep[empty]!r:.100}")
     cfg = program.algorithm.cfg  # (a program of one's own may hold any config object)
     unknown = next((k for k in run.sweep if not hasattr(cfg, k)), None)
     if unknown is not None:
