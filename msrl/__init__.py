@@ -43,7 +43,10 @@ __version__ = "0.1.0"
 
 
 def compile(algorithm, policy, env, num_envs):  # noqa: A001 - mirrors the paper's msrl.compile
-    """Compile ``algorithm.train_step`` under ``policy``; returns a :class:`msrl.compiler.Program`."""
+    """Compile ``algorithm.train_step`` under ``policy`` for ``num_envs`` environments of ``env``; returns a
+    :class:`msrl.compiler.Program` (run it with ``msrl.Session(program=...)``). It takes built objects: an
+    algorithm (``PPO(cfg, msrl.Context(...))``, built for ``num_envs``), a policy (``msrl.load_config(...).policy``)
+    and an environment (``msrl.envs.make_env(id)`` or your own); ``msrl.build(config)`` does all of it from a config."""
     from msrl.compiler import compile as _compile
 
     return _compile(algorithm, policy, env, num_envs)
@@ -102,7 +105,7 @@ __all__ = [
     "register_algorithm", "register_backend",
     "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env",
     "in_tiles", "split_keys",
-    "train", "build", "load_config",
+    "train", "build", "load_config", "XLA_CPU_FLAG",
 ]
 
 

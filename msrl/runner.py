@@ -42,7 +42,7 @@ def enable_compile_cache(directory: str | Path) -> None:
 
 
 def build(cfg: ExperimentConfig):
-    """Env, algorithm and compiled program of a config (nothing runs yet)."""
+    """The compiled program of a validated config (its env and algorithm made and compiled; nothing runs yet)."""
     import jax
 
     from msrl.compiler import compile as compile_program

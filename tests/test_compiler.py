@@ -289,6 +289,19 @@ def test_float_of_a_metric_says_to_keep_the_array(env):
 def test_compile_of_an_algorithm_class_says_to_build_it(env):
     with pytest.raises(msrl.CompileError, match=r"takes an algorithm object, not the class Simple: build it first"):
         msrl.compile(loops.Simple, Fused(), env, NUM_ENVS)
+    # a policy or env by name, no environments, another count than the algorithm was built for: said, not raw
+    # AttributeErrors and a ZeroDivisionError, and not compiled for a count its schedules were not sized by
+    for args, error in [(("fused", env, NUM_ENVS), r"^policy: msrl.compile takes a policy object .*got str 'fused'"),
+                        ((Fused(), "gymnax:CartPole-v1", NUM_ENVS), r"^env: msrl.compile takes an environment object"),
+                        ((Fused(), env, 0), r"^num_envs: a whole number >= 1 of environments, got 0$")]:
+        with pytest.raises(msrl.ConfigError, match=error):
+            msrl.compile(loops.Simple(), *args)
+    from msrl.algorithms.ppo import PPO, PPOConfig
+
+    ppo = PPO(PPOConfig(), msrl.Context(env_spec=env.spec, num_envs=4, total_env_steps=4096))
+    with pytest.raises(msrl.ConfigError, match=r"^num_envs: the algorithm was built for 4 environments \(its "
+                                               r"msrl.Context\(num_envs=4\)\), but is compiled for 8"):
+        msrl.compile(ppo, Fused(), env, 8)
 
 def test_a_function_of_a_module_that_calls_the_api_is_named_with_what_to_do(env):
     """Only the algorithm's methods are inlined: a plain function's API calls were invisible (the loop "never

@@ -9,6 +9,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import json
+import numbers
 import os
 import sys
 import threading
@@ -902,4 +903,17 @@ def compile(algorithm: Any, policy: Policy, env: Environment, num_envs: int,  # 
     if isinstance(algorithm, type):
         raise CompileError(f"msrl.compile takes an algorithm object, not the class {algorithm.__name__}: build it "
                            f"first ({algorithm.__name__}(cfg, msrl.Context(...)), or msrl.build(config))")
-    return Program(algorithm, policy, env, num_envs, analysis)
+    if not isinstance(policy, Policy):
+        raise ConfigError("policy", f"msrl.compile takes a policy object (a validated config's: "
+                          f"msrl.load_config(...).policy, or one built from its class), got {type(policy).__name__} "
+                          f"{policy!r:.60}")
+    if not isinstance(env, Environment):
+        raise ConfigError("env", f"msrl.compile takes an environment object (msrl.envs.make_env('gymnax:CartPole-v1'), "
+                          f"or your own msrl.Environment), got {type(env).__name__} {env!r:.60}")
+    if not isinstance(num_envs, numbers.Integral) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ConfigError("num_envs", f"a whole number >= 1 of environments, got {num_envs!r:.60}")
+    told = getattr(getattr(algorithm, "ctx", None), "num_envs", None)
+    if isinstance(told, numbers.Integral) and told != num_envs:  # (its schedules and batch checks are sized by it)
+        raise ConfigError("num_envs", f"the algorithm was built for {told} environments (its msrl.Context("
+                          f"num_envs={told})), but is compiled for {num_envs}: build it with the count it runs")
+    return Program(algorithm, policy, env, int(num_envs), analysis)
