@@ -173,7 +173,8 @@ class UsersEnv(msrl.Environment):
                "done_float": (state["obs"], reward, done.astype(jax.numpy.float32)),
                "four": (state["obs"], reward, done, done),
                "int_done": (state["obs"], reward, done.astype(jax.numpy.int32)),
-               "python_bool": msrl.EnvStep(state["obs"], reward, done, False)}.get(self.mix)
+               "python_bool": msrl.EnvStep(state["obs"], reward, done, False),
+               "final_obs_1": msrl.EnvStep(state["obs"], reward, done, done, obs[:, :1])}.get(self.mix)
         return state, out or msrl.EnvStep(state["obs"], reward, done, jax.numpy.zeros_like(done))
 
     def stats(self, state):

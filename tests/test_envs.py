@@ -327,7 +327,9 @@ def test_ppo_on_brax_ant_gives_fused_parameters_bitwise_on_any_split():
     ("reward_2d", r"returned rewards of shape \[4, 1\]; they must be one per environment: \[4\]"),
     ("done_float", r"returned episode ends \(done, or terminated and truncated\) of dtype float32; they must be bool"),
     ("four", r"returned \(state, 4 values\); its output must be an EnvStep or \(obs, reward, done\)"),
-    ("python_bool", r"returned truncated flags of shape \[\]; they must be one per environment: \[4\]")])
+    ("python_bool", r"returned truncated flags of shape \[\]; they must be one per environment: \[4\]"),
+    ("final_obs_1", r"returned final observations float32\[4, 1\], but observations float32\[4, 2\]: final_obs "
+                    r"is each environment's last observation")])  # (a network's shape error in SAC/PPO's learner)
 def test_a_users_env_that_breaks_its_contract_is_refused_naming_its_method(mix, message):
     """A jitted env's step is checked against its spec when the loop is compiled (not reported later as a
     network's shape error or a scan's carry mismatch); the error is raised at the loop's env_step."""

@@ -236,6 +236,11 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
             if tuple(getattr(x, "shape", ())) != shape[:1]:
                 raise CompileError(f"{name} returned {what} of shape {list(getattr(x, 'shape', ()))}; they must "
                                    f"be one per environment: [{shape[0]}]")
+        final = out._final_obs
+        if final is not None and jax.tree.map(form, final) != jax.tree.map(form, obs):
+            raise CompileError(f"{name} returned final observations {jax.tree.map(form, final)}, but observations "
+                               f"{got}: final_obs is each environment's last observation (of the episode that "
+                               "ended; obs elsewhere), shaped as obs", hint="give final_obs the observations' form")
 
 
 def _check_actions(env: Any, action: Any) -> None:
