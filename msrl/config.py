@@ -294,6 +294,11 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     if run.seed + run.num_seeds - 1 > SEED_MAX:
         raise ConfigError("run.num_seeds", f"seeds {run.seed:,} .. {run.seed + run.num_seeds - 1:,} pass the largest "
                           f"seed, {SEED_MAX:,} (a jax PRNG key holds 32 bits): lower run.seed")
+    kwargs = (data.get("env") or {}).get("kwargs")
+    clash = sorted({"subprocesses", "xla"} & set(kwargs)) if isinstance(kwargs, dict) else []
+    if clash:  # (they went to make_env twice: a TypeError)
+        raise ConfigError(f"env.kwargs.{clash[0]}", "is a key of env itself, not of the env's maker: write "
+                          f"env.{clash[0]}")
     cfg = ExperimentConfig(
         algorithm=_validate(algo_cls.Config, algo, "algorithm"),
         env=_validate(EnvConfig, data.get("env") or {}, "env"),
