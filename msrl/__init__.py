@@ -30,7 +30,7 @@ from msrl.api import (
 )
 from msrl.backend import Backend, Runtime
 from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, EnvStep, Learner, MultiAgentObs,
-                             MultiAgentSpec, ReplayBuffer, split_keys)
+                             MultiAgentSpec, ReplayBuffer, Wrapper, split_keys)
 from msrl.config import INT32_MAX
 from msrl.errors import CompileError, ConfigError, Interrupted, MsrlError, TrainingError
 from msrl.plan import CommSpec, FragmentSpec, LearnerPlan, Link, Loop, Plan
@@ -105,7 +105,7 @@ __all__ = [
     "register_algorithm", "register_backend",
     "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env",
     "in_tiles", "split_keys",
-    "train", "build", "load_config", "XLA_CPU_FLAG",
+    "train", "build", "load_config", "XLA_CPU_FLAG", "Wrapper",
 ]
 
 

@@ -8,6 +8,7 @@ lives in the state pytrees the compiler threads through the training loop.
 from __future__ import annotations
 
 import contextvars
+import copy
 import dataclasses
 import math
 from typing import Any, NamedTuple
@@ -283,6 +284,56 @@ class Environment:
     def shape_stand_in(self) -> "Environment":
         """A jittable environment with the same shapes, for the compiler's abstract tracing."""
         return self
+
+
+class Wrapper(Environment):
+    """An environment of your own around another (``self.env``): every method and attribute is the wrapped env's
+    until you override it (``step`` to scale rewards, ``observe``/``reset``/``step`` to change observations: then
+    give ``self.spec`` the new form). What msrl needs of the wrapped env passes through: whether it is jitted, its
+    host simulators (an EnvPool ``env.xla`` pool), its episode statistics (what the metrics log: the wrapped env's
+    returns, before your reward changes), closing it. Where a policy splits the environments over replicas, a jitted
+    wrapper's own code is checked row by row (msrl's adapters inside it are taken on their word)."""
+
+    def __init__(self, env: Environment):
+        self.env, self.spec = env, env.spec
+        self.jittable, self.host_simulator = env.jittable, env.host_simulator
+
+    def init(self, key, env_ids):
+        return self.env.init(key, env_ids)
+
+    def observe(self, state):
+        return self.env.observe(state)
+
+    def reset(self, state):
+        return self.env.reset(state)
+
+    def starts(self, state):
+        return self.env.starts(state)
+
+    def step(self, state, action):
+        return self.env.step(state, action)
+
+    def stats(self, state):
+        return self.env.stats(state)
+
+    def episode_counts(self, state):
+        return self.env.episode_counts(state)
+
+    def close(self, state):
+        return self.env.close(state)
+
+    def shape_stand_in(self) -> Environment:
+        inner = self.env.shape_stand_in()
+        if inner is self.env:
+            return self
+        twin = copy.copy(self)  # (this wrapper around the wrapped env's stand-in: its shapes, no simulators)
+        twin.env, twin.host_simulator = inner, inner.host_simulator
+        return twin
+
+    def __getattr__(self, name: str) -> Any:  # what else the wrapped env offers (a host env's busy(), say)
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
 
 
 STATS = ("return_sum", "finished", "episodes")  # what Environment.stats returns (optionally length_sum, nonfinite)

@@ -375,15 +375,22 @@ def test_a_users_env_over_an_xla_pool_is_refused_where_replicas_hold_a_share_unl
     from msrl.envs.envpool_env import EnvPoolXlaEnv
     from msrl.policies.single_learner import SingleLearnerCoarse
 
-    class Noisy(EnvPoolXlaEnv):
+    class Noisy(EnvPoolXlaEnv):  # a subclass
         def observe(self, state):
             state, obs = super().observe(state)
             return state, obs + 0.01 * jax.random.normal(jax.random.PRNGKey(0), obs.shape)  # one key for all
 
-    with pytest.raises(msrl.CompileError, match=r"steps each of its 2 'actor' replicas' share of the 4 environments "
-                                                r"alone, but Noisy \(.*test_envpool.py:\d+\) holds simulators of the "
-                                                r"host") as info:
-        msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), Noisy("CartPole-v1"), 4)
-    assert "set the env's `rowwise = True` if it does" in info.value.hint
+    class NoisyWrapper(msrl.Wrapper):  # a wrapper: it forwards the pool's host simulators (what broke without it)
+        def observe(self, state):
+            state, obs = self.env.observe(state)
+            return state, obs + 0.01 * jax.random.normal(jax.random.PRNGKey(0), obs.shape)
+
+    for noisy in (Noisy("CartPole-v1"), NoisyWrapper(make_env("envpool:CartPole-v1", xla=True))):
+        name = type(noisy).__name__
+        with pytest.raises(msrl.CompileError, match=rf"steps each of its 2 'actor' replicas' share of the 4 "
+                                                    rf"environments alone, but {name} \(.*test_envpool.py:\d+\) "
+                                                    r"holds simulators of the host") as info:
+            msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), noisy, 4)
+        assert "set the env's `rowwise = True` if it does" in info.value.hint
+        msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=1), noisy, 4)  # one actor holds them all
     msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), make_env("envpool:CartPole-v1", xla=True), 4)
-    msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=1), Noisy("CartPole-v1"), 4)  # one actor holds all

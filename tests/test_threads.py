@@ -206,14 +206,21 @@ class Wrapped(msrl.Environment):
         return state, msrl.EnvStep(out.obs, reward, out.terminated, out.truncated, out.final_obs)
 
 
+class Scaled(msrl.Wrapper):
+    def step(self, state, action):
+        state, out = self.env.step(state, action)
+        return state, msrl.EnvStep(out.obs, 0.5 * out.reward, out.terminated, out.truncated, out.final_obs)
+
+
 def test_a_users_wrapper_of_an_adapter_is_checked_by_its_own_code_alone():
     """The adapter it wraps is taken on msrl's word (its own `done.any()` cond made every wrapper 'reduce over the
     environment axis', the wrapper named for it); the wrapper's own code is still checked."""
     from msrl.policies.fused import Fused
     from msrl.policies.single_learner import SingleLearnerCoarse
 
-    fused, coarse = (_final_w(loops.Simple(), p, Wrapped()) for p in (Fused(), SingleLearnerCoarse(actors=2)))
-    assert fused == coarse and fused != 0.0
+    for env in (Wrapped, lambda: Scaled(make_env("gymnax:CartPole-v1"))):  # its own, and on msrl.Wrapper
+        fused, coarse = (_final_w(loops.Simple(), p, env()) for p in (Fused(), SingleLearnerCoarse(actors=2)))
+        assert fused == coarse and fused != 0.0
     with pytest.raises(msrl.CompileError, match=r"Wrapped.step\(\) \(.*test_threads.py:\d+\), called here, reduces "
                                                 r"over the environment axis"):
         msrl.compile(loops.Simple(), SingleLearnerCoarse(actors=2), Wrapped(mix=True), 4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from msrl.components import Environment, MultiAgentSpec, vouched_rowwise
+from msrl.components import Environment, MultiAgentSpec, Wrapper, vouched_rowwise
 from msrl.errors import ConfigError, MsrlError, did_you_mean
 from msrl.registry import _path
 
@@ -58,14 +58,14 @@ def make_env(env_id: str, subprocesses: int = 0, xla: bool = False, **kwargs) ->
     return env if mask is None else MaskedObs(env, mask)
 
 
-class MaskedObs(Environment):
+class MaskedObs(Wrapper):
     """``env`` with some entries of its (flat) observation zeroed (``env.kwargs.mask_obs``); the rest is ``env``'s."""
 
     def __init__(self, env: Environment, indices):
         import numpy as np
 
-        self.env, self.spec, self.jittable, self.rowwise = env, env.spec, env.jittable, vouched_rowwise(env)
-        self.host_simulator = getattr(env, "host_simulator", False)
+        super().__init__(env)
+        self.rowwise = vouched_rowwise(env)
         if isinstance(env.spec, MultiAgentSpec):
             raise ConfigError("env.kwargs.mask_obs", f"masks a single agent's observation; {env.spec.id} has "
                               f"{env.spec.num_agents} agents")
@@ -84,9 +84,6 @@ class MaskedObs(Environment):
     def _mask(self, obs):
         return obs * self.keep
 
-    def init(self, key, env_ids):
-        return self.env.init(key, env_ids)
-
     def observe(self, state):
         state, obs = self.env.observe(state)
         return state, self._mask(obs)
@@ -95,9 +92,6 @@ class MaskedObs(Environment):
         state, obs = self.env.reset(state)
         return state, self._mask(obs)
 
-    def starts(self, state):
-        return self.env.starts(state)
-
     def step(self, state, action):
         from msrl.components import EnvStep, as_env_step
 
@@ -105,24 +99,6 @@ class MaskedObs(Environment):
         out = as_env_step(out)
         final = None if out._final_obs is None else self._mask(out._final_obs)
         return state, EnvStep(self._mask(out.obs), out.reward, out.terminated, out.truncated, final)
-
-    def stats(self, state):
-        return self.env.stats(state)
-
-    def episode_counts(self, state):
-        return self.env.episode_counts(state)
-
-    def close(self, state):
-        return self.env.close(state)
-
-    def shape_stand_in(self):
-        inner = self.env.shape_stand_in()
-        return self if inner is self.env else MaskedObs(inner, [])
-
-    def __getattr__(self, name):  # what else the wrapped env offers (a host env's busy(), say)
-        if name == "env":
-            raise AttributeError(name)
-        return getattr(self.env, name)
 
 
 def _make(env_id: str, **kwargs) -> Environment:
