@@ -90,11 +90,14 @@ def test_a_run_of_three_seeds_logs_checkpoints_resumes_evaluates_and_plots_each(
     one = capsys.readouterr().out.splitlines()[-1]
     assert "seed 6)" in one
     assert main(["eval", str(run), "--all", "--episodes", "2", "--json", str(tmp_path / "each.json")]) == 0
-    out, each = capsys.readouterr().out.splitlines(), json.loads((tmp_path / "each.json").read_text())
+    out, written = capsys.readouterr().out.splitlines(), json.loads((tmp_path / "each.json").read_text())
+    each = written["members"]
     assert [e["member"] for e in each] == ["seed_5", "seed_6", "seed_7"] and out[1].split()[1] == one.split()[1]
     means = [e["return_mean"] for e in each]
     assert out[3] == (f"the run: mean return {np.mean(means):.2f} ± {np.std(means):.2f} over its 3 seeds (the std is "
                       "that of the seeds' means)")
+    assert written["over_seeds"] == {"the run": {"return_mean": pytest.approx(np.mean(means)),  # (printed only)
+                                                 "return_std": pytest.approx(np.std(means)), "seeds": 3}}
     ckpt = sorted((run / "checkpoints").glob("ckpt_*"))[-1]  # (was "is not a run of several seeds")
     assert main(["eval", str(ckpt), "--all"]) == 2
     assert f"msrl: error: RUN_DIR: {ckpt} is a checkpoint file; each member is evaluated from a run directory (its " \
