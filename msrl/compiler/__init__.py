@@ -516,9 +516,10 @@ class Program:
                          and s.api.component == "env"), None)
         if stepping is not None and env.jittable and env.host_simulator and not vouched_rowwise(env):
             frag, (file, line) = self.plan.assign[stepping.id], defined_at(type(env))
+            where = f" ({file}:{line})" if file else ""
             raise CompileError(
                 f"policy {self.policy.name!r} steps each of its {frags[frag].replicas} {frag!r} replicas' share of "
-                f"the {self.num_envs} environments alone, but {type(env).__name__}{f' ({file}:{line})' * bool(file)} holds "
+                f"the {self.num_envs} environments alone, but {type(env).__name__}{where} holds "
                 "simulators of the host (an EnvPool env.xla pool), so msrl cannot check that it computes each "
                 "environment's numbers from that environment alone", stepping.file, stepping.line,
                 "set the env's `rowwise = True` if it does (no mean or key shared over environments), or use "
@@ -799,7 +800,7 @@ class Program:
         lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, shapes, host)
         ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
               "_msrl_jit": jax.jit, "_msrl_stack": lambda items: jax.tree.map(lambda *xs: np.stack(xs), *items),
-              "_msrl_zeros": lambda name: jax.tree.map(lambda s: jnp.zeros_like(s), zeros[name]),  # (a Python number too)
+              "_msrl_zeros": lambda name: jax.tree.map(jnp.zeros_like, zeros[name]),  # (a Python number's too)
               **{f"_c_{c}": self.components[c] for c in keys if c != "params"}}
         if derive:
             ns["_c_learner"] = self.components["learner"]
