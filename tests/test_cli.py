@@ -327,7 +327,8 @@ def test_config_explains_every_key_and_loads_back_as_the_same_config(tmp_path, c
     assert "(≥0; no effect unless algorithm.prioritized=true)\n  per_alpha: 0.6\n" in text
     assert load_config(out).dump() == load_config(None, ["algorithm.name=dqn", "algorithm.lr=0.001"]).dump()
     assert main(["config", str(out), "policy.name=replay_server"]) == 0
-    assert "  # replay-buffer replicas; actors must be a multiple" in capsys.readouterr().out
+    assert "  # replay-buffer replicas (default 2; 1 where policy.actors is odd); actors must be a multiple" in \
+        capsys.readouterr().out
     assert main(["config", str(out), "policy={name: single_learner_coarse, actors: 2, envs_per_actor: 3}",
                  "algorithm.lr=[1e-3,1e-4]"]) == 0
     words = " ".join(w for w in capsys.readouterr().out.split() if w != "#")  # (comments wrap where they will)

@@ -100,7 +100,8 @@ def test_a_scripts_algorithm_compiles_again_where_ray_unpickles_it():
               f"from msrl.backends import ray_backend\n"
               f"runpy.run_path({str(EXAMPLES / 'custom_algorithm.py')!r}, run_name='user_script')\n"
               f"program = msrl.build(msrl.load_config({str(CONFIG)!r}))\n"
-              f"recipe = ray_backend.cloudpickle.dumps((program.algorithm, program.policy, program.env, 4))\n"
+              f"recipe = ray_backend.cloudpickle.dumps((program.algorithm, program.policy, program.env, "
+              f"program.num_envs))\n"  # (as the backend sends it)
               f"again = msrl.compile(*pickle.loads(recipe))\n"
               f"assert again.fragments.keys() == program.fragments.keys()\n"
               f"print(type(again.algorithm).__module__)\n")
