@@ -290,11 +290,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for value, outs in groups.items():
             if len(outs) > 1:
                 means = [o["return_mean"] for o in outs]
-                over_seeds[value or "the run"] = {"return_mean": statistics.fmean(means),
-                                                  "return_std": statistics.pstdev(means), "seeds": len(outs)}
-                print(f"{value or 'the run'}: mean return {statistics.fmean(means):.2f} ± "
-                      f"{statistics.pstdev(means):.2f} over its {len(outs)} seeds (the std is that of the seeds' "
-                      "means)")
+                mean, std = statistics.fmean(means), statistics.pstdev(means)
+                over_seeds[value or "the run"] = {"return_mean": mean, "return_std": std, "seeds": len(outs)}
+                print(f"{value or 'the run'}: mean return {mean:.2f} ± {std:.2f} over its {len(outs)} seeds (the std "
+                      "is that of the seeds' means)")
         _write_json(args.json, {"members": each, "over_seeds": over_seeds})
         return 0
     out = evaluate(args.run_dir, episodes=args.episodes, render=args.render, seed=args.seed, run_seed=args.run_seed,
