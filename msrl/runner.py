@@ -62,6 +62,13 @@ def build(cfg: ExperimentConfig):
     return program
 
 
+def versions() -> dict[str, str]:
+    """The versions a checkpoint records: a run resumed by other ones goes on, but not bitwise as before."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("msrl", "jax", "jaxlib")}
+
+
 def make_algorithm(cfg: ExperimentConfig, env_spec: Any) -> Any:
     """The config's algorithm for an env of ``env_spec``, with the context its policy gives it; an exception its
     constructor raises is an error naming the file and line."""
@@ -684,6 +691,12 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than the "
                               f"{meta['env_steps']} env steps the checkpoint {path} already holds; resume with "
                               f"at least {meta['env_steps']} (that many finishes at once)")
+        then, now = meta.get("versions"), versions()
+        if then != now:  # (a checkpoint saved before 2026-11-30 names none)
+            was = ", ".join(f"{k} {then.get(k, '?')}" for k in now) if then else "an msrl of before 2026-11-30"
+            print(f"msrl: note: the checkpoint {path} was saved with {was}; this is "
+                  f"{', '.join(f'{k} {v}' for k, v in now.items())}: the run goes on from it, but its numbers may "
+                  "differ in the last digits from those the old versions would compute", file=sys.stderr, flush=True)
         done, summary = meta["iteration"], Path(run_dir) / "summary.json"
         left = not done or cfg.run.total_env_steps // (meta["env_steps"] // done) > done
         before = (meta["config"].get("run") or {}).get("total_env_steps")
@@ -883,6 +896,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         return {"iteration": done, "env_steps": done * steps_per_iter, "wall_time": time.perf_counter() - start,
                 "episode_return": last_return, "episodes": last_episodes, "config": cfg.dump(),
                 "sweep_order": list(cfg.run.sweep),  # (the config's dicts are stored with their keys sorted)
+                "versions": versions(),
                 **({"episode_return_per_seed": seed_returns} if seed_returns else {})}
 
     def fault(e: TrainingError) -> MsrlError:

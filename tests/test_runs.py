@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import msrl
+from msrl import runner
 from msrl.algorithms.ppo.ppo import PPO
 from msrl.cli import main
 from msrl.errors import ConfigError
@@ -88,9 +89,10 @@ def test_a_resume_says_which_rows_a_cut_metrics_file_lost_and_drops_a_half_writt
         assert [int(r["iteration"]) for r in csv.DictReader(f)] == [1, 2, 3, 9, 10]
 
 
-def test_a_resumed_run_that_logs_a_new_metric_adds_its_column(tmp_path, capsys):
+def test_a_resumed_run_that_logs_a_new_metric_adds_its_column(tmp_path, capsys, monkeypatch):
     """A run written by an older msrl (or algorithm) that did not log a metric: resumed, the new metric was
-    dropped from metrics.csv without a word (the header was the old one)."""
+    dropped from metrics.csv without a word (the header was the old one). Resumed by other versions than those
+    that saved the checkpoint, it says so (it went on without a word)."""
     assert main(["train", CARTPOLE, *SHORT, "run.checkpoint_every_steps=2048", "--run-dir", str(tmp_path)]) == 0
     metrics = tmp_path / "metrics.csv"
     with open(metrics, newline="") as f:
@@ -101,9 +103,14 @@ def test_a_resumed_run_that_logs_a_new_metric_adds_its_column(tmp_path, capsys):
         writer.writeheader()
         writer.writerows(old)
     capsys.readouterr()
+    saved = runner.versions()
+    monkeypatch.setattr(runner, "versions", lambda: {**saved, "jax": "9.9.9"})  # (as a newer jax would answer)
     assert main(["train", "--resume", str(tmp_path), "run.total_env_steps=5120"]) == 0
-    assert f"note: {metrics} gains the column entropy (the rows before the resumed checkpoint leave them empty)" \
-        in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"note: {metrics} gains the column entropy (the rows before the resumed checkpoint leave them empty)" in err
+    assert (f"msrl: note: the checkpoint {tmp_path / 'checkpoints' / 'ckpt_000000008.msgpack'} was saved with msrl "
+            f"{saved['msrl']}, jax {saved['jax']}, jaxlib {saved['jaxlib']}; this is msrl {saved['msrl']}, jax 9.9.9, "
+            f"jaxlib {saved['jaxlib']}: the run goes on from it, but its numbers may differ") in err
     with open(metrics, newline="") as f:
         after = list(csv.DictReader(f))
     assert [int(r["iteration"]) for r in after] == list(range(1, 11))
@@ -119,6 +126,7 @@ def test_resume_with_the_run_dir_alone(tmp_path, capsys):
                  "run.progress=true"]) == 0
     err = capsys.readouterr().err
     assert "run.total_env_steps changes from 4,096 to 6,144; anneal_lr's learning rate follows the new total" in err
+    assert "was saved with" not in err  # (the same versions)
     # where it picks up (it went from "starting the jax backend" to a progress line past the checkpoint)
     assert f"msrl: resuming at iteration 8 (4,096 env steps) from {run / 'checkpoints' / 'ckpt_000000008.msgpack'}\n" \
         in err
