@@ -444,10 +444,12 @@ def test_api_called_outside_a_loop_raises():
     (lambda x: jax.lax.dynamic_update_slice(jnp.zeros((64, 5, 1)), x, (0, 0, 0)), "writes rows of several environments"),
     (lambda x: x.reshape(3, -1), "cannot be traced alone, at two environment counts"),  # 4 x 5 x 1 is not 3 x ...
     (lambda x: jax.pure_callback(np.asarray, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="sequential"),
-     "uses `pure_callback` on an environment axis")])
+     "uses `pure_callback` on an environment axis"),
+    (lambda x: (jax.debug.callback(lambda v: None, x.sum()), jax.debug.print("{}", x))[0] or x * 2, None)])
 def test_the_row_check_judges_network_layers_by_the_axis_they_work_along(fn, why):
     """[envs, width, channels]: a layer, a transform, a solve or a scan over each environment's own features passes;
-    along environments, or by a primitive the walk does not know, refused."""
+    along environments, or by a primitive the walk does not know, refused. A callback that returns nothing (a
+    `jax.debug.print` in a user's env) mixes nothing into the values (it was an IndexError)."""
     from msrl.compiler import rows
 
     shapes = [[jax.ShapeDtypeStruct((n, 5, 1), jnp.float32)] for n in (4, 8)]
