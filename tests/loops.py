@@ -1020,26 +1020,30 @@ class Quirky(gymnasium.Env):
     TimeLimit of 5 also truncates; "start" takes actions 1..3 (``Discrete(3, start=1)``) and refuses others;
     "old_step" and "old_reset" return what the old Gym API did; "wide" says its observations have 3 numbers;
     "unbounded" takes any real action (``Box(-inf, inf)``), "narrow" one in a float64 ``Box(-0.012, 0.012)`` (in float32
-    0.0120000001) and refuses others."""
+    0.0120000001) and refuses others; "ints" takes a Box of int32 actions; "pixels" observes uint8 (its space says
+    so), "sloppy" float32 where its space says uint8."""
 
     def __init__(self, mode: str = "limit", render_mode: str | None = None):  # (it has no render())
         self.mode = mode
-        self.observation_space = gymnasium.spaces.Box(-10.0, 10.0, (3 if mode == "wide" else 2,), np.float32)
+        self.observation_space = gymnasium.spaces.Box(0, 255, (2,), np.uint8) if mode in ("pixels", "sloppy") else \
+            gymnasium.spaces.Box(-10.0, 10.0, (3 if mode == "wide" else 2,), np.float32)
+        self.dtype = np.uint8 if mode == "pixels" else np.float32
         bound = {"unbounded": np.inf, "narrow": 0.012}.get(mode)
         self.action_space = (gymnasium.spaces.Box(-bound, bound, (1,), np.float64) if bound else
+                             gymnasium.spaces.Box(-2, 2, (1,), np.int32) if mode == "ints" else
                              gymnasium.spaces.Discrete(3, start=1 if mode == "start" else 0))
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
         self.t = 0
-        obs = np.zeros(2, np.float32)
+        obs = np.zeros(2, self.dtype)
         return obs if self.mode == "old_reset" else (obs, {})
 
     def step(self, action):
         if not self.action_space.contains(action):
             raise ValueError(f"action {action} is not in {self.action_space}")
         self.t += 1
-        obs = np.full(2, self.t, np.float32)
+        obs = np.full(2, 250 + self.t, self.dtype)
         if self.mode == "old_step":
             return obs, 1.0, False, {}
         return obs, 1.0, self.t >= 5, False, {}

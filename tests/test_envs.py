@@ -232,6 +232,23 @@ def test_gymnasium_corners_a_terminal_time_limit_step_a_shifted_discrete_space_a
     state, out = env.step(state, np.array([0, 1, 2], np.int32))  # (the env raises on an action outside 1..3)
     assert np.asarray(out.reward).tolist() == [1.0] * 3
 
+    # uint8 observations stay uint8, as EnvPool's and jitted envs' frames (they were float32, which nature_cnn and
+    # msrl.load's check of frames scaled twice took for floats); a space of uint8 keeps them so
+    env = make_env("gymnasium:MsrlQuirky-v0", mode="pixels")
+    assert env.spec.obs_dtype == np.uint8
+    state = env.init(jax.random.PRNGKey(0), np.arange(2))
+    for t in range(1, 6):
+        state, out = env.step(state, np.zeros(2, np.int32))
+        assert out.final_obs.dtype == np.uint8 and out.final_obs.tolist() == [[250 + t] * 2] * 2
+    assert out.obs.dtype == np.uint8 and out.obs.tolist() == [[0, 0]] * 2  # (the next episode's first)
+    with pytest.raises(msrl.TrainingError, match=r"returned an observation of float32\[2\], but its observation "
+                                                 r"space is uint8\[2\] \(msrl keeps such frames as uint8\)"):
+        make_env("gymnasium:MsrlQuirky-v0", mode="sloppy").init(jax.random.PRNGKey(0), np.arange(1))
+    # a Box of int actions: msrl's float actions were cast, truncated toward 0 (its bounds never reached)
+    with pytest.raises(msrl.ConfigError, match=r"env.id: gymnasium:MsrlQuirky-v0's actions are Box\(-2, 2, \(1,\), "
+                                               r"int32\), a Box of int32: msrl's continuous actions are floats"):
+        make_env("gymnasium:MsrlQuirky-v0", mode="ints")
+
     with pytest.raises(msrl.TrainingError, match=r"^environment gymnasium:MsrlQuirky-v0 #0 at step 0 failed in step: "
                                                  r"TypeError: Quirky.step\(\) returned what Gymnasium's wrappers cannot "
                                                  r"unpack; .*returns \(obs, reward, terminated, truncated, info\) \(an "

@@ -184,7 +184,7 @@ class Source:
     """A function's parsed source with the data needed to resolve names in it."""
 
     def __init__(self, fn: Callable, what: str):
-        fn = inspect.unwrap(fn)
+        wrapper, fn = fn, inspect.unwrap(fn)
         code = getattr(fn, "__code__", None)
         try:
             file = inspect.getsourcefile(fn) or "<unknown>"
@@ -204,6 +204,12 @@ class Source:
             raise CompileError(f"{what} is not a function definition", file=file, line=code.co_firstlineno)
         self.fn, self.file, self.fdef = fn, file, fdef
         self.offset = code.co_firstlineno - 1  # the source starts at the first decorator, if any
+        if wrapper is not fn:  # (its source is the def's alone: the wrapper's work was dropped without a word)
+            deco = fdef.decorator_list
+            raise self.error(deco[0] if deco else fdef, f"{what} is wrapped by a decorator"
+                             f"{f' (@{ast.unparse(deco[0])})' if deco else ''}; msrl compiles a method that uses the "
+                             "API from its source, where the wrapper would not run",
+                             "do what the decorator does inside the method, or call a plain function from it")
         for node in ast.walk(fdef):  # traced: a print shows shapes while compiling, then never again
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
                 warnings.warn_explicit(f"print() in {what} runs only while msrl traces the loop (a few times, "
@@ -371,7 +377,7 @@ class Frontend:
         if fn not in self._uses_api_cache:
             self._uses_api_cache[fn] = False  # a recursive helper sees False while it is being read
             try:
-                helper = Source(fn, fn.__qualname__)
+                helper = Source(inspect.unwrap(fn), fn.__qualname__)  # (a wrapped one is refused where inlined)
             except CompileError:
                 return False
             self._uses_api_cache[fn] = any(

@@ -92,6 +92,10 @@ def host_spaces(env_id: str, obs_space: Any, act_space: Any, obs_hint: str = "",
             raise ConfigError("env.id", f"{env_id}'s actions are {act_space}: msrl takes discrete actions from 0")
         return Discrete(int(act_space.n))
     if isinstance(act_space, gymnasium.spaces.Box):
+        if act_space.dtype.kind != "f":  # (cast, its actions were truncated toward 0: the bounds never reached)
+            raise ConfigError("env.id", f"{env_id}'s actions are {act_space}, a Box of {act_space.dtype}: msrl's "
+                              "continuous actions are floats; give it a float Box whose step rounds them as it means "
+                              "to, or a Discrete space")
         return Box(act_space.low, act_space.high, act_space.shape)
     raise ConfigError("env.id", f"{env_id} has a {type(act_space).__name__} action space; "
                       "msrl supports Discrete and Box")
@@ -226,7 +230,9 @@ class GymnasiumEnv(Environment):
         self.start = int(act_space.start) if isinstance(act_space, gymnasium.spaces.Discrete) else 0
         self.bounds = (act_space.low, act_space.high, act_space.dtype) if isinstance(act_space, gymnasium.spaces.Box) \
             else None
-        self.spec = EnvSpec(f"gymnasium:{name}", tuple(obs_space.shape), np.dtype(np.float32), action_space)
+        pixels = obs_space.dtype == np.uint8  # (stored and sent as such, as EnvPool's and jitted envs' frames are)
+        self.spec = EnvSpec(f"gymnasium:{name}", tuple(obs_space.shape), np.dtype(np.uint8 if pixels else np.float32),
+                            action_space)
         self.space = f"{obs_space.dtype}{list(obs_space.shape)}"  # (what its observation space says)
 
     def init(self, key: jax.Array, env_ids: Any) -> HostEnvState:
@@ -243,7 +249,7 @@ class GymnasiumEnv(Environment):
                 first.append(self._call(i, None, "reset", reset_one, env, seed))
                 envs.append(env)
         n = len(first)
-        state = HostEnvState(envs, np.zeros((n, *self.spec.obs_shape), np.float32), EpisodeCounts.zeros(n),
+        state = HostEnvState(envs, np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype), EpisodeCounts.zeros(n),
                              np.asarray(env_ids), [np.asarray(o).dtype for o in first], workers)
         for i, o in enumerate(first):
             state.obs[i] = self._checked(state, i, o)
@@ -258,7 +264,7 @@ class GymnasiumEnv(Environment):
     def reset(self, state: HostEnvState):
         first = state.workers.call("reset") if state.workers else \
             [self._call(i, None, "reset", reset_one, env) for i, env in zip(state.ids, state.envs)]
-        state.obs = np.stack(first).astype(np.float32)
+        state.obs = np.stack([self._checked(state, i, o) for i, o in enumerate(first)]).astype(self.spec.obs_dtype)
         state.counts.restart()
         return state, state.obs
 
@@ -284,10 +290,10 @@ class GymnasiumEnv(Environment):
                 results.append(self._call(state.ids[i], state.steps, "step", step_one, env, actions[i]))
                 state.slowest = max(state.slowest, time.monotonic() - state.beat)
         n = len(results)
-        obs = np.empty((n, *self.spec.obs_shape), np.float32)
+        obs = np.empty((n, *self.spec.obs_shape), self.spec.obs_dtype)
         reward = np.empty(n, np.float32)
         terminated, truncated = np.empty(n, np.bool_), np.empty(n, np.bool_)
-        final = np.empty((n, *self.spec.obs_shape), np.float32)
+        final = np.empty((n, *self.spec.obs_shape), self.spec.obs_dtype)
         with np.errstate(over="ignore"):  # (a float64 beyond float32's range: named below)
             for i, (o, r, terminated[i], truncated[i], first) in enumerate(results):
                 reward[i] = self._reward(state, i, r)
@@ -305,7 +311,7 @@ class GymnasiumEnv(Environment):
                 f"a {what} beyond float32's range (msrl's observations and rewards are float32): {got}"))
         state.steps += 1
         state.counts.count(reward, done)
-        state.obs = obs.astype(np.float32)
+        state.obs = obs
         return state, EnvStep(state.obs, reward, terminated, truncated, final)
 
     def busy(self, state: HostEnvState) -> tuple[str | None, float, float]:
@@ -345,6 +351,9 @@ class GymnasiumEnv(Environment):
         if o.shape != self.spec.obs_shape or o.dtype.kind not in "fiub":
             raise TrainingError(f"{self._where(state, i)} returned an observation of {o.dtype}{list(o.shape)}, but "
                                 f"its observation space is {self.space}")
+        if self.spec.obs_dtype == np.uint8 and o.dtype != np.uint8:
+            raise TrainingError(f"{self._where(state, i)} returned an observation of {o.dtype}{list(o.shape)}, but "
+                                f"its observation space is {self.space} (msrl keeps such frames as uint8)")
         if o.dtype != state.dtypes[i]:
             raise TrainingError(f"{self._where(state, i)} returned an observation of {o.dtype}{list(o.shape)}, but its "
                                 f"first one (from reset) was {state.dtypes[i]}: an environment's observations keep one "
