@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal
 
@@ -339,6 +340,28 @@ class MisspeltApi(loops.Base):
         msrl.env_stepp(msrl.agent_act(obs).action)  # E:misspelt_api
 
 
+def zeroed(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return jax.tree.map(lambda x: x * 0, fn(*args))
+    return wrapper
+
+
+class DecoratedHelper(loops.Base):
+    @zeroed  # E:decorated_helper
+    def collect(self, obs):
+        return msrl.env_step(msrl.agent_act(obs).action).obs
+
+    def train_step(self):
+        return {"obs": self.collect(msrl.env_observe()).mean()}
+
+
+class DecoratedLoop(loops.Base):
+    @zeroed  # E:decorated_loop
+    def train_step(self):
+        return {"reward": msrl.env_step(msrl.agent_act(msrl.env_observe()).action).reward.mean()}
+
+
 def _with(**components):
     alg = loops.Simple()
     vars(alg).update(components)
@@ -356,10 +379,14 @@ def _with(**components):
      r"object$", loops.Simple),
     (MisspeltTrainStep, r"MisspeltTrainStep defines no train_step\(self\), the training loop msrl compiles \(did you "
      r"mean 'train_stepp'\?\)$", MisspeltTrainStep),
-    (MisspeltApi, r"module 'msrl' has no attribute 'env_stepp' \(did you mean 'env_step'\?\)$", "misspelt_api")])
+    (MisspeltApi, r"module 'msrl' has no attribute 'env_stepp' \(did you mean 'env_step'\?\)$", "misspelt_api"),
+    (DecoratedHelper, r"DecoratedHelper.collect is wrapped by a decorator \(@zeroed\); msrl compiles a method that "
+     r"uses the API from its source, where the wrapper would not run", "decorated_helper"),
+    (DecoratedLoop, r"DecoratedLoop.train_step is wrapped by a decorator \(@zeroed\)", "decorated_loop")])
 def test_a_component_or_method_msrl_needs_that_is_missing_is_named_at_the_users_line(env, make, says, at):
     """(Each was a bare traceback ending in NotImplementedError or AttributeError inside msrl, or an error blaming
-    msrl's own algorithm.py, or "never calls msrl.env_step()" for a misspelt msrl.env_step.)"""
+    msrl's own algorithm.py, or "never calls msrl.env_step()" for a misspelt msrl.env_step; a decorator wrapping a
+    method that uses the API was dropped without a word, the method compiled from its source alone.)"""
     import inspect
 
     with pytest.raises(msrl.CompileError, match=says) as info:
