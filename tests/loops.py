@@ -174,6 +174,23 @@ class Nested(Base):
         return {**metrics, "total": total, "last": last_reward.sum(), "i": jnp.float32(i), "doubled": doubled}
 
 
+class NestedPlainDef(Base):
+    """A def of the loop's own that reads only the config: a function wherever a policy cuts the loop (it was a
+    local a jitted piece returned nothing of, a NameError where the cut fell after it)."""
+
+    def train_step(self):
+        def halve(x, by=2.0):
+            return x / by * self.cfg.steps
+
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, halve(reward), done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class Helpers(Base):
     """Helper methods: one that uses the API (inlined, with params, defaults and a return), one that
     does not (called as is)."""

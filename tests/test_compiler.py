@@ -270,6 +270,20 @@ def test_a_python_if_on_the_index_of_a_scanned_loop_says_why_at_its_line(policy)
         session.run(1)
     assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line("index_if"))
 
+def test_a_def_of_the_loops_own_is_a_function_wherever_the_policy_cuts():
+    from msrl.policies.single_learner import SingleLearnerCoarse, SingleLearnerFine
+
+    finals, env = [], make_env("gymnax:CartPole-v1")
+    for policy in (Fused(), SingleLearnerCoarse(actors=2), SingleLearnerFine(actors=2)):
+        with msrl.Session(program=msrl.compile(loops.NestedPlainDef(), policy, env, 4), seed=0) as session:
+            rows = session.run(2)
+            finals.append(session.params())
+    assert rows[-1]["w"] != 0
+    for other in finals[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(finals[0]), jax.tree.leaves(other),
+                                                        strict=True))
+
+
 def test_an_error_in_a_method_the_loop_calls_names_its_line_and_the_statement(env):
     with pytest.raises(msrl.CompileError) as info:
         msrl.compile(loops.LearnerRaises(), Fused(), env, NUM_ENVS)

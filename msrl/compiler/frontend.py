@@ -400,6 +400,21 @@ class Frontend:
         lambdas = [n for n in _scope_walk(src.fdef) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)
                    and n not in src.fdef.body]
         for st in [*src.fdef.body, *lambdas]:
+            if isinstance(st, ast.FunctionDef) and not st.decorator_list and counts.get(st.name) == 1:
+                # a def of the loop's own that reads only statics and globals: a function, as a lambda is (it was
+                # a local a jitted piece could not return, a NameError where the loop is cut after it)
+                free = {n.id for n in _scope_walk(ast.Module([st], [])) if isinstance(n, ast.Name)
+                        and isinstance(n.ctx, ast.Load)}
+                plain = not any(isinstance(n, ast.Call) for d in st.args.defaults + st.args.kw_defaults
+                                if d is not None for n in ast.walk(d))
+                if plain and not free & (set(counts) - set(statics)):
+                    space, node = {**self._scope(src), **statics}, ast.increment_lineno(copy.deepcopy(st), src.offset)
+                    try:  # (its lines as in the user's file)
+                        exec(compile(ast.Module([node], []), src.file, "exec"), space)
+                    except Exception:  # noqa: BLE001 - not static then: it stays as written
+                        continue
+                    statics[st.name] = space[st.name]
+                continue
             if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and _is_names(st.targets[0])):
                 continue
             target = st.targets[0]
