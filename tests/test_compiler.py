@@ -568,6 +568,8 @@ class _Yours(msrl.DistributedPolicy):
             return {s.id: "actor" for s in loop.statments}
         if self.mistake == "partial":
             return {s.id: "actor" for s in loop.statements[1:]}
+        if self.mistake == "stray":
+            return {**loop.roles(lambda s: "actor"), "s_nowhere": "learner"}
         if self.mistake in ("learners", "idle"):
             return loop.roles(lambda s: "learner")
         if self.mistake in ("calltypo", "componenttypo"):  # (each left a role without its statements, silently)
@@ -621,6 +623,9 @@ class _Yours(msrl.DistributedPolicy):
     # config.yaml said 16, and its resume refused the 32 it ran)
     ("partial", msrl.CompileError, r"the assign\(\) of policy 'test_yours' gives `.*` no role \(its roles: actor, "
                                    r"learner\); every statement of the loop has one"),  # (was "in fragment None")
+    ("stray", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) places 's_nowhere', which is not a "
+                                r"statement of the loop \(its statements: s1, s3, .*; `msrl graph` lists them\)$"),  # (a
+    # KeyError deep in the compiler)
     ("calltypo", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) raised ValueError: "
                                    r"'agent_lern' is not an API function; did you mean 'agent_learn'\? they are: .*"
                                    r"\(at .*test_compiler.py:\d+\)$"),

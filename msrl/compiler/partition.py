@@ -64,6 +64,11 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
                               "its fragments(); a role runs at least 1 (where a policy key counts them, it must be "
                               "> 0)")
     assign = answer(policy, "assign", Loop(list(leaves(stmts)), fdg))
+    ids = [s.id for s in leaves(stmts)]
+    stray = sorted(set(assign) - set(ids), key=str)
+    if stray:  # (a KeyError inside the compiler)
+        raise ConfigError("policy.name", f"policy {policy.name!r}: its assign() places {stray[0]!r}, which is not a "
+                          f"statement of the loop (its statements: {', '.join(ids)}; `msrl graph` lists them)")
     for s in leaves(stmts):
         if assign.get(s.id) not in fragments:
             raise CompileError(
