@@ -558,6 +558,8 @@ class _Yours(msrl.DistributedPolicy):
             return [self.role("my-actor" if self.mistake == "dash" else "actor",
                               {"dash": 2, "many": 16, "uneven": 3}[self.mistake], "backend"),
                     self.role("learner", 1, "backend")]
+        if self.mistake == "bcast":
+            return [self.role("sim", 1, "backend"), self.role("actor", 2, "backend"), self.role("learner", 1, "backend")]
         return [self.role("actor", 2, "backend"), self.role("learner", self.learners, "backend")]
 
     def total_envs(self, num_envs):
@@ -575,11 +577,14 @@ class _Yours(msrl.DistributedPolicy):
         if self.mistake in ("calltypo", "componenttypo"):  # (each left a role without its statements, silently)
             loop.calls("agent_lern") if self.mistake == "calltypo" else loop.component_calls("envs")
         learner = loop.downstream_of(loop.calls("agent_learn"))
-        return loop.roles(lambda s: "learner" if s.id in learner else "actor")
+        env = loop.component_calls("env") if self.mistake == "bcast" else set()
+        return loop.roles(lambda s: "learner" if s.id in learner else "sim" if s.id in env else "actor")
 
     def link(self, var, src, dst):
         if self.mistake == "tuple":
             return ("gather", "env")
+        if src.name == "sim" and dst.name == "actor":
+            return msrl.Link(op="broadcast", axis="replicated")
         if var == "@params" and self.mistake == "lag2":
             return msrl.Link(axis="replicated", lag=2)
         if var != "@params" and self.mistake in ("batch", "lag", "every", "replicated"):
@@ -623,6 +628,9 @@ class _Yours(msrl.DistributedPolicy):
     # config.yaml said 16, and its resume refused the 32 it ran)
     ("partial", msrl.CompileError, r"the assign\(\) of policy 'test_yours' gives `.*` no role \(its roles: actor, "
                                    r"learner\); every statement of the loop has one"),  # (was "in fragment None")
+    ("bcast", msrl.CompileError, r"policy 'test_yours' broadcasts `obs`, a per-environment value, from 'sim' to the 2 "
+                                 r"'actor' replicas, each of which holds a share of the environments"),  # (a vmap
+    # error in the first iteration)
     ("stray", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) places 's_nowhere', which is not a "
                                 r"statement of the loop \(its statements: s1, s3, .*; `msrl graph` lists them\)$"),  # (a
     # KeyError deep in the compiler)

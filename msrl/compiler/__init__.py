@@ -469,9 +469,20 @@ class Program:
         drop or invent numbers. (A scalar leaf is joined only if every replica holds the same: checked as
         it runs.)"""
         by_id = {s.id: s for s in leaves(self.stmts)}
+        frags = self.plan.fragments
+        shared = {f for c in self.plan.comms if c.op in ("gather", "scatter") and c.axis == "env"
+                  for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}  # (each holds a share)
         for c in self.plan.comms:
-            senders = self.plan.fragments[c.src_fragment].replicas
-            receivers = self.plan.fragments[c.dst_fragment].replicas
+            if c.op == "broadcast" and c.dst_fragment in shared and any(a is not None for a in self.comm_axes(c)):
+                s = by_id[c.src]  # (each replica got every environment's rows for its share's: a vmap error mid-run)
+                raise CompileError(
+                    f"policy {self.policy.name!r} broadcasts `{c.var}`, a per-environment value, from "
+                    f"{c.src_fragment!r} to the {frags[c.dst_fragment].replicas} {c.dst_fragment!r} replicas, each of "
+                    "which holds a share of the environments: each would get every environment's rows",
+                    s.file, s.line, "split it among them: a scatter along axis 'env' (what link() gives from 1 "
+                    "replica to several when it returns msrl.Link())")
+            senders = frags[c.src_fragment].replicas
+            receivers = frags[c.dst_fragment].replicas
             if c.op != "gather" or senders == receivers:
                 continue
             value = self.shapes.get((c.src, c.var))
