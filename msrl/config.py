@@ -443,6 +443,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
         node = data
         for i, part in enumerate(parts[:-1]):
             nxt = node.setdefault(part, {})
+            if nxt is None:  # a section the file leaves off (`wandb: null`, as a run's own config.yaml writes it)
+                nxt = node[part] = {}
             if not isinstance(nxt, dict):
                 raise ConfigError(".".join(parts[: i + 1]), f"is {quote(nxt)}, not a section; cannot set {key}")
             node = nxt

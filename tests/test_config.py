@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+import yaml
 
 import msrl
 from msrl.config import load_config, read_config
@@ -17,7 +18,7 @@ from msrl.errors import ConfigError
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_example_loads_with_overrides():
+def test_example_loads_with_overrides(tmp_path):
     cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=3", "algorithm.lr=1e-3", "env.num_envs=8"])
     assert cfg.run.seed == 3 and cfg.algorithm.lr == 1e-3 and cfg.env.num_envs == 8
     assert cfg.policy.name == "fused" and cfg.policy.backend == "jax"
@@ -33,6 +34,12 @@ def test_example_loads_with_overrides():
         msrl.train(None, resume=True)
     with pytest.raises(ConfigError, match=r"^overwrite: a resumed run continues its directory; overwrite=True would"):
         msrl.train(EXAMPLES / "ppo_cartpole.yaml", run_dir="anywhere", resume=True, overwrite=True)
+    # a section a saved config writes as null (`wandb: null`) takes a dotted key (it was "is None, not a section")
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(load_config(EXAMPLES / "ppo_cartpole.yaml").dump()))
+    assert "wandb: null" in saved.read_text()
+    cfg = load_config(saved, ["run.wandb.project=p", "run.wandb.mode=offline"])
+    assert (cfg.run.wandb.project, cfg.run.wandb.mode) == ("p", "offline")
     # a word ending in ':' is that text (YAML reads `envpool:` as {envpool: null}): the env id's own error follows
     with pytest.raises(ConfigError, match=r"env.id: envpool: is not an EnvPool environment"):
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.id=envpool:"]))
