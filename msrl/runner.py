@@ -642,6 +642,10 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                 raise ConfigError(arg("resume"), f"{run_dir} is a checkpoint; a run resumes from its newest good "
                                   f"one: give its directory, {Path(run_dir).parent.parent} (to go on from an older "
                                   "checkpoint, move the newer ones out of checkpoints/ first)")
+            pid = writer_of(Path(run_dir)) if Path(run_dir).is_dir() else None
+            if pid:  # (a run that has not written its config yet: "not a run directory" sent the user elsewhere)
+                raise ConfigError(arg("resume"), f"{run_dir} is in use by another run (process {pid}) writing into "
+                                  "it, which has not written its config.yaml yet; wait for it to end, then resume it")
             raise ConfigError(arg("resume"), f"{run_dir} is not a run directory (no config.yaml)" + (
                 f"; its checkpoints are there: give the config file it was trained with too (msrl train CONFIG "
                 f"--resume {run_dir}, or train(CONFIG, run_dir=..., resume=True)), and its config.yaml is written again"

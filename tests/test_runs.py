@@ -517,6 +517,10 @@ def test_a_run_refused_by_anothers_lock_leaves_the_folder_it_found_missing(tmp_p
         with pytest.raises(ConfigError, match=r"in use by another run \(process 4242\)"):
             msrl.train(CARTPOLE, SHORT, run_dir=run)
         assert (run / ".msrl.lock").is_file()  # (it was removed with the folder)
+        # a resume of it, before it has written its config.yaml (it said "not a run directory")
+        with pytest.raises(ConfigError, match=rf"^resume: {run} is in use by another run \(process 4242\) writing "
+                                              r"into it, which has not written its config.yaml yet; wait for it"):
+            msrl.train(None, run_dir=run, resume=True)
     finally:
         for proc in other:
             proc.kill()
