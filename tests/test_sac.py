@@ -78,6 +78,18 @@ def test_td3_split_at_the_env_or_the_buffer_acts_and_learns_as_fused_bitwise():
         assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(params))), split
 
 
+def test_random_acting_ends_where_each_learner_starts_learning_under_multi_learner():
+    """Each of multi_learner's learners starts once its own buffer (its share of the envs) holds learning_starts;
+    the random acting counted it over all the envs, so the learners' untrained policies acted until then."""
+    cfg = load_config(SAC, ["algorithm.hidden=[8]", "algorithm.rollout_len=1", "algorithm.updates=1",
+                            "algorithm.batch_size=8", "algorithm.learning_starts=8", "env.num_envs=4",
+                            "policy.name=multi_learner", "policy.learners=2", *QUICK])
+    with msrl.Session(cfg) as session:
+        learning = [row["learning"] for row in session.run(6)]
+        assert session.program.algorithm.random_steps == 4  # (8 transitions of a learner's 2 envs; it was 2)
+    assert learning == [0.0] * 3 + [1.0] * 3  # (the 4th iteration acts at random, then learns)
+
+
 def test_continuous_learners_refuse_discrete_actions():
     import pytest
 

@@ -33,8 +33,9 @@ class OffPolicyConfig(msrl.AlgorithmConfig):
     batch_size: int = Field(256, gt=0, le=msrl.INT32_MAX, description="transitions per update")
     buffer_size: int = Field(100_000, gt=0, le=msrl.INT32_MAX, description="replay capacity, in transitions (per "
                              "learner under multi_learner; split over replay_server's shards)")
-    learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX, description="transitions (all envs) of uniformly "
-                                 "random actions; updates start once a learner's buffer holds this many")
+    learning_starts: int = Field(1_000, ge=0, le=msrl.INT32_MAX, description="transitions (all envs; a learner's "
+                                 "share under multi_learner) of uniformly random actions; updates start once a "
+                                 "learner's buffer holds this many")
     actor_lr: float = Field(3e-4, gt=0, description="the actor's Adam learning rate")
     critic_lr: float = Field(1e-3, gt=0, description="the critics' Adam learning rate")
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
@@ -251,7 +252,9 @@ class ContinuousOffPolicy(msrl.Algorithm):
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions are "
                                    f"{cfg.buffer_size // ctx.num_envs} steps of {ctx.num_envs} envs; it must hold "
                                    f"{max(cfg.rollout_len, 2)} steps (rollout_len, and at least 2)")
-        self.random_steps = -(-cfg.learning_starts // ctx.num_envs)  # acting steps of uniformly random actions
+        # acting steps of uniformly random actions: until a learner's buffer holds learning_starts (multi_learner's
+        # learners each hold their share of the envs; counted over them all, the rest acted with untrained policies)
+        self.random_steps = -(-cfg.learning_starts // ctx.learner_envs)
         self.buffer = msrl.UniformBuffer(cfg.buffer_size)
         ctx.check_learning_starts(cfg.learning_starts, self.buffer, cfg.rollout_len, cfg.batch_size)
 
