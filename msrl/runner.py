@@ -708,11 +708,13 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             alg = cfg.algorithm
             named = [k for k, on in (("anneal_lr's learning rate", getattr(alg, "anneal_lr", False)),
                                      ("prioritized replay's beta", getattr(alg, "prioritized", False))) if on]
-            what = " and ".join(named) or "any schedule the algorithm builds from it"
-            print(f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; {what} "
-                  "follows the new total from the checkpoint on (its value at update k is that of a run of the new "
-                  "length: a rate annealed to 0 rises again), so the run differs from one of either length",
-                  file=sys.stderr, flush=True)
+            change = f"msrl: note: run.total_env_steps changes from {before:,} to {cfg.run.total_env_steps:,}; "
+            print(change + (f"{' and '.join(named)} follow{'s' * (len(named) == 1)} the new total from the "
+                            "checkpoint on (its value at update k is that of a run of the new length: a rate annealed "
+                            "to 0 rises again), so the run differs from one of either length" if named else
+                            "any schedule the algorithm builds from it follows the new total from the checkpoint on "
+                            "(none of the built-ins' does with anneal_lr and prioritized off: they go on as a run of "
+                            "the new length would)"), file=sys.stderr, flush=True)
         ended = json.loads(summary.read_text()) if not left and summary.is_file() else {}
         if ended.get("env_steps") == meta["env_steps"]:  # nothing left to run, and the summary is of this checkpoint
             print(f"msrl: note: the run already ended at {meta['env_steps']:,} env steps; nothing is left to train "

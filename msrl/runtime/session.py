@@ -128,7 +128,8 @@ class Session:
 
             print(f"msrl: note: this session runs to {end:,} env steps, past run.total_env_steps={total:,}, which "
                   "sizes the algorithm's schedules (a learning rate decayed to 0, an importance-sampling anneal): past "
-                  "it they hold their final values; raise run.total_env_steps to train longer",
+                  "it they hold their final values (a rate that counts updates made goes on to 0); raise "
+                  "run.total_env_steps to train longer",
                   file=sys.stderr)
             self._total_env_steps = None  # said once
         from msrl.errors import MsrlError
