@@ -366,6 +366,23 @@ class ModuleFunction(Base):
         return 0
 
 
+class Roller:
+    def rollout(self, obs):
+        return msrl.env_step(msrl.agent_act(obs).action)
+
+
+class AnotherObjectsMethod(Base):
+    """A method of an object the algorithm holds that steps the environments itself (it "never calls
+    msrl.env_step")."""
+
+    roller = Roller()
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        self.roller.rollout(obs)
+        return 0
+
+
 class NoEnvStep(Base):
     def train_step(self):
         obs = msrl.env_observe()

@@ -325,6 +325,9 @@ def test_a_function_of_a_module_that_calls_the_api_is_named_with_what_to_do(env)
                                                 r"compiler inlines only methods of the algorithm.*\n  hint: make "
                                                 r"rollout a method of ModuleFunction and call it as self.rollout"):
         msrl.compile(loops.ModuleFunction(), Fused(), env, NUM_ENVS)
+    with pytest.raises(msrl.CompileError, match=r"Roller.rollout\(\) \(.*loops.py:\d+\) calls the msrl API, but the "
+                                                r"compiler inlines only methods of the algorithm"):
+        msrl.compile(loops.AnotherObjectsMethod(), Fused(), env, NUM_ENVS)
 
 
 class LearnerWithoutPolicyParams(msrl.Learner):

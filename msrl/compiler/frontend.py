@@ -364,7 +364,9 @@ class Frontend:
         see those calls (the loop would seem not to step its environments, or the API would run outside it)."""
         if not isinstance(call, ast.Call) or not isinstance(call.func, (ast.Name, ast.Attribute)):
             return
-        fn = self._resolve(src, call.func, _node_names(src.fdef, ast.Store) | {a.arg for a in src.fdef.args.args})
+        local = _node_names(src.fdef, ast.Store) | {a.arg for a in src.fdef.args.args[1:]}  # (self: the algorithm)
+        fn = self._resolve(src, call.func, local)
+        fn = fn.__func__ if inspect.ismethod(fn) else fn  # (another object's: self.helper.collect(...))
         if not inspect.isfunction(fn) or not set(API) & _code_names(fn.__code__) or not self._uses_api(fn):
             return  # (the names its code reads first: no source of jax's functions is parsed)
         where = f"{inspect.getsourcefile(fn)}:{fn.__code__.co_firstlineno}"
