@@ -87,6 +87,10 @@ class EnvSpec:
         if not isinstance(self.action_space, (Discrete, Box)):
             raise MsrlError(f"msrl.{type(self).__name__}({self.id!r}, ...): action_space must be an msrl.Discrete or "
                             f"msrl.Box{alike}; got {self.action_space!r}")
+        agents = getattr(self, "num_agents", 1)  # (0 was a ZeroDivisionError deep in an algorithm's network)
+        if not isinstance(agents, (int, np.integer)) or isinstance(agents, bool) or agents < 1:
+            raise MsrlError(f"msrl.{type(self).__name__}({self.id!r}, ...): num_agents must be a whole number >= 1; "
+                            f"got {agents!r}")
 
     @property
     def discrete(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -271,3 +272,7 @@ def test_a_multi_agent_env_unlike_its_spec_is_refused_naming_its_method():
     with pytest.raises(msrl.MsrlError, match=r"obs_shape must be a tuple of ints, one observation's shape \(every "
                        r"agent's is the same: agents are a batch axis\); got \(\(2,\), \(1,\)\)"):
         msrl.MultiAgentSpec("mine", ((2,), (1,)), np.dtype(np.float32), msrl.Discrete(3), num_agents=2)
+    for agents in (0, -1, "3", True, 2.5):  # (0 was a ZeroDivisionError deep inside MAPPO's network)
+        with pytest.raises(msrl.MsrlError, match=rf"^msrl.MultiAgentSpec\('mine', \.\.\.\): num_agents must be a "
+                           rf"whole number >= 1; got {re.escape(repr(agents))}$"):
+            msrl.MultiAgentSpec("mine", (2,), np.dtype(np.float32), msrl.Discrete(3), num_agents=agents)
