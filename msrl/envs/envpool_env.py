@@ -47,7 +47,7 @@ from flax import struct
 from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep
 from msrl.envs.gymnasium_env import EpisodeCounts, _ShapeOnly, host_spaces, seed_words
 from msrl.envs.gymnax_env import FunctionalEnv, episode_counts
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import ConfigError, TrainingError, did_you_mean
 
 # EnvPool builds Gymnasium Boxes from float64 bounds in every pool (and again as it steps); Gymnasium warns each
 # time that it casts them to float32, which says nothing to a user
@@ -116,6 +116,12 @@ class EnvPoolEnv(Environment):
         except Exception as e:  # noqa: BLE001 - EnvPool's config raises TypeError/AssertionError/ValueError
             if isinstance(e, TypeError):  # pybind's "incompatible constructor arguments": name the kwarg
                 defaults = envpool.make_spec(name).config._asdict()
+                takes = sorted(k for k in defaults if k not in RESERVED)
+                for key in kwargs:
+                    if key not in defaults:  # (a TypeError of EnvPool's Config naming it, keyed env.kwargs)
+                        near = did_you_mean(key, takes)
+                        raise ConfigError(f"env.kwargs.{key}", f"envpool:{name} takes no {key!r}"
+                                          f"{f' ({near.strip()})' if near else ''}; it takes {', '.join(takes)}")
                 for key, value in kwargs.items():
                     want = type(defaults.get(key))
                     if key in defaults and not isinstance(value, want) and not (want is float and
