@@ -225,8 +225,9 @@ class GymnasiumEnv(Environment):
         # what makes its envs wherever this object goes (a Ray actor, a worker process): the registered spec, so an
         # env registered by the user's code needs no registration there ("module:id" imports its module there)
         self.made_from = name if ":" in name else gymnasium.spec(name)
-        action_space = host_spaces(f"gymnasium:{name}", obs_space, act_space,
-                                   " (wrap it with gymnasium's FlattenObservation)", shifts=True)
+        flatten = (" (register an id of your own whose entry point wraps it with gymnasium's FlattenObservation, "
+                   "its module imported with --import: env.kwargs only reach gymnasium.make)")
+        action_space = host_spaces(f"gymnasium:{name}", obs_space, act_space, flatten, shifts=True)
         self.start = int(act_space.start) if isinstance(act_space, gymnasium.spaces.Discrete) else 0
         self.bounds = (act_space.low, act_space.high, act_space.dtype) if isinstance(act_space, gymnasium.spaces.Box) \
             else None
