@@ -347,7 +347,8 @@ def check_members(backend: str, run: Any, env_id: str = "") -> None:
                               "program, which steps jitted environments only): train each in a run of its own")
         if not BACKENDS.get(backend).multi_seed:
             raise ConfigError(key, f"the {backend} backend runs one member per program (one seed, one value of each "
-                              f"key); several {what} in one program need the jax backend (policy.name=fused)")
+                              f"key); several {what} in one program need one jitted program: the jax backend, with "
+                              "policy.name=fused (or multi_learner there)")
 
 
 def vmap_seeds(seed_batching: str) -> bool:
