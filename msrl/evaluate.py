@@ -263,7 +263,7 @@ class TrainedPolicy:
 
     def act(self, obs: Any, done: Any = None) -> np.ndarray:
         if isinstance(obs, (list, tuple)) and not hasattr(obs, "_fields"):  # a plain list of numbers
-            obs = np.asarray(obs, self.env_spec.obs_dtype)
+            obs = np.asarray(obs)  # (in the env's dtype, a list's floats were cut to uint8 before any check)
         obs = jax.tree.map(np.asarray, obs)
         spec = self.env_spec
         shape = tuple(spec.obs_shape)
@@ -273,13 +273,16 @@ class TrainedPolicy:
             raise TypeError(f"act: observations of {spec.id} are an array shaped (n, {spec.num_agents}, "
                             f"{', '.join(map(str, shape))}) (every agent's, in the env's agent order) or an "
                             f"msrl.MultiAgentObs, got {type(obs).__name__}")
+        one = False  # (one environment's MultiAgentObs, as one environment's array is taken)
         if isinstance(obs, MultiAgentObs):
             agents, state = (spec.num_agents, *shape), tuple(spec.state_shape)
-            if obs.agents.shape[1:] != agents or obs.state.shape[1:] != state or \
-                    len(obs.agents) != len(obs.state):
+            one = obs.agents.shape == agents and obs.state.shape == state
+            if not one and (obs.agents.shape[1:] != agents or obs.state.shape[1:] != state or
+                            len(obs.agents) != len(obs.state)):
                 raise ValueError(f"act: a MultiAgentObs of {spec.id} holds agents shaped (n, "
-                                 f"{', '.join(map(str, agents))}) and state (n, {', '.join(map(str, state))}), got "
-                                 f"{obs.agents.shape} and {obs.state.shape}")
+                                 f"{', '.join(map(str, agents))}) and state (n, {', '.join(map(str, state))}) (or one "
+                                 f"environment's: {agents} and {state}), got {obs.agents.shape} and "
+                                 f"{obs.state.shape}")
         for x in jax.tree.leaves(obs):
             if x.dtype.kind not in "fiub":
                 raise ValueError(f"act: observations are numbers, got an array of {x.dtype}")
@@ -288,8 +291,11 @@ class TrainedPolicy:
             if not np.isfinite(x).all():
                 raise ValueError(f"act: an observation holds a non-finite number ({x[~np.isfinite(x)].flat[0]})")
             if spec.obs_dtype == np.uint8 and x.dtype.kind == "f" and 0 < np.abs(x).max() <= 1:  # (taken as 0..1
-                raise ValueError(f"act: observations of {spec.id} are pixels 0..255 as the env returns them (the "  # of
-                                 "network scales them itself); got floats within [0, 1]: pass them unscaled")  # 255)
+                raise ValueError(f"act: observations of {spec.id} are pixels 0..255 as the env returns them (as "  # of
+                                 "training saw them); got floats within [0, 1]: pass them unscaled")  # 255)
+            if spec.obs_dtype == np.uint8 and (x.min() < 0 or x.max() > 255):
+                raise ValueError(f"act: observations of {spec.id} are pixels 0..255 as the env returns them, got "
+                                 f"{x.min() if x.min() < 0 else x.max()}")
         if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):  # every agent's, as one array
             shape = (spec.num_agents, *shape)
         if isinstance(obs, np.ndarray) and obs.shape != shape and obs.shape[1:] != shape:
@@ -297,7 +303,7 @@ class TrainedPolicy:
                 if len(shape) > len(spec.obs_shape) else f"an observation of {spec.id} is"
             raise ValueError(f"act: {what} shaped {shape} (a batch: (n, "
                              f"{', '.join(map(str, shape))})), got {obs.shape}")
-        single = isinstance(obs, np.ndarray) and obs.shape == shape
+        single = one or isinstance(obs, np.ndarray) and obs.shape == shape
         if single:  # one observation: act on a batch of one
             obs = jax.tree.map(lambda x: x[None], obs)
         if isinstance(spec, MultiAgentSpec) and isinstance(obs, np.ndarray):

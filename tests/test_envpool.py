@@ -341,6 +341,12 @@ def test_eval_of_an_atari_run_scores_whole_games_as_its_rows_do(tmp_path):
     assert policy.act(frames).shape == (3,) and policy.act(frames.astype(np.float32)).shape == (3,)
     with pytest.raises(ValueError, match="pixels 0..255 as the env returns them .* pass them unscaled"):
         policy.act(frames.astype(np.float32) / 255)  # (acted on them, divided by 255 again, without a word)
+    with pytest.raises(ValueError, match="pixels 0..255 as the env returns them .* pass them unscaled"):
+        policy.act((frames[0] / 255).tolist())  # (a list was cut to uint8 first: 0s and 1s, acted on)
+    assert policy.act(frames[0].tolist()) == policy.act(frames[0])
+    with pytest.raises(ValueError, match=r"^act: observations of envpool:Breakout-v5 are pixels 0..255 as the env "
+                                         r"returns them, got 765$"):  # (numpy's OverflowError, from a list)
+        policy.act((frames[0].astype(int) * 3 + 3).clip(0, 765).tolist())
 
 
 def test_ppo_envpool_on_ray_actors_matches_threads(ray_cluster):

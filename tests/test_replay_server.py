@@ -11,6 +11,7 @@ import functools
 from pathlib import Path
 from typing import Literal
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import max_diff
@@ -281,6 +282,57 @@ def test_a_buffer_of_yours_with_shards_is_split_like_msrls_own():
     assert max_diff(params["conf_sac"], params["test_own_split_sac"]) == 0
     assert max_diff(params["initial"], params["test_own_split_sac"]) > 1e-4  # (it sampled and learned)
 
+
+class _IgnoresShards(_OwnSplit):
+    def _storage(self) -> msrl.UniformBuffer:  # (each shard drew the whole batch: the learner's was twice as large)
+        return msrl.UniformBuffer(self.capacity, sequence_length=2)
+
+
+class _NoCapacity(_OwnSplit):
+    def __init__(self, capacity: int):
+        self.entries = capacity
+
+    def _storage(self) -> msrl.UniformBuffer:
+        return msrl.UniformBuffer(self.entries, sequence_length=2)
+
+
+class _SampleGrows(_OwnSplit):
+    def sample(self, state, batch_size=None):
+        state, sample = super().sample(state, batch_size)
+        return (state, jnp.zeros(())), sample
+
+
+class _InsertsATuple(_OwnSplit):
+    def insert(self, state, item):
+        return super().insert(state, item), None
+
+
+@msrl.register_algorithm("test_buffer_mistake_sac")
+class _BufferMistakeSAC(ConformanceSAC):
+    class Config(ConformanceSAC.Config):
+        name: Literal["test_buffer_mistake_sac"] = "test_buffer_mistake_sac"
+        mistake: str = ""
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.buffer = {"ignores": _IgnoresShards, "capacity": _NoCapacity, "grows": _SampleGrows,
+                       "tuple": _InsertsATuple}[cfg.mistake](cfg.buffer_size)
+
+
+@pytest.mark.parametrize("mistake, policy, message", [
+    ("ignores", "replay_server", r"_IgnoresShards.sample\(\) \(.*\) draws 32 entries on each of its 2 shards, 64 joined, "
+                                 r"where a sample of the whole buffer has 32: the learner would see another batch size"),
+    ("capacity", "replay_server", r"_NoCapacity has `shards` but no `capacity` \(the entries it holds, an int\)"),
+    ("grows", "single_learner_fine", r"_SampleGrows.sample\(\) \(.*\) returned a new state unlike the one it was "
+                                     r"given"),  # (a raw scan-carry error; replay_server trained, and its resume failed)
+    ("tuple", "fused", r"_InsertsATuple.insert\(\) \(.*\) returned \(state, NoneType\); it returns its new state "
+                       r"alone"),  # (a TypeError blaming sample)
+])
+def test_a_buffer_of_yours_that_breaks_the_protocol_is_named(mistake, policy, message):
+    overrides = ["algorithm.name=test_buffer_mistake_sac", f"algorithm.mistake={mistake}", f"policy.name={policy}"]
+    overrides += [] if policy == "fused" else ["policy.backend=threads", "policy.actors=2"]
+    with pytest.raises(msrl.CompileError, match=message):
+        msrl.build(load_config(None, overrides + (["policy.shards=2"] if policy == "replay_server" else [])))
 
 
 def test_one_or_an_odd_number_of_actors_gets_one_shard_unless_told():

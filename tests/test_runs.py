@@ -351,12 +351,15 @@ def test_load_gives_a_policy_that_acts_on_numpy_observations(tmp_path, config, o
         agents = np.asarray(obs.agents)
         np.testing.assert_array_equal(policy.act(agents), policy.act(jax.tree.map(np.asarray, obs)))
         assert policy.act(agents[0]).shape == actions.shape[1:]
+        one = msrl.MultiAgentObs(agents[0], np.asarray(obs.state)[0])  # one environment's, as its array is taken
+        np.testing.assert_array_equal(policy.act(one), policy.act(agents[0]))
         with pytest.raises(ValueError, match=r"its 3 agents' observations of .* are shaped \(3, 18\)"):
             policy.act(agents[..., :17])
         with pytest.raises(TypeError, match=r"^act: observations of .* are an array shaped \(n, 3, 18\) .*got dict$"):
             policy.act({f"agent_{i}": agents[:, i] for i in range(3)})  # (AttributeError inside the actor)
         with pytest.raises(ValueError, match=r"^act: a MultiAgentObs of .* holds agents shaped \(n, 3, 18\) and state "
-                                             r"\(n, 54\), got \(3, 2, 18\) and \(3, 36\)$"):  # (flax's shape error)
+                                             r"\(n, 54\) \(or one environment's: \(3, 18\) and \(54,\)\), got "
+                                             r"\(3, 2, 18\) and \(3, 36\)$"):  # (flax's shape error)
             policy.act(msrl.MultiAgentObs(agents[:, :2], agents[:, :2].reshape(3, -1)))
 
 

@@ -174,11 +174,16 @@ def _written(method: str) -> str:
     return "step" if method == "transition" else method
 
 
-def _check_returned(component: Any, method: str, old: Any, result: Any) -> None:
-    """An actor's ``act``, a learner's ``learn`` and an env's methods return ``(state, output)`` with the state
-    they were given, in structure, shapes and dtypes (the loop carries it): else a CompileError naming the
-    method's file:line (raised at the user's API call)."""
+def _check_returned(component: Any, method: str, old: Any, result: Any, alone: bool = False) -> None:
+    """A component's method returns ``(state, output)`` (``alone``: the state alone, a buffer's ``insert`` and
+    ``update``) with the state it was given, in structure, shapes and dtypes (the loop carries it): else a
+    CompileError naming the method's file:line (raised at the user's API call)."""
     name = method_name(component, _written(method))
+    if alone:
+        if _signature(old) != _signature(result) and isinstance(result, tuple) and len(result) == 2 and \
+                _signature(old) == _signature(result[0]):
+            raise CompileError(f"{name} returned (state, {type(result[1]).__name__}); it returns its new state alone")
+        result = (result, None)
     if not (isinstance(result, tuple) and len(result) == 2):
         got = f"{len(result)} values" if isinstance(result, tuple) else \
             f"an array of shape {tuple(result.shape)}" if hasattr(result, "shape") else \
@@ -311,6 +316,9 @@ def whole(buffer: Any, scale: float = 1.0) -> Any:
     each) and the memory estimate see. Its samples are the learner's joined batch."""
     if not hasattr(buffer, "shards") or (buffer.shards == 1 and scale == 1):
         return buffer
+    if not isinstance(getattr(buffer, "capacity", None), int):  # (an AttributeError inside the compiler)
+        raise CompileError(f"{type(buffer).__name__} has `shards` but no `capacity` (the entries it holds, an int), "
+                           "which a policy splitting it sets to each shard's part", *defined_at(type(buffer)))
     one = copy.copy(buffer)
     one.shards, one.capacity = 1, max(1, round(buffer.capacity * scale))
     return one
@@ -321,6 +329,9 @@ class _ProbeBuffer:
 
     def __init__(self, buffer: Any, scale: float = 1.0):
         self.split = buffer  # as the shards hold it: a sample's size must divide among them
+        if getattr(buffer, "shards", 1) > 1 and scale != 1:  # (as many steps of the probe's environments)
+            self.split = copy.copy(buffer)
+            self.split.capacity = max(1, round(buffer.capacity * scale))
         buffer = whole(buffer, scale)
         self.buffer, self.key, self.item_spec = buffer, None, buffer.item_spec
 
@@ -329,7 +340,12 @@ class _ProbeBuffer:
         return self.buffer.init(self.key, self.item_spec)
 
     def insert(self, state: Any, item: Any) -> Any:
-        return self.buffer.insert(self.init(item) if state is None else state, item)
+        if state is not None:
+            return self.buffer.insert(state, item)
+        state = self.init(item)  # (the first: the loop's check has no state to compare with)
+        result = self.buffer.insert(state, item)
+        _check_returned(self.split, "insert", state, result, alone=True)
+        return result
 
     def __getattr__(self, method: str):
         def call(state: Any, *args: Any, **kwargs: Any):
@@ -337,9 +353,22 @@ class _ProbeBuffer:
                 raise CompileError(
                     f"buffer.{method}() runs before any buffer_insert, so the shape of the buffer's items is "
                     "unknown", hint="give the buffer an explicit item_spec (a pytree of jax.ShapeDtypeStruct)")
-            if method == "sample" and getattr(self.split, "shards", 1) > 1:  # split by a policy
+            shards = getattr(self.split, "shards", 1) if method == "sample" else 1
+            if shards > 1:  # split by a policy
                 shard_part(self.split, args[0] if args else kwargs.get("batch_size"))
-            return getattr(self.buffer, method)(state, *args, **kwargs)
+            out = getattr(self.buffer, method)(state, *args, **kwargs)
+            if shards > 1:  # each shard draws its part (one drawing the whole: a batch `shards` times larger)
+                part = self.split.sample(self.split.init(self.key, self.item_spec), *args, **kwargs)
+                items = (jax.tree.leaves(getattr(o[1], "item", o[1])) for o in (out, part))
+                rows = [(len(a), len(b)) for a, b in zip(*items) if getattr(a, "ndim", 0) and getattr(b, "ndim", 0)]
+                whole_rows, shard_rows = rows[0] if rows else (0, 0)
+                if shard_rows * shards != whole_rows:
+                    raise CompileError(f"{method_name(self.split, 'sample')} draws {shard_rows} entries on each of its "
+                                       f"{shards} shards, {shard_rows * shards} joined, where a sample of the whole "
+                                       f"buffer has {whole_rows}: the learner would see another batch size",
+                                       hint="a buffer with `shards` draws batch_size / shards entries of each sample "
+                                            "on each (msrl.replay.shard_part(self, batch_size) gives it)")
+            return out
 
         return call
 
@@ -652,8 +681,9 @@ class Program:
         def record_in(sid: str, values: dict[str, Any]) -> None:
             inputs[sid] = jax.tree.map(_sds, values)
 
-        def returned(component: str, method: str, old: Any, result: Any) -> Any:
-            _check_returned(components[component], method, old, result)
+        def returned(component: str, method: str, old: Any, result: Any, alone: bool) -> Any:
+            if old is not None:  # (a buffer's state is made by its first insert)
+                _check_returned(components[component], method, old, result, alone)
             if component == "env":
                 _check_env_output(components["env"], method, result)
             return result

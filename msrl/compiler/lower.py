@@ -158,8 +158,8 @@ class _Emitter:
         if self.mode == "probe" and spec.name == "env_step":  # what the loop hands the env, checked against its spec
             self.emit(indent, f"_msrl_check_actions({ast.unparse(s.args[0] if s.args else dict(s.kwargs)['action'])})",
                       s)
-        if self.mode == "probe" and spec.component in ("actor", "learner", "env"):  # the user's own methods, checked
-            call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call})"  # once
+        if self.mode == "probe":  # the user's own methods, checked once
+            call = f"_msrl_returned({spec.component!r}, {spec.method!r}, {state}, {call}, {spec.returns == 'None'})"
         target = ast.unparse(s.target) if s.target is not None else None
         if s is self.stacking:  # collected on the host, inserted once after the loop
             item = ast.unparse(s.args[0] if s.args else dict(s.kwargs)["item"])
