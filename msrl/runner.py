@@ -250,15 +250,17 @@ class _Logger:
         self.progress, self.plain = None, None  # a bar on a terminal; elsewhere a plain line every ~10 s
         self.unprinted: dict | None = None  # the last row a plain line did not show
         self.label, self.total = f"{cfg.algorithm.name} [{cfg.policy.name}]", total_steps
-        if cfg.run.progress and not sys.stdout.isatty():
+        if cfg.run.progress and not sys.stderr.isatty():  # (on stderr: stdout is the summary's JSON alone)
             self.plain = 0.0
         elif cfg.run.progress:
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                      TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
                                      TextColumn("{task.fields[sps]:,.0f} SPS"),
-                                     TextColumn("return {task.fields[ret]}"), TimeRemainingColumn(), transient=False)
+                                     TextColumn("return {task.fields[ret]}"), TimeRemainingColumn(), transient=False,
+                                     console=Console(stderr=True))
             self.task = self.progress.add_task(rf"{cfg.algorithm.name} \[{cfg.policy.name}]", total=total_steps,
                                                sps=0, ret="-")
             self.progress.start()
@@ -285,7 +287,7 @@ class _Logger:
         """The plain progress line of the last row :meth:`update` had."""
         row, self.unprinted, self.plain = self.unprinted, None, time.monotonic()
         print(f"{self.label} {row['env_steps']:,.0f}/{self.total:,.0f} steps  {row['sps']:,.0f} SPS  "
-              f"return {_shown(row)}", flush=True)
+              f"return {_shown(row)}", file=sys.stderr, flush=True)
 
     def close(self, final_return: float = math.nan, seed_returns: list[float] = ()) -> None:
         if self.progress is not None:

@@ -33,7 +33,7 @@ def wait_for_progress(proc: subprocess.Popen, timeout: float = 240) -> None:
     timer = threading.Timer(timeout, proc.kill)  # a hang guard
     timer.start()
     try:
-        for line in proc.stdout:
+        for line in proc.stderr:
             if " SPS " in line:
                 return
         raise AssertionError(f"no progress line; exit {proc.wait()}: {proc.stderr.read()[-3000:]}")

@@ -385,7 +385,8 @@ def test_load_uses_the_config_the_checkpoint_was_trained_with(tmp_path, capsys):
 def test_piped_progress_ends_with_where_a_stopped_run_stopped(tmp_path, capsys):
     msrl.train(CARTPOLE, ["run.total_env_steps=4096", "run.tensorboard=false", "run.iterations_per_dispatch=1"],
                run_dir=tmp_path, on_iteration=lambda row: row["iteration"] == 3)
-    lines = capsys.readouterr().out.splitlines()  # (a line every 10 s: the first row's, then none until the end)
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("msrl: ")]  # (a line every
+    # 10 s: the first row's, then none until the end; on stderr, as the start-up lines)
     end = int(list(csv.DictReader((tmp_path / "metrics.csv").open()))[-1]["env_steps"])
     assert end < 4096 and lines[-1].startswith(f"ppo [fused] {end:,}/4,096 steps ") and len(lines) == 2, lines
 
@@ -398,9 +399,10 @@ def test_feedback_without_a_terminal_and_debug_tracebacks(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "msrl: compiling ppo's loop under fused (gymnax:CartPole-v1)" in out.stderr
     assert "msrl: starting the jax backend" in out.stderr
-    assert "ppo [fused] 4,096/4,096 steps" in out.stdout and " SPS  return " in out.stdout
+    assert "ppo [fused] 4,096/4,096 steps" in out.stderr and " SPS  return " in out.stderr
+    assert json.loads(out.stdout)["env_steps"] == 4096  # (stdout: the summary alone; the progress went there too)
     # the line's SPS is the run's average so far, not the last row's (a short last dispatch is slower)
-    last_line = [line for line in out.stdout.splitlines() if "4,096/4,096 steps" in line][-1]
+    last_line = [line for line in out.stderr.splitlines() if "4,096/4,096 steps" in line][-1]
     shown = int(last_line.split(" steps ")[1].split(" SPS")[0].replace(",", ""))
     final = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))[-1]
     assert abs(shown - 4096 / float(final["wall_time"])) <= 1, (last_line, final)
