@@ -550,6 +550,19 @@ _EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, knowing the numbers :class:`_StrictLoader` reads: a string like ``1e3`` is quoted (it
+    was written bare, and a run's own config.yaml did not load back)."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789."))
+
+
+def dump_yaml(value: Any, **options: Any) -> str:
+    """``value`` as YAML that :func:`read_config` reads back as ``value`` (``yaml.safe_dump``'s options)."""
+    return yaml.dump(value, Dumper=_Dumper, **options)
+
+
 def _no_bools_for_numbers(model: type[BaseModel], data: dict, prefix: str) -> None:
     """``true``/``false`` where a number goes is an error (pydantic would read them as 1 and 0)."""
     for key, value in data.items():
@@ -663,7 +676,7 @@ def _bounds(field: Any) -> str:
 
 def _flow(value: Any) -> str:
     """``value`` as one line of YAML."""
-    return yaml.safe_dump(value, default_flow_style=True, width=float("inf"), allow_unicode=True).removesuffix(
+    return dump_yaml(value, default_flow_style=True, width=float("inf"), allow_unicode=True).removesuffix(
         "\n...\n").strip()
 
 

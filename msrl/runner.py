@@ -18,7 +18,7 @@ import yaml
 
 from msrl import checkpoint, resources
 from msrl.algorithm import Context
-from msrl.config import ExperimentConfig, dotted, in_file, override_list, read_config, validate_config
+from msrl.config import ExperimentConfig, dotted, dump_yaml, in_file, override_list, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import (CLI_FLAGS, CompileError, ConfigError, Interrupted, MsrlError, TrainingError, arg, defined_at,
                          user_code_error)
@@ -170,7 +170,7 @@ class _Table:
         if self.tb is None and self.tb_folder is not None:
             self.tb = tensorboard_writer()(str(self.tb_folder), purge_step=self.tb_purge)
             if self.tb_config is not None:
-                self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(self.tb_config, sort_keys=False) + "```")
+                self.tb.add_text("config", "```yaml\n" + dump_yaml(self.tb_config, sort_keys=False) + "```")
             for row in self.tb_rows:
                 self.add_scalars(row)
         return self.tb
@@ -238,7 +238,7 @@ class _Logger:
         self.members = []
         for d, member_cfg in member_dirs(run_dir, cfg):
             self.members.append((_Table(d, member_cfg, resume_at), member_cfg))
-            (d / "config.yaml").write_text(yaml.safe_dump(member_cfg.dump(), sort_keys=False))
+            (d / "config.yaml").write_text(dump_yaml(member_cfg.dump(), sort_keys=False))
         self.wandb = None
         if cfg.run.wandb is not None:
             try:
@@ -860,7 +860,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             seed_returns = meta.get("episode_return_per_seed", seed_returns)
         if replace:  # (--overwrite) the new run has compiled and started: the old one goes now
             clear_run_dir(run_dir)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.dump(), sort_keys=False))
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg.dump(), sort_keys=False))
         logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=session.iteration if resume else None)
     except BaseException:
         session.close()

@@ -38,8 +38,14 @@ def test_example_loads_with_overrides(tmp_path):
     saved = tmp_path / "config.yaml"
     saved.write_text(yaml.safe_dump(load_config(EXAMPLES / "ppo_cartpole.yaml").dump()))
     assert "wandb: null" in saved.read_text()
-    cfg = load_config(saved, ["run.wandb.project=p", "run.wandb.mode=offline"])
-    assert (cfg.run.wandb.project, cfg.run.wandb.mode) == ("p", "offline")
+    cfg = load_config(saved, ["run.wandb.project=p", "run.wandb.mode=offline", "run.wandb.tags=['1e3', '7']"])
+    assert (cfg.run.wandb.project, cfg.run.wandb.mode, cfg.run.wandb.tags) == ("p", "offline", ["1e3", "7"])
+    # written as msrl reads it: a string like a number quoted (1e3 was written bare, and read back as 1000.0)
+    from msrl.config import commented, dump_yaml
+
+    for text in (dump_yaml(cfg.dump()), commented(cfg)):
+        saved.write_text(text)
+        assert load_config(saved).run.wandb.tags == ["1e3", "7"]
     # a word ending in ':' is that text (YAML reads `envpool:` as {envpool: null}): the env id's own error follows
     with pytest.raises(ConfigError, match=r"env.id: envpool: is not an EnvPool environment"):
         msrl.build(load_config(EXAMPLES / "ppo_cartpole.yaml", ["env.id=envpool:"]))
