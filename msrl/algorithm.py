@@ -70,7 +70,8 @@ class Context:
         if learning_starts > offered(iterations * rollout_len):
             raise ConfigError("algorithm.learning_starts", f"{learning_starts:,} is more than the "
                               f"{offered(iterations * rollout_len):,} transitions the run collects{per} in its "
-                              f"{iterations:,} whole iterations ({iterations * rollout_len:,} steps of {width:,} "
+                              f"{iterations:,} whole iteration{'s' * (iterations != 1)} ({iterations * rollout_len:,} "
+                              f"step{'s' * (iterations * rollout_len != 1)} of {width:,} "
                               f"envs{less}; run.total_env_steps={self.total_env_steps:,}): learning would never start")
         if batch_size is not None and batch_size > buffer.capacity:
             raise ConfigError("algorithm.batch_size", f"{batch_size:,} is more than the {buffer.capacity:,} "

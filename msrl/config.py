@@ -427,6 +427,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
     file_algorithm = dict(data["algorithm"]) if isinstance(data.get("algorithm"), dict) else None
     for item in sorted(overrides, key=lambda o: not o.startswith("policy.name=")):
         key, sep, raw = item.partition("=")
+        key = key.strip()  # (' algorithm.lr=1' was "unknown key ' algorithm'; did you mean 'algorithm'")
         if not sep or not key:
             raise ConfigError(key or repr(item), "overrides are written KEY.PATH=VALUE (e.g. run.seed=1)")
         try:

@@ -21,6 +21,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def test_example_loads_with_overrides(tmp_path):
     cfg = load_config(EXAMPLES / "ppo_cartpole.yaml", ["run.seed=3", "algorithm.lr=1e-3", "env.num_envs=8"])
     assert cfg.run.seed == 3 and cfg.algorithm.lr == 1e-3 and cfg.env.num_envs == 8
+    assert load_config(EXAMPLES / "ppo_cartpole.yaml", [" algorithm.lr =1e-3"]).algorithm.lr == 1e-3  # (spaces
+    # around a key were part of it: "unknown key ' algorithm'; did you mean 'algorithm'?")
     assert cfg.policy.name == "fused" and cfg.policy.backend == "jax"
     dumped = cfg.dump()
     assert dumped["algorithm"]["name"] == "ppo" and dumped["run"]["seed"] == 3
