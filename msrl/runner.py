@@ -24,7 +24,7 @@ from msrl.errors import (CLI_FLAGS, CompileError, ConfigError, Interrupted, Msrl
                          user_code_error)
 from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
-from msrl.replay import TrajectoryBuffer
+from msrl.replay import PrioritizedBuffer, TrajectoryBuffer
 from msrl.policy import answer
 from msrl.runtime.session import check_members
 from msrl.sweep import build_guard, member_config, members, spread_over_cores
@@ -853,8 +853,12 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             stage(f"resuming at iteration {meta['iteration']:,} ({meta['env_steps']:,} env steps) from {path}")
             buffer = program.components.get("buffer")
             if "buffer" in skip and buffer is not None and not isinstance(buffer, TrajectoryBuffer):
+                prioritized = isinstance(buffer, PrioritizedBuffer)  # (its schedule is counted in its state)
                 print(f"msrl: note: run.checkpoint_buffer=false: {type(buffer).__name__} starts empty again (the "
-                      "checkpoint does not hold its content)", file=sys.stderr, flush=True)
+                      "checkpoint does not hold its content" + ("; its importance-sampling exponent anneals from "
+                                                                "per_beta again, and its priorities from 1" if
+                                                                prioritized else "") + ")",
+                      file=sys.stderr, flush=True)
             elapsed0, last_return = meta["wall_time"], meta["episode_return"]
             episodes0 = last_episodes = meta.get("episodes", 0.0) if "env" in skip else 0.0
             seed_returns = meta.get("episode_return_per_seed", seed_returns)
