@@ -86,8 +86,9 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     assert load_config(CARTPOLE, ["run.sweep={lr: [0.0025, 0.0005]}"]).algorithm.lr == 0.0025
     with pytest.raises(ConfigError, match="run.num_seeds: seeds 4,294,967,295 .. 4,294,967,296 pass the largest seed"):
         load_config(CARTPOLE, ["run.seed=4294967295", "run.num_seeds=2"])  # (the second was seed 0)
-    with pytest.raises(ConfigError, match=r"run.sweep: .*several swept values in one program need the jax backend "
-                                          r"\(policy.name=fused\)"):
+    with pytest.raises(ConfigError, match=r"run.sweep: .*several swept values in one program need one jitted "
+                                          r"program: the jax backend, with policy.name=fused \(or multi_learner "
+                                          r"there\)$"):
         msrl.Session(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=threads",
                                 "algorithm.lr=[0.001,0.0003]", *QUICK])
 

@@ -316,7 +316,7 @@ def whole(buffer: Any, scale: float = 1.0) -> Any:
     each) and the memory estimate see. Its samples are the learner's joined batch."""
     if not hasattr(buffer, "shards") or (buffer.shards == 1 and scale == 1):
         return buffer
-    if not isinstance(getattr(buffer, "capacity", None), int):  # (an AttributeError inside the compiler)
+    if not isinstance(getattr(buffer, "capacity", None), numbers.Integral):  # (an AttributeError in the compiler)
         raise CompileError(f"{type(buffer).__name__} has `shards` but no `capacity` (the entries it holds, an int), "
                            "which a policy splitting it sets to each shard's part", *defined_at(type(buffer)))
     one = copy.copy(buffer)
