@@ -71,7 +71,8 @@ class Registry:
     def check(self, name: Any) -> None:
         """Refuse a name that is not registered, without loading anything."""
         if not isinstance(name, str):
-            raise ConfigError(self.key, f"must be the name of {'an' if self.noun[0] in 'aeiou' else 'a'} {self.noun} (a string), got {quote(name)}; "
+            article = "an" if self.noun[0] in "aeiou" else "a"
+            raise ConfigError(self.key, f"must be the name of {article} {self.noun} (a string), got {quote(name)}; "
                               f"available: {', '.join(self.names())}")
         if name not in self._items and name not in self._entry_points():
             raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"

@@ -562,7 +562,8 @@ class _Yours(msrl.DistributedPolicy):
                               {"dash": 2, "many": 16, "uneven": 3}[self.mistake], "backend"),
                     self.role("learner", 1, "backend")]
         if self.mistake == "bcast":
-            return [self.role("sim", 1, "backend"), self.role("actor", 2, "backend"), self.role("learner", 1, "backend")]
+            return [self.role("sim", 1, "backend"), self.role("actor", 2, "backend"),
+                    self.role("learner", 1, "backend")]
         return [self.role("actor", 2, "backend"), self.role("learner", self.learners, "backend")]
 
     def total_envs(self, num_envs):
@@ -635,8 +636,8 @@ class _Yours(msrl.DistributedPolicy):
                                  r"'actor' replicas, each of which holds a share of the environments"),  # (a vmap
     # error in the first iteration)
     ("stray", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) places 's_nowhere', which is not a "
-                                r"statement of the loop \(its statements: s1, s3, .*; `msrl graph` lists them\)$"),  # (a
-    # KeyError deep in the compiler)
+                                r"statement of the loop \(its statements: s1, s3, .*; `msrl graph` lists them\)$"),
+    # (a KeyError deep in the compiler)
     ("calltypo", msrl.ConfigError, r"^policy.name: policy 'test_yours': its assign\(\) raised ValueError: "
                                    r"'agent_lern' is not an API function; did you mean 'agent_learn'\? they are: .*"
                                    r"\(at .*test_compiler.py:\d+\)$"),

@@ -86,7 +86,8 @@ def test_envpool_bad_ids_and_kwargs_are_config_errors():
                                               r"\(default False\), got 'yes'$"):
         make_env("envpool:Breakout-v5", episodic_life="yes")
     with pytest.raises(msrl.ConfigError, match=r"^env\.kwargs\.episodic_lif: envpool:Breakout-v5 takes no "
-                                              r"'episodic_lif' \(did you mean 'episodic_life'\?\); it takes base_path, "):
+                                              r"'episodic_lif' \(did you mean 'episodic_life'\?\); it takes "
+                                              r"base_path, "):
         make_env("envpool:Breakout-v5", episodic_lif=True)  # (keyed env.kwargs, EnvPool's TypeError as it was)
     with pytest.raises(msrl.ConfigError, match=r"env\.kwargs.*\['num_envs', 'seed'\] are set by msrl"):
         make_env("envpool:CartPole-v1", seed=1, num_envs=3)

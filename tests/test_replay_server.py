@@ -320,11 +320,12 @@ class _BufferMistakeSAC(ConformanceSAC):
 
 
 @pytest.mark.parametrize("mistake, policy, message", [
-    ("ignores", "replay_server", r"_IgnoresShards.sample\(\) \(.*\) draws 32 entries on each of its 2 shards, 64 joined, "
-                                 r"where a sample of the whole buffer has 32: the learner would see another batch size"),
+    ("ignores", "replay_server", r"_IgnoresShards.sample\(\) \(.*\) draws 32 entries on each of its 2 shards, "
+                                 r"64 joined, where a sample of the whole buffer has 32: the learner would see another "
+                                 r"batch size"),
     ("capacity", "replay_server", r"_NoCapacity has `shards` but no `capacity` \(the entries it holds, an int\)"),
     ("grows", "single_learner_fine", r"_SampleGrows.sample\(\) \(.*\) returned a new state unlike the one it was "
-                                     r"given"),  # (a raw scan-carry error; replay_server trained, and its resume failed)
+                                     r"given"),  # (a raw scan-carry error; replay_server trained, its resume failed)
     ("tuple", "fused", r"_InsertsATuple.insert\(\) \(.*\) returned \(state, NoneType\); it returns its new state "
                        r"alone"),  # (a TypeError blaming sample)
 ])
