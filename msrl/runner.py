@@ -699,10 +699,11 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                               f"at least {meta['env_steps']} (that many finishes at once)")
         then, now = meta.get("versions"), versions()
         if then != now:  # (a checkpoint saved before 2026-11-30 names none)
-            was = ", ".join(f"{k} {then.get(k, '?')}" for k in now) if then else "an msrl of before 2026-11-30"
-            print(f"msrl: note: the checkpoint {path} was saved with {was}; this is "
-                  f"{', '.join(f'{k} {v}' for k, v in now.items())}: the run goes on from it, but its numbers may "
-                  "differ in the last digits from those the old versions would compute", file=sys.stderr, flush=True)
+            listed = lambda v: ", ".join(f"{k} {v.get(k, '?')}" for k in now)  # noqa: E731
+            print(f"msrl: note: the checkpoint {path} was saved with "
+                  f"{listed(then) if then else 'an msrl of before 2026-11-30'}; this is {listed(now)}: the run goes "
+                  "on from it, but its numbers may differ in the last digits from those the old versions would "
+                  "compute", file=sys.stderr, flush=True)
         done, summary = meta["iteration"], Path(run_dir) / "summary.json"
         left = not done or cfg.run.total_env_steps // (meta["env_steps"] // done) > done
         before = (meta["config"].get("run") or {}).get("total_env_steps")

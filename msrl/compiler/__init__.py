@@ -316,11 +316,18 @@ def whole(buffer: Any, scale: float = 1.0) -> Any:
     each) and the memory estimate see. Its samples are the learner's joined batch."""
     if not hasattr(buffer, "shards") or (buffer.shards == 1 and scale == 1):
         return buffer
+    one = _resized(buffer, scale)
+    one.shards = 1
+    return one
+
+
+def _resized(buffer: Any, scale: float) -> Any:
+    """A copy of a splittable replay buffer holding ``scale`` times its capacity."""
     if not isinstance(getattr(buffer, "capacity", None), numbers.Integral):  # (an AttributeError in the compiler)
         raise CompileError(f"{type(buffer).__name__} has `shards` but no `capacity` (the entries it holds, an int), "
                            "which a policy splitting it sets to each shard's part", *defined_at(type(buffer)))
     one = copy.copy(buffer)
-    one.shards, one.capacity = 1, max(1, round(buffer.capacity * scale))
+    one.capacity = max(1, round(buffer.capacity * scale))
     return one
 
 
@@ -328,12 +335,10 @@ class _ProbeBuffer:
     """During shape inference: initializes the buffer from the first inserted item's shapes."""
 
     def __init__(self, buffer: Any, scale: float = 1.0):
-        self.split = buffer  # as the shards hold it: a sample's size must divide among them
-        if getattr(buffer, "shards", 1) > 1 and scale != 1:  # (as many steps of the probe's environments)
-            self.split = copy.copy(buffer)
-            self.split.capacity = max(1, round(buffer.capacity * scale))
-        buffer = whole(buffer, scale)
-        self.buffer, self.key, self.item_spec = buffer, None, buffer.item_spec
+        self.buffer = whole(buffer, scale)
+        # as the shards hold it (a sample's size must divide among them), for as many steps of the probe's envs
+        self.split = buffer if getattr(buffer, "shards", 1) == 1 or scale == 1 else _resized(buffer, scale)
+        self.key, self.item_spec = None, self.buffer.item_spec
 
     def init(self, item: Any) -> Any:
         self.item_spec = jax.tree.map(_sds, item)
@@ -360,8 +365,8 @@ class _ProbeBuffer:
             if shards > 1:  # each shard draws its part (one drawing the whole: a batch `shards` times larger)
                 part = self.split.sample(self.split.init(self.key, self.item_spec), *args, **kwargs)
                 items = (jax.tree.leaves(getattr(o[1], "item", o[1])) for o in (out, part))
-                rows = [(len(a), len(b)) for a, b in zip(*items) if getattr(a, "ndim", 0) and getattr(b, "ndim", 0)]
-                whole_rows, shard_rows = rows[0] if rows else (0, 0)
+                whole_rows, shard_rows = next(((len(a), len(b)) for a, b in zip(*items)
+                                               if getattr(a, "ndim", 0) and getattr(b, "ndim", 0)), (0, 0))
                 if shard_rows * shards != whole_rows:
                     raise CompileError(f"{method_name(self.split, 'sample')} draws {shard_rows} entries on each of its "
                                        f"{shards} shards, {shard_rows * shards} joined, where a sample of the whole "
@@ -497,10 +502,7 @@ class Program:
         per-sample); anything else (a sample of one replica's local buffer, say) is refused: joining it would
         drop or invent numbers. (A scalar leaf is joined only if every replica holds the same: checked as
         it runs.)"""
-        by_id = {s.id: s for s in leaves(self.stmts)}
-        frags = self.plan.fragments
-        shared = {f for c in self.plan.comms if c.op in ("gather", "scatter") and c.axis == "env"
-                  for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}  # (each holds a share)
+        by_id, frags, shared = {s.id: s for s in leaves(self.stmts)}, self.plan.fragments, self._env_shares()
         for c in self.plan.comms:
             if c.op == "broadcast" and c.dst_fragment in shared and any(a is not None for a in self.comm_axes(c)):
                 s = by_id[c.src]  # (each replica got every environment's rows for its share's: a vmap error mid-run)
@@ -536,15 +538,20 @@ class Program:
                 "by single_learner_fine)" if sampled else
                 f"compute {what} on the {c.dst_fragment!r} side of the cut, or use policy.name=fused (one program)")
 
+    def _env_shares(self) -> dict[str, int]:
+        """The roles whose replicas each hold a share of the environments (a gather or scatter along them), and
+        that share."""
+        frags = self.plan.fragments
+        return {f: self.num_envs // frags[f].replicas for c in self.plan.comms if c.op in ("gather", "scatter") and
+                c.axis == "env" for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}
+
     def _check_rows(self) -> None:
         """A replica holding a share of the environments runs the loop's statements on that share. Each must
         compute every environment's row from that environment alone (:mod:`msrl.compiler.rows`: traced at the N
         environments of the loop and at the replica's share), and a number a replica hands across a cut must not
         depend on how many environments it holds; otherwise the policy would compute something other than the
         loop, so it refuses it."""
-        frags, comms = self.plan.fragments, self.plan.comms
-        share = {f: self.num_envs // frags[f].replicas for c in comms if c.op in ("gather", "scatter") and
-                 c.axis == "env" for f in (c.src_fragment, c.dst_fragment) if frags[f].replicas > 1}
+        frags, comms, share = self.plan.fragments, self.plan.comms, self._env_shares()
         at = {n: self._probe_share(n, set(share)) for n in set(share.values())}  # the shapes at a replica's share
         small = self._inputs[self.num_envs]
         actor, env = self.components.get("actor"), self.components["env"]
