@@ -90,6 +90,7 @@ class Algorithm:
     (a dict of scalars is logged as is)."""
 
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    default_env: ClassVar[str | None] = None  # env.id where a config names none (None: gymnax:CartPole-v1)
     actor: Actor | None = None
     learner: Learner | None = None
     buffer: ReplayBuffer | None = None

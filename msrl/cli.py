@@ -171,6 +171,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     text = commented(load_config(*_config_and_overrides(args)))
     if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text, encoding="utf-8")
         print(f"wrote {args.output}")
     else:

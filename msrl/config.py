@@ -33,7 +33,8 @@ class EnvConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: str = Field("gymnax:CartPole-v1", max_length=200, description="SOURCE:ID: gymnax, gymnasium, envpool, brax, "
-                    "jaxmarl, or a name registered with msrl.register_env")
+                    "jaxmarl, or a name registered with msrl.register_env (default: the algorithm's, "
+                    "gymnax:CartPole-v1 unless it names another)")
     num_envs: int = Field(4, gt=0, le=INT32_MAX, description="environments in total, over all replicas")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="to the environment's maker (gymnasium.make, "
                                    "envpool.make, a gymnax env and its EnvParams); mask_obs: observation indices "
@@ -119,7 +120,10 @@ class ExperimentConfig(BaseModel):
 
     def defaults(self) -> dict[str, Any]:
         """:meth:`dump` of this config's sections (its algorithm's, its policy's) with every key at its default."""
-        return {s: type(getattr(self, s)).model_construct().model_dump(mode="json") for s in _SECTIONS}
+        defaults = {s: type(getattr(self, s)).model_construct().model_dump(mode="json") for s in _SECTIONS}
+        algorithm = ALGORITHMS.get(self.algorithm.name)
+        defaults["env"]["id"] = getattr(algorithm, "default_env", None) or defaults["env"]["id"]
+        return defaults
 
 
 _SECTIONS = ("algorithm", "env", "policy", "run")
@@ -273,7 +277,9 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     _import_run_modules((data.get("run") or {}).get("imports"))
     algo = dict(data.get("algorithm") or {})
     if "name" not in algo:
-        raise ConfigError("algorithm.name", f"missing; available: {', '.join(ALGORITHMS.names())}")
+        typo = next((str(k) for k in algo if did_you_mean(k, ["name"])), None)  # (`nmae: ppo`)
+        hint = "unknown key; did you mean 'name'? algorithm.name is " if typo else ""
+        raise ConfigError(f"algorithm.{typo or 'name'}", f"{hint}missing; available: {', '.join(ALGORITHMS.names())}")
     algo_cls = ALGORITHMS.get(algo["name"])
     from msrl.algorithm import AlgorithmConfig  # (loaded with the algorithm's class)
 
@@ -301,7 +307,8 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
                           f"env.{clash[0]}")
     cfg = ExperimentConfig(
         algorithm=_validate(algo_cls.Config, algo, "algorithm"),
-        env=_validate(EnvConfig, data.get("env") or {}, "env"),
+        env=_validate(EnvConfig, {"id": getattr(algo_cls, "default_env", None) or EnvConfig.model_fields["id"].default,
+                                  **(data.get("env") or {})}, "env"),
         policy=_validate(policy_cls, policy, "policy"),
         run=run,
     )

@@ -320,7 +320,7 @@ def test_config_explains_every_key_and_loads_back_as_the_same_config(tmp_path, c
         lines = text.splitlines()
         keys = [i for i, line in enumerate(lines) if re.match(r" +\w+:( |$)", line) and "name:" not in line]
         assert len(keys) > 25 and all(lines[i - 1].lstrip().startswith("# ") for i in keys), path
-    out = tmp_path / "dqn.yaml"
+    out = tmp_path / "new" / "dqn.yaml"  # (a folder not there yet is made)
     assert main(["config", "algorithm.name=dqn", "algorithm.lr=0.001", "-o", str(out)]) == 0
     text = out.read_text()
     assert "  # Adam's learning rate (>0; default: 0.00025)\n  lr: 0.001\n" in text

@@ -74,6 +74,23 @@ def test_messages_for_slips_say_what_was_meant(tmp_path):
     with pytest.raises(ConfigError, match=rf"^algorithm.name: missing: {tmp_path / 'empty.yaml'} is empty; available"):
         load_config(tmp_path / "empty.yaml")
     assert load_config(tmp_path / "empty.yaml", ["algorithm.name=a2c"]).algorithm.name == "a2c"
+    (tmp_path / "typo.yaml").write_text("algorithm:\n  nmae: ppo\n")
+    with pytest.raises(ConfigError, match=r"^algorithm.nmae: .*typo.yaml:2: unknown key; did you mean 'name'\? "
+                       r"algorithm.name is missing; available: a2c, "):
+        load_config(tmp_path / "typo.yaml")
+
+
+def test_an_algorithm_that_names_its_own_default_env_gets_it_where_the_config_names_none():
+    """`msrl config algorithm.name=sac` writes a config that trains (SAC refuses CartPole's discrete actions)."""
+    from msrl.config import commented
+
+    for name, env in (("sac", "gymnax:Pendulum-v1"), ("td3", "gymnax:Pendulum-v1"),
+                      ("mappo", "jaxmarl:MPE_simple_spread_v3"), ("ppo", "gymnax:CartPole-v1")):
+        cfg = load_config(None, [f"algorithm.name={name}", "env.num_envs=2"])
+        assert cfg.env.id == env and cfg.defaults()["env"]["id"] == env, name
+        assert "default: gymnax:CartPole" not in commented(cfg)
+    assert load_config(None, ["algorithm.name=sac", "env.id=gymnax:MountainCarContinuous-v0"]).env.id == \
+        "gymnax:MountainCarContinuous-v0"
 
 
 def test_a_key_given_twice_takes_the_last_value_with_a_note(capsys):

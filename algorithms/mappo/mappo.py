@@ -60,6 +60,7 @@ class MAPPO(PPO):
     :class:`SharedActorCentralCritic` as the network."""
 
     Config = MAPPOConfig
+    default_env = "jaxmarl:MPE_simple_spread_v3"
 
     def network(self, spec: msrl.EnvSpec) -> nn.Module:
         if not isinstance(spec, msrl.MultiAgentSpec):

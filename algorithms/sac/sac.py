@@ -236,6 +236,8 @@ class SACLearner(OffPolicyLearner):
 class ContinuousOffPolicy(msrl.Algorithm):
     """What SAC and TD3 share: their checks of the env and config, the replay buffer, and the loop."""
 
+    default_env = "gymnax:Pendulum-v1"
+
     def __init__(self, cfg, ctx: msrl.Context):
         super().__init__(cfg, ctx)
         spec, name = ctx.env_spec, cfg.name.upper()
