@@ -180,7 +180,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from msrl.config import load_config
+    from msrl.config import in_file, load_config
     from msrl.plot import check_image_file
     from msrl.runner import build
     from msrl.runtime.session import check_members
@@ -215,7 +215,10 @@ def cmd_graph(args: argparse.Namespace) -> int:
         overrides.append(f"policy.name={args.policy}")
     cfg = load_config(config, overrides)
     check_members(cfg.policy.backend, cfg.run, cfg.env.id)  # what train refuses (seeds or a sweep where it cannot)
-    program = build(cfg)
+    try:
+        program = build(cfg)
+    except ConfigError as e:  # (the env's, the algorithm's checks: where the file writes the key)
+        raise in_file(e, config, overrides) from None
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     if args.format == "png":

@@ -599,9 +599,14 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
         run_dir = Path(run_dir).expanduser()
     try:
         return _train(cfg, overrides, run_dir, resume, on_iteration, overwrite, made, **sections)
-    except BaseException:
+    except BaseException as e:
         for run_dir in made:
             _remove_if_unused(run_dir)
+        if isinstance(e, ConfigError) and isinstance(cfg, (str, os.PathLike)):  # (the env's, the algorithm's checks)
+            given = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
+            located = in_file(e, cfg, given)
+            if located is not e:
+                raise located.with_traceback(e.__traceback__) from e.__cause__
         raise
 
 

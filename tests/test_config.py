@@ -486,3 +486,19 @@ def test_a_bad_value_in_ones_yaml_names_its_file_and_line(tmp_path):
         load_config(path, ["algorithm.epochs=4", "algorithm.hidden=[64]"])
     with pytest.raises(ConfigError, match=r"^algorithm.epochs: Input should be a valid integer.*\(got 'five'\)"):
         load_config(path, ["algorithm.epochs=five"])
+
+
+def test_what_the_environment_or_algorithm_refuses_names_the_line_of_ones_yaml(tmp_path):
+    """(The env's own checks ran after the file was read, and named the key alone.) A gymnax parameter's typo is
+    named with the closest one before the env is made."""
+    path = tmp_path / "env.yaml"
+    path.write_text("algorithm:\n  name: ppo\nenv:\n  id: gymnax:CartPole-v1\n  kwargs:\n    max_steps_in_episod: 3\n")
+    with pytest.raises(ConfigError, match=rf"^env.kwargs.max_steps_in_episod: {path}:6: gymnax:CartPole-v1 takes no "
+                                          r"parameter 'max_steps_in_episod'; did you mean 'max_steps_in_episode'\? "):
+        msrl.train(path, run_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^env.id: 'gymnax:CartPol-v1' is not"):  # (an override's: no line)
+        msrl.train(path, ["env.id=gymnax:CartPol-v1"], run_dir=tmp_path / "run")
+    path.write_text("algorithm:\n  name: sac\nenv:\n  id: gymnax:CartPole-v1\n")
+    with pytest.raises(ConfigError, match=rf"^algorithm.name: {path}:2: SAC needs one agent with continuous"):
+        msrl.train(path, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import importlib
 import importlib.util
 import sys
@@ -220,6 +221,12 @@ class GymnaxEnv(FunctionalEnv):
         self.env, self.params = gymnax.make(name)
         fields = {f.name: f for f in dataclasses.fields(self.params)}
         given = {k: v for k, v in kwargs.items() if k in fields}
+        takes = inspect.signature(type(self.env)).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
+            known = [*fields, *(k for k, p in takes.items() if p.kind is not p.VAR_POSITIONAL)]
+            for key in (k for k in kwargs if k not in known):  # (a typo of a parameter: named with the closest one)
+                raise ConfigError(f"env.kwargs.{key}", f"gymnax:{name} takes no parameter {key!r}; "
+                                  f"{did_you_mean(key, known)}its parameters: {', '.join(known) or 'none'}")
         try:
             if len(given) < len(kwargs):  # the constructor's arguments: make it again with them
                 self.env, self.params = gymnax.make(name, **{k: v for k, v in kwargs.items() if k not in fields})
