@@ -243,7 +243,11 @@ class JaxRuntime(Runtime):
 
     def params(self) -> Any:
         learner = self.program.components["learner"]
-        return learner.policy_params(self._replica_states(self._view(only="learner")["learner"])[0])
+        state = self._replica_states(self._view(only="learner")["learner"])[0]
+        if self.members == 1:
+            return learner.policy_params(state)
+        each = [learner.policy_params(jax.tree.map(lambda x, m=m: x[m], state)) for m in range(self.members)]
+        return jax.tree.map(lambda *xs: np.stack(xs), *each)  # (a policy_params of one member's state, as it is written)
 
     def close(self) -> None:
         """Release what the env state holds outside JAX (``env.xla``'s EnvPool pools)."""

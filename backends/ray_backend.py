@@ -35,6 +35,7 @@ import ray
 from ray import cloudpickle  # not the cloudpickle package: from 3.1.3 it renames code pickled by value (a script's
 # classes) to "<dynamic-code>", and every process compiles the loop from the source in the file it names
 from ray._private.services import canonicalize_bootstrap_address
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from msrl import services
 from msrl.backend import Backend, gather_receiver, replica_env_ids, replicated
@@ -272,15 +273,16 @@ class RayRuntime(ReplicaRuntime):
         _OPEN.add(id(self))
         try:
             _check_resources(program, release_s=0.0 if _OPEN - {id(self)} else 10.0)  # (not while others hold theirs)
+            nodes = _placement(program)
             for name, frag in program.fragments.items():
                 spec = frag.spec
-                cls = ray.remote(FragmentWorker).options(
-                    num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=4, max_task_retries=0,
-                    max_restarts=0 if self.unrestartable[name] else self.policy.max_actor_restarts,
-                    scheduling_strategy="SPREAD",
-                    enable_task_events=False)  # else the GCS keeps an event for every delivery (memory grows)
-                for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):
-                    self.workers[(name, r)] = cls.remote(recipe, (name, r), seed, env_ids, driver, spmd(frag))
+                options = dict(num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, max_concurrency=4, max_task_retries=0,
+                               max_restarts=0 if self.unrestartable[name] else self.policy.max_actor_restarts,
+                               enable_task_events=False)  # else the GCS keeps an event per delivery (memory grows)
+                for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):  # (soft: a restart goes on
+                    where = NodeAffinitySchedulingStrategy(nodes[(name, r)], soft=True)  # another node if its is lost)
+                    self.workers[(name, r)] = ray.remote(FragmentWorker).options(
+                        **options, scheduling_strategy=where).remote(recipe, (name, r), seed, env_ids, driver, spmd(frag))
                 if spmd(frag):  # one jax.distributed group, coordinated by replica 0
                     group = {"coordinator": ray.get(self.workers[(name, 0)].coordinator.remote()),
                              "size": spec.replicas}
@@ -299,7 +301,7 @@ class RayRuntime(ReplicaRuntime):
             if isinstance(e, ray.exceptions.RayError):
                 cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) and e.cause is not None else e
                 raise TrainingError(f"a fragment replica could not start: {type(cause).__name__}: "
-                                    f"{(str(cause).strip().splitlines() or [''])[0]}\n(a Ray actor imports the "
+                                    f"{_first_line(cause)}\n(a Ray actor imports the "
                                     "modules given to --import, and the driver's sys.path: the algorithm's module, "
                                     "and one that registers what the config names, must be importable there)"
                                     ) from None
@@ -345,7 +347,7 @@ class RayRuntime(ReplicaRuntime):
                 who = ", ".join(f"{k[0]!r} replica {k[1]}" for k in sorted(set(running.values()) or self.keys,
                                                                            key=self.keys.index))
                 raise TrainingError(f"the Ray cluster failed while fragment {who} ran: {type(e).__name__}: "
-                                    f"{(str(e).strip().splitlines() or [''])[0]}") from None
+                                    f"{_first_line(e)}") from None
             raise
         self.dispatching = False
         return outputs
@@ -385,7 +387,7 @@ class RayRuntime(ReplicaRuntime):
             except ray.exceptions.RayError as e:  # its process, its node or the cluster is gone
                 self.close()
                 raise TrainingError(f"fragment {key[0]!r} replica {key[1]} could not be reached ({method}): "
-                                    f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from None
+                                    f"{type(e).__name__}: {_first_line(e)}") from None
         return out
 
     def _recover(self, key: tuple[str, int], target: int, error: Exception) -> Any:
@@ -405,10 +407,13 @@ class RayRuntime(ReplicaRuntime):
                     why, error = f"Ray did not restart it within run.stall_timeout_s={limit:g} s", e
                 time.sleep(POLL_S)
             except ray.exceptions.RayActorError as e:
-                why, error = f"Ray gave up on it after policy.max_actor_restarts={self.policy.max_actor_restarts}", e
+                limit, seen = self.policy.max_actor_restarts, self.restarts.get(key, 0)
+                why, error = (f"Ray gave up on it after policy.max_actor_restarts={limit}" if seen >= limit else
+                              f"Ray will not restart it ({seen} of policy.max_actor_restarts={limit} restarts seen; "
+                              "ray.kill, say, ends an actor for good)"), e
         else:
             raise TrainingError(f"fragment {name!r} replica {replica} died and cannot be restarted: {why}"
-                                f"\n{type(error).__name__}: {str(error).splitlines()[0]}")
+                                f"\n{type(error).__name__}: {_first_line(error)}")
         if self.where_[key] != (node, pid):
             self.where_[key] = (node, pid)
             self.restarts[key] = self.restarts.get(key, 0) + 1
@@ -765,6 +770,36 @@ def _check_resources(program: Any, release_s: float) -> None:
                           f"{free.get(res, 0):g} of the Ray cluster's {have.get(res, 0):g} are free: others hold "
                           "the rest (another session on the cluster, msrl's or not, or your own actors); close it, or "
                           f"lower policy.resources.<role>.{field} (fractions are fine)")
+
+
+def _first_line(error: BaseException) -> str:
+    """Ray's error in one line: its first, and why an actor died where Ray says (its node died, ray.kill)."""
+    text = str(error).strip()
+    why = re.search(r"The actor is dead because ([^.\n]*)", text)
+    return (text.splitlines() or [""])[0] + (f" ({why.group(1).strip()})" if why else "")
+
+
+def _placement(program: Any) -> dict[tuple[str, int], str]:
+    """Each replica's node: the largest first, each on the node with the most CPUs left (spread, as Ray's SPREAD
+    would, but placed so that all fit at once: Ray placing them one by one can leave no node room for the last,
+    and waits for one forever). A ConfigError where no such placement is found."""
+    room = {n["NodeID"]: [n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)]
+            for n in ray.nodes() if n["Alive"]}
+    replicas = sorted(((f.spec.num_cpus, f.spec.num_gpus, name, r) for name, f in program.fragments.items()
+                       for r in range(f.spec.replicas)), key=lambda x: (-x[1], -x[0]))
+    where = {}
+    for cpus, gpus, name, r in replicas:
+        fits = [n for n, (c, g) in room.items() if c >= cpus - 1e-9 and g >= gpus - 1e-9]
+        if not fits:
+            left = ", ".join(f"{c:g} CPUs" + (f" {g:g} GPUs" if g else "") for c, g in room.values())
+            raise ConfigError("policy.resources", f"the replicas do not fit on the Ray cluster's nodes together: "
+                              f"with the larger ones placed, no node has the {cpus:g} CPUs"
+                              f"{f' and {gpus:g} GPUs' if gpus else ''} a replica of {name} needs (left per node: "
+                              f"{left}); lower policy.resources.<role>.num_cpus (fractions are fine) or add a node")
+        where[(name, r)] = node = max(fits, key=lambda n: room[n][0])
+        room[node][0] -= cpus
+        room[node][1] -= gpus
+    return where
 
 
 class RayBackend(Backend):

@@ -30,7 +30,7 @@ from msrl.api import (
 )
 from msrl.backend import Backend, Runtime
 from msrl.components import (ActOutput, Actor, Box, Discrete, Environment, EnvSpec, EnvStep, Learner, MultiAgentObs,
-                             MultiAgentSpec, ReplayBuffer, Wrapper, split_keys)
+                             MultiAgentSpec, ReplayBuffer, Wrapper, per_env_keys, split_keys)
 from msrl.config import INT32_MAX
 from msrl.errors import CompileError, ConfigError, Interrupted, MsrlError, TrainingError
 from msrl.plan import CommSpec, FragmentSpec, LearnerPlan, Link, Loop, Plan
@@ -93,7 +93,10 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"msrl.{name}")
-    raise AttributeError(f"module 'msrl' has no attribute {name!r}")
+    from msrl.errors import did_you_mean
+
+    near = "" if name.startswith("_") else did_you_mean(name, __all__).strip()  # (msrl.per_env_key: a typo)
+    raise AttributeError(f"module 'msrl' has no attribute {name!r}" + (f"; {near}" if near else ""), name=name)
 
 
 __all__ = [
@@ -104,7 +107,7 @@ __all__ = [
     "buffer_insert", "buffer_sample", "buffer_update", "compile", "env_observe", "env_reset", "env_starts", "env_step",
     "register_algorithm", "register_backend",
     "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env",
-    "in_tiles", "split_keys",
+    "in_tiles", "per_env_keys", "split_keys",
     "train", "build", "load_config", "XLA_CPU_FLAG", "Wrapper",
 ]
 

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from types import SimpleNamespace
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import gymnasium
 import jax
@@ -20,6 +20,7 @@ import numpy as np
 import msrl
 from msrl import api
 from msrl.api import agent_act as act_alias
+from msrl.algorithms.ppo.ppo import PPO, PPOConfig, PPOLearner
 from msrl.components import split_keys
 from msrl.conformance_loops import ConformanceRecurrent, GRUActor, RecurrentConfig
 
@@ -754,6 +755,24 @@ class BrokenLearner(SumLearner):
         return super().learn(state, batch, **extra)
 
 
+class InitRaisingActor(RandomActor):
+    def init(self, key, env_ids):
+        return {"keys": msrl.per_env_key(key, env_ids)}  # E:init_raises (a typo: per_env_keys)
+
+
+class InitRaises(Base):
+    def __init__(self):
+        super().__init__()
+        self.actor = InitRaisingActor(2)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        obs, reward, done = msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, reward, done))
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class LearnerRaises(Base):
     def __init__(self):
         super().__init__()
@@ -1055,17 +1074,22 @@ class Quirky(gymnasium.Env):
     "old_step" and "old_reset" return what the old Gym API did; "wide" says its observations have 3 numbers;
     "unbounded" takes any real action (``Box(-inf, inf)``), "narrow" one in a float64 ``Box(-0.012, 0.012)`` (in float32
     0.0120000001) and refuses others; "ints" takes a Box of int32 actions; "pixels" observes uint8 (its space says
-    so), "sloppy" float32 where its space says uint8."""
+    so), "sloppy" float32 where its space says uint8; "mixed" takes 4 actions where it is the second, fourth ...
+    instance made in its process, else 3."""
+
+    made = 0
 
     def __init__(self, mode: str = "limit", render_mode: str | None = None):  # (it has no render())
         self.mode = mode
+        Quirky.made += 1
         self.observation_space = gymnasium.spaces.Box(0, 255, (2,), np.uint8) if mode in ("pixels", "sloppy") else \
             gymnasium.spaces.Box(-10.0, 10.0, (3 if mode == "wide" else 2,), np.float32)
         self.dtype = np.uint8 if mode == "pixels" else np.float32
         bound = {"unbounded": np.inf, "narrow": 0.012}.get(mode)
         self.action_space = (gymnasium.spaces.Box(-bound, bound, (1,), np.float64) if bound else
                              gymnasium.spaces.Box(-2, 2, (1,), np.int32) if mode == "ints" else
-                             gymnasium.spaces.Discrete(3, start=1 if mode == "start" else 0))
+                             gymnasium.spaces.Discrete(4 if mode == "mixed" and Quirky.made % 2 == 0 else 3,
+                                                       start=1 if mode == "start" else 0))
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -1222,3 +1246,27 @@ class Chatty(Hang):
 
 
 gymnasium.register(id="MsrlChatty-v0", entry_point=Chatty)
+
+
+# ------------------------------------------------------------------------------------- policy_params of one member
+class OneMemberPPOLearner(PPOLearner):
+    """A policy_params written for one member's state (an evolution strategy's unravelling of a flat vector, say,
+    fails on several members' stacked state): a run of several seeds must call it member by member."""
+
+    def policy_params(self, state):
+        if any(x.ndim > 2 for x in jax.tree.leaves(state["params"])):  # (an MLP's kernels and biases)
+            raise ValueError(f"policy_params of several members' state: {jax.tree.map(jnp.shape, state['params'])}")
+        return super().policy_params(state)
+
+
+class OneMemberConfig(PPOConfig):
+    name: Literal["one_member"] = "one_member"
+
+
+@msrl.register_algorithm("one_member")
+class OneMember(PPO):
+    Config = OneMemberConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.learner.__class__ = OneMemberPPOLearner  # (PPO's learner, built as PPO builds it)

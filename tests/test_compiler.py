@@ -292,6 +292,15 @@ def test_an_error_in_a_method_the_loop_calls_names_its_line_and_the_statement(en
            f"(loops.py:{loops.marked_line('calls_learner')}): the learner's own bug" in str(info.value)
 
 
+def test_an_error_in_a_components_init_names_its_line(env):
+    """(It leaked as a bare traceback through msrl's compiler: no statement of the loop raised it.)"""
+    with pytest.raises(msrl.CompileError) as info:
+        msrl.compile(loops.InitRaises(), Fused(), env, NUM_ENVS)
+    assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line("init_raises"))
+    assert info.value.reason == "AttributeError in init() while tracing the loop: module 'msrl' has no attribute " \
+                                "'per_env_key'; did you mean 'per_env_keys'?"
+
+
 def test_float_of_a_metric_says_to_keep_the_array(env):
     with pytest.raises(msrl.CompileError, match=r"ConcretizationTypeError while tracing `return \{\"mean_action\": "
                                                 r"float\(out.action.mean\(\)\)\}  # E:floats_metric`.*\n  hint: "

@@ -232,6 +232,14 @@ def test_gymnasium_corners_a_terminal_time_limit_step_a_shifted_discrete_space_a
     state, out = env.step(state, np.array([0, 1, 2], np.int32))  # (the env raises on an action outside 1..3)
     assert np.asarray(out.reward).tolist() == [1.0] * 3
 
+    # envs of one run whose action spaces differ (the first env's was the run's: actions of another, or never all)
+    for subprocesses in (0, 1):
+        env = make_env("gymnasium:MsrlQuirky-v0", mode="mixed", subprocesses=subprocesses)
+        with pytest.raises(msrl.TrainingError, match=r"MsrlQuirky-v0 #\d(, in its worker process,)? failed in "
+                                                     r"(reset|make): ValueError: its action space is Discrete\(\d\), "
+                                                     r"but the run's \(its first environment's\) is Discrete\(\d\): "):
+            env.init(jax.random.PRNGKey(0), np.arange(2))
+
     # uint8 observations stay uint8, as EnvPool's and jitted envs' frames (they were float32, which nature_cnn and
     # msrl.load's check of frames scaled twice took for floats); a space of uint8 keeps them so
     env = make_env("gymnasium:MsrlQuirky-v0", mode="pixels")

@@ -249,6 +249,13 @@ def test_joins_a_cluster_without_token_authentication_though_a_token_is_held_and
             error = None
         except msrl.ConfigError as e:
             error = str(e)
+        # 2 actors of half a CPU and a learner of one fit the two nodes only with both actors on one: Ray placing
+        # them one by one (SPREAD) put an actor on each node, and the learner waited for a free CPU forever
+        with msrl.Session("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
+                          "policy.actors=2", "policy.resources.learner.num_cpus=1",
+                          "policy.resources.actor.num_cpus=0.5", f"policy.ray_address={{cluster.address}}"]) as s:
+            s.run(1)
+            nodes = {{k[0] + str(k[1]): v[0] for k, v in s.runtime.where().items()}}
         mode = os.environ.get("RAY_AUTH_MODE")
         run = {str(tmp_path / "run")!r}
         train = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", "examples/ppo_cartpole.yaml",
@@ -262,12 +269,14 @@ def test_joins_a_cluster_without_token_authentication_though_a_token_is_held_and
         train.send_signal(signal.SIGTERM)
         _, err = train.communicate(timeout=120)
         cluster.shutdown()
-        print(json.dumps({{"error": error, "mode": mode, "rc": train.returncode, "err": err[-2000:],
+        print(json.dumps({{"error": error, "nodes": nodes, "mode": mode, "rc": train.returncode, "err": err[-2000:],
                           "summary": os.path.exists(run + "/summary.json")}}))
     """)
     assert got["error"] == ("policy.resources: a replica of learner needs 1.5 CPUs, but no node of the Ray cluster has "
                             "that many (the largest has 1); lower policy.resources.learner.num_cpus or add a larger "
                             "node"), got
+    nodes = got["nodes"]
+    assert nodes["actor0"] == nodes["actor1"] != nodes["learner0"], nodes
     assert got["mode"] is None  # the user's environment as it was
     assert got["rc"] == 130 and got["summary"] and "SIGTERM: stopped after iteration" in got["err"], got["err"]
     assert "SIGTERM received" not in got["err"], got["err"]  # (Ray's native stack dump)

@@ -39,6 +39,24 @@ def test_each_seed_of_a_sequential_program_is_bitwise_its_own_run():
     assert rows[-1]["episode_return"] == pytest.approx(np.mean([r["episode_return"] for r in rows[-1]["per_seed"]]))
 
 
+@pytest.mark.parametrize("batching", ["sequential", "vmap"])
+def test_the_params_of_several_seeds_are_each_members_policy_params(batching):
+    """A learner's policy_params is written for one member's state (Session.params() gave it the members' stacked
+    state: an evolution strategy's unravelling failed); Session.params() gives each member's on a leading axis."""
+    import loops  # noqa: F401 - registers one_member
+
+    overrides = [*LOOP, "algorithm.name=one_member", f"run.seed_batching={batching}"]
+    with msrl.Session(CARTPOLE, [*overrides, "run.num_seeds=2"]) as s:
+        s.run(1)
+        params = s.params()
+    for i in range(2):
+        with msrl.Session(CARTPOLE, [*overrides, f"run.seed={i}"]) as one:
+            one.run(1)
+            alone = one.params()
+        mine = jax.tree.map(lambda x, i=i: x[i], params)
+        assert max_diff(mine, alone) <= (0 if batching == "sequential" else 1e-6)
+
+
 def test_each_seed_of_a_vmapped_program_starts_and_rolls_out_as_its_own_run():
     """run.seed_batching=vmap: every seed's initial state and first rollout are bitwise those of the run with that
     seed alone on CPU (on an H200 the batched env step rounds an observation differently: 9e-8). The learner's

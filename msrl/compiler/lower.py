@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from msrl.compiler.ir import Stmt, is_state, liveness, loop_defs, walk
 from msrl.components import acting
-from msrl.errors import CompileError, ConfigError, gist
+from msrl.errors import CompileError, ConfigError, MsrlError, gist
 
 STATE_PREFIX = "_s_"
 
@@ -289,7 +289,8 @@ def materialize(lowered: Lowered, namespace: dict[str, Any]) -> Callable:
 def user_frames(exc: BaseException, lowered: list[Lowered]) -> tuple[tuple | None, tuple | None]:
     """The user's statement at which ``exc`` was raised while running generated code, and below it the deepest
     frame in the user's own code (a method it calls: ``(file, line, function)``; None: not the user's code,
-    or raised at the statement itself)."""
+    or raised at the statement itself). Raised at no statement: None, and the deepest frame in the user's code
+    anywhere (a component's ``init``, say)."""
     import os
     import sysconfig
 
@@ -303,8 +304,7 @@ def user_frames(exc: BaseException, lowered: list[Lowered]) -> tuple[tuple | Non
         lw = by_file.get(file)
         if lw is not None and tb.tb_lineno in lw.linemap:
             found, inner = lw.linemap[tb.tb_lineno], None
-        elif found is not None and not file.startswith("<") and "site-packages" not in file and \
-                not any(file.startswith(p) for p in libraries):
+        elif not file.startswith("<") and "site-packages" not in file and not any(file.startswith(p) for p in libraries):
             inner = (file, tb.tb_lineno, tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     return found, inner
@@ -314,6 +314,10 @@ def reraise_at_user_line(exc: BaseException, lowered: list[Lowered], doing: str)
     """Re-raise an exception from generated code as a CompileError at the user's file:line (where a method
     the statement calls raised it in the user's own code: that line, naming the statement)."""
     frame, inner = user_frames(exc, lowered)
+    if frame is None and inner is not None and not isinstance(exc, MsrlError):  # (a component's init, say)
+        raise CompileError(f"{type(exc).__name__} in {inner[2]}() while {doing} the loop: {gist(str(exc))}", inner[0],
+                           inner[1], "run `msrl ... --debug` to see the full traceback") \
+            from exc.with_traceback(exc.__traceback__)
     if frame is None or (isinstance(exc, CompileError) and exc.file is not None) or isinstance(exc, ConfigError):
         raise exc
     file, line, source = frame

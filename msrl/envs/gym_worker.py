@@ -40,8 +40,13 @@ def step_one(env: Any, action: Any) -> tuple[Any, Any, bool, bool, Any]:
     return obs, reward, terminated, truncated, reset_one(env) if terminated or truncated else None
 
 
-def reset_one(env: Any, seed: int | None = None) -> Any:
-    """The first observation of a new episode of ``env``."""
+def reset_one(env: Any, seed: int | None = None, spaces: tuple | None = None) -> Any:
+    """The first observation of a new episode of ``env``; first, where ``spaces`` are given (a new env's), that
+    its observation and action spaces are those (the spaces the run was built for, its first env's)."""
+    for what, space, want in zip(("observation", "action"), (env.observation_space, env.action_space), spaces or ()):
+        if space != want:  # (its actions would be another space's: out of range, or never all taken)
+            raise ValueError(f"its {what} space is {space}, but the run's (its first environment's) is {want}: "
+                             "the environments of a run must have the same spaces")
     out = env.reset(seed=seed) if seed is not None else env.reset()
     if not isinstance(out, tuple) or len(out) != 2:
         raise TypeError(f"{_named(env)}.reset() returned {_count(out)}; Gymnasium's API returns "
@@ -101,14 +106,14 @@ def serve(conn: Any) -> None:
             except Exception as e:  # noqa: BLE001 - what was sent does not unpickle here: not the env's frames
                 conn.send(("error", (None, f"{type(e).__name__}: {e}", "")))
                 continue
-            if command == "make":  # (env spec, kwargs, seeds): make the envs and reset each with its seed
+            if command == "make":  # (env spec, kwargs, seeds, spaces): make the envs, reset each with its seed
                 import gymnasium
 
-                spec, kwargs, seeds = arg
+                spec, kwargs, seeds, spaces = arg
                 value = []
                 for at, seed in enumerate(seeds):
                     envs.append(gymnasium.make(spec, disable_env_checker=True, **kwargs))
-                    value.append(reset_one(envs[-1], seed))
+                    value.append(reset_one(envs[-1], seed, spaces))
             elif command == "step":  # one action per env
                 value = []
                 for at, (env, action) in enumerate(zip(envs, arg)):

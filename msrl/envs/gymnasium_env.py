@@ -108,7 +108,8 @@ class Workers:
 
     SCRIPT = str(Path(__file__).with_name("gym_worker.py"))
 
-    def __init__(self, env_id: str, count: int, spec: Any, kwargs: dict, seeds: list[int], ids: np.ndarray):
+    def __init__(self, env_id: str, count: int, spec: Any, kwargs: dict, seeds: list[int], ids: np.ndarray,
+                 spaces: tuple):
         self.env_id, self.ids = env_id, ids
         self.parts = np.array_split(np.arange(len(seeds)), min(count, len(seeds)))
         self.procs: list[subprocess.Popen] = []
@@ -121,7 +122,7 @@ class Workers:
             self.conns.append(Connection(mine.detach()))
             self.conns[-1].send(sys.path)
         try:
-            self.first = self.call("make", [(spec, kwargs, [seeds[i] for i in p]) for p in self.parts])
+            self.first = self.call("make", [(spec, kwargs, [seeds[i] for i in p], spaces) for p in self.parts])
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             self.close()
             raise ConfigError("env.subprocesses", f"{env_id} cannot be sent to worker processes: its entry point "
@@ -220,7 +221,7 @@ class GymnasiumEnv(Environment):
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
             raise ConfigError("env.kwargs" if kwargs else "env.id", f"gymnasium:{name} cannot be made"
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: {e}") from None
-        obs_space, act_space = probe.observation_space, probe.action_space
+        obs_space, act_space = self.spaces = probe.observation_space, probe.action_space
         probe.close()
         # what makes its envs wherever this object goes (a Ray actor, a worker process): the registered spec, so an
         # env registered by the user's code needs no registration there ("module:id" imports its module there)
@@ -242,12 +243,12 @@ class GymnasiumEnv(Environment):
         envs, first, workers = [], [], None
         if self.subprocesses:
             workers = Workers(self.spec.id, self.subprocesses, self.made_from, self.kwargs, seed_words(key, env_ids),
-                              np.asarray(env_ids))
+                              np.asarray(env_ids), self.spaces)
             first = workers.first
         else:
             for i, seed in zip(env_ids, seed_words(key, env_ids)):
                 env = gymnasium.make(self.made_from, disable_env_checker=True, **self.kwargs)
-                first.append(self._call(i, None, "reset", reset_one, env, seed))
+                first.append(self._call(i, None, "reset", reset_one, env, seed, self.spaces))
                 envs.append(env)
         n = len(first)
         state = HostEnvState(envs, np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype), EpisodeCounts.zeros(n),
