@@ -111,12 +111,14 @@ class ExperimentConfig(BaseModel):
     _envs_asked: int | None = PrivateAttr(None)  # env.num_envs as given, where the policy set another count
 
     def dump(self) -> dict[str, Any]:
-        return {
-            "algorithm": self.algorithm.model_dump(mode="json"),
-            "env": self.env.model_dump(mode="json"),
-            "policy": self.policy.model_dump(mode="json"),
-            "run": self.run.model_dump(mode="json"),
-        }
+        return {s: v.model_dump(mode="json") if isinstance(v := getattr(self, s), BaseModel) else v for s in _SECTIONS}
+
+    def checked(self) -> ExperimentConfig:
+        """This config, validated as :func:`validate_config` does where it was built by hand (``ExperimentConfig(
+        algorithm={...}, ...)`` checks neither its algorithm nor its policy, nor what they need of each other)."""
+        if all(isinstance(getattr(self, s), BaseModel) for s in _SECTIONS):
+            return self
+        return validate_config(self.dump())
 
     def defaults(self) -> dict[str, Any]:
         """:meth:`dump` of this config's sections (its algorithm's, its policy's) with every key at its default."""
@@ -263,6 +265,7 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     """Validate a plain dict (as from YAML) into an :class:`ExperimentConfig`."""
     if not isinstance(data, dict):
         raise ConfigError("", _NOT_A_MAPPING)
+    data = {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in data.items()}  # (PPOConfig())
     unknown = [k for k in data if k not in _SECTIONS]
     if unknown:
         raise ConfigError(_name(unknown[0]), unknown_key(str(unknown[0]), _SECTIONS) + _section_of(unknown[0], data))
@@ -613,10 +616,22 @@ def in_file(error: ConfigError, path: Any, overrides: list[str] = ()) -> ConfigE
 
 
 def dotted(prefix: str, value: Any) -> list[str]:
-    """``run={"seed": 1}`` as overrides: ``["run.seed=1"]`` (nested mappings become dotted paths)."""
-    if isinstance(value, dict):
+    """``run={"seed": 1}`` as overrides: ``["run.seed=1"]`` (nested mappings become dotted paths; an empty one,
+    a pydantic section and numpy values are given as they are; a string that YAML reads otherwise is quoted)."""
+    if isinstance(value, BaseModel):  # (a whole section: PPOConfig(lr=...))
+        value = value.model_dump(mode="json")
+    if isinstance(value, dict) and value:
         return [o for k, v in value.items() for o in dotted(f"{prefix}.{k}", v)]
-    return [f"{prefix}={json.dumps(value) if not isinstance(value, str) else value}"]
+    if isinstance(value, str):
+        try:
+            same = yaml.load(value, Loader=_StrictLoader) == value  # ("lr sweep #2": a comment; "null": None)
+        except (*_YAML_ERRORS, ConfigError):
+            same = False
+        return [f"{prefix}={value if same else json.dumps(value)}"]
+    try:  # (np.float32(1e-3), np.arange(3): their Python values)
+        return [f"{prefix}={json.dumps(value, default=lambda x: x.tolist() if hasattr(x, 'tolist') else quote(x))}"]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(prefix, f"a config value is a number, string, list or mapping; got {quote(value)}: {e}") from None
 
 
 def override_list(overrides: Any) -> list[str]:

@@ -240,8 +240,10 @@ class TrainedPolicy:
     (within a Box's bounds; a Gymnasium ``Discrete(n, start=k)``'s from ``k``). ``config``, ``params`` (the policy
     parameters), ``iteration`` (of the checkpoint) and ``env_spec`` describe it.
 
-    A recurrent policy carries its hidden state from one ``act`` to the next: pass ``done`` (bool per env,
-    where ``obs`` starts a new episode: the previous step's done) to reset it there, or call ``reset()``
+    A recurrent policy carries its hidden state from one ``act`` to the next: pass ``done`` (bool per env, true
+    where ``obs`` is a new episode's first observation: the previous step's done; of Gymnasium's vector envs, in
+    autoreset mode NEXT_STEP the done returned one step before ``obs``, in SAME_STEP the one returned with it) to
+    reset it there, or call ``reset()``
     before a fresh batch of episodes, or of another number of environments (a call with another number without
     it is refused: it would forget every environment's state)."""
 
@@ -262,6 +264,8 @@ class TrainedPolicy:
         self._n = None
 
     def act(self, obs: Any, done: Any = None) -> np.ndarray:
+        """The greedy actions for ``obs`` (a batch, leading axis = environments, or one environment's observation)
+        as numpy, as the environment takes them; ``done``: a recurrent policy's episode starts (see the class)."""
         if isinstance(obs, (list, tuple)) and not hasattr(obs, "_fields"):  # a plain list of numbers
             obs = np.asarray(obs)  # (in the env's dtype, a list's floats were cut to uint8 before any check)
         obs = jax.tree.map(np.asarray, obs)
@@ -327,6 +331,9 @@ class TrainedPolicy:
             done = [done]
         if done is not None and np.shape(done) != (n,):
             raise ValueError(f"act: done is one bool per environment, shaped ({n},), got {np.shape(done)}")
+        if done is not None and np.asarray(done).dtype.kind not in "bui":  # (["no"]: every one true)
+            raise ValueError(f"act: done is one bool per environment, got {np.asarray(done).dtype} values "
+                             f"{np.asarray(done).tolist()!r:.100}")
         start = np.zeros(n, bool) if done is None else np.asarray(done, bool)
         self._carry, actions = self._step(self.params, self._carry, obs, start | fresh)
         actions = self._env_actions(np.asarray(actions))

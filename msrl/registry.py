@@ -78,7 +78,7 @@ class Registry:
             raise ConfigError(self.key, f"unknown {self.noun} {quote(name)}; {did_you_mean(name, self.names())}"
                               f"available: {', '.join(self.names())} (one of your own registers when its module "
                               "is imported: `msrl ... --import FILE.py`, run.imports in the config, or import it "
-                              "before msrl.train)")
+                              "in Python first)")
 
     def get(self, name: str) -> Any:
         self.check(name)

@@ -557,9 +557,11 @@ def _continue_with(run_dir: Path) -> str:
 
 class TrainResult(dict):
     """What :func:`train` returns: the summary (a dict, as written to ``summary.json``) with the run's metric
-    rows this call logged (one per ``run.log_every_steps``, as metrics.csv holds them) as ``.rows``."""
+    rows this call logged (one per ``run.log_every_steps``, as metrics.csv holds them) as ``.rows``, and its run
+    directory as ``.run_dir`` (the one made for it where none was given)."""
 
     rows: list[dict[str, float]]
+    run_dir: Path
 
 
 def summary_json(summary: dict) -> str:
@@ -575,11 +577,13 @@ def summary_json(summary: dict) -> str:
 
 
 @resources.mapped
-def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir: str | Path | None = None,
-          resume: bool = False, on_iteration: Callable[[dict], Any] | None = None, overwrite: bool = False,
-          **sections: Any) -> TrainResult:
-    """Train; returns the summary (also written to ``RUN_DIR/summary.json``) with the metric rows as ``.rows``.
-    Overrides come as ``KEY.PATH=VALUE`` strings or as sections: ``train(path, run={"seed": 1}, policy={...})``.
+def train(cfg: ExperimentConfig | str | Path | dict | None, overrides: list[str] = (),
+          run_dir: str | Path | None = None, resume: bool = False, on_iteration: Callable[[dict], Any] | None = None,
+          overwrite: bool = False, **sections: Any) -> TrainResult:
+    """Train; returns the summary (also written to ``RUN_DIR/summary.json``) with the metric rows as ``.rows``
+    and the run directory as ``.run_dir``. ``cfg``: a YAML file's path, a dict of its sections, a config from
+    :func:`msrl.load_config`, or None with ``resume`` (the run's own). Overrides come as ``KEY.PATH=VALUE``
+    strings or as sections: ``train(path, run={"seed": 1}, policy={...})``.
     ``resume``: continue the run in
     ``run_dir`` from its latest checkpoint (``cfg`` None: the run's own config). ``overwrite``: replace the
     run in ``run_dir`` (a used run directory is refused otherwise). ``on_iteration(row)`` is called with
@@ -592,6 +596,9 @@ def train(cfg: ExperimentConfig | str | Path, overrides: list[str] = (), run_dir
     metrics.csv is cut back to the checkpoint by an atomic replace, and summary.json is written atomically.
     A run directory this call made is removed again if the run fails before it logged a row or saved a
     checkpoint."""
+    for name, flag in (("resume", resume), ("overwrite", overwrite)):
+        if not isinstance(flag, bool):  # (resume="no" was true)
+            raise ConfigError(name, f"true or false, got {type(flag).__name__} {flag!r:.100}")
     if on_iteration is not None and not callable(on_iteration):
         raise ConfigError("on_iteration", f"a function of a metrics row (true: stop), got {type(on_iteration).__name__}")
     made: list[Path] = []
@@ -660,6 +667,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
     if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
+    if isinstance(cfg, ExperimentConfig):
+        cfg = cfg.checked()
     data = cfg.dump() if isinstance(cfg, ExperimentConfig) else read_config(cfg, overrides, switch_check=saved is None)
     if saved is not None:
         _same_algorithm_and_policy(saved, data)
@@ -728,7 +737,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             print(f"msrl: note: the run already ended at {meta['env_steps']:,} env steps; nothing is left to train "
                   "(a larger run.total_env_steps continues it)", file=sys.stderr, flush=True)
             result = TrainResult(ended)  # (not of a newer one that was lost): as it was, compiling nothing
-            result.rows = []
+            result.rows, result.run_dir = [], Path(run_dir)
             return result
     made_here = run_dir is None or not Path(run_dir).exists()
     locked = resume or not made_here and (Path(run_dir) / LOCK).is_file()  # (another run's: named before what
@@ -1042,7 +1051,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         raise Interrupted(f"{signals.received}: stopped after iteration {session.iteration} of {iterations}; "
                           f"checkpoint and summary saved. Continue with: {_continue_with(run_dir)}")
     result = TrainResult(summary)
-    result.rows = history
+    result.rows, result.run_dir = history, Path(run_dir)
     return result
 
 

@@ -251,6 +251,14 @@ def test_joins_a_cluster_without_token_authentication_though_a_token_is_held_and
             error = str(e)
         # 2 actors of half a CPU and a learner of one fit the two nodes only with both actors on one: Ray placing
         # them one by one (SPREAD) put an actor on each node, and the learner waited for a free CPU forever
+        try:  # three of 0.6 CPUs: 1.8 of the 2 in all, each fits a node, but no two fit one
+            msrl.train("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
+                       "policy.actors=2", "policy.resources.learner.num_cpus=0.6",
+                       "policy.resources.actor.num_cpus=0.6", f"policy.ray_address={{cluster.address}}"],
+                       run_dir={str(tmp_path / "three")!r})
+            unplaced = None
+        except msrl.ConfigError as e:
+            unplaced = str(e)
         with msrl.Session("examples/ppo_cartpole.yaml", ["policy.name=single_learner_coarse", "policy.backend=ray",
                           "policy.actors=2", "policy.resources.learner.num_cpus=1",
                           "policy.resources.actor.num_cpus=0.5", f"policy.ray_address={{cluster.address}}"]) as s:
@@ -269,12 +277,16 @@ def test_joins_a_cluster_without_token_authentication_though_a_token_is_held_and
         train.send_signal(signal.SIGTERM)
         _, err = train.communicate(timeout=120)
         cluster.shutdown()
-        print(json.dumps({{"error": error, "nodes": nodes, "mode": mode, "rc": train.returncode, "err": err[-2000:],
+        print(json.dumps({{"error": error, "unplaced": unplaced, "nodes": nodes, "mode": mode, "rc": train.returncode, "err": err[-2000:],
                           "summary": os.path.exists(run + "/summary.json")}}))
     """)
     assert got["error"] == ("policy.resources: a replica of learner needs 1.5 CPUs, but no node of the Ray cluster has "
                             "that many (the largest has 1); lower policy.resources.learner.num_cpus or add a larger "
                             "node"), got
+    assert got["unplaced"] == ("policy.resources: the replicas do not fit on the Ray cluster's nodes together: with "
+                               "the larger ones placed, no node has the 0.6 CPUs a replica of learner needs (left per "
+                               "node: 0.4 CPUs, 0.4 CPUs); lower policy.resources.<role>.num_cpus (fractions are fine) "
+                               "or add a node"), got
     nodes = got["nodes"]
     assert nodes["actor0"] == nodes["actor1"] != nodes["learner0"], nodes
     assert got["mode"] is None  # the user's environment as it was

@@ -262,6 +262,8 @@ def test_eval_and_load_carry_the_hidden_state(tmp_path, capsys, monkeypatch):
     assert not memoryless.recurrent and memoryless.act(obs).shape == (2,) and memoryless.act(obs[0]).shape == ()
     with pytest.raises(ValueError, match=r"^act: done is one bool per environment, shaped \(2,\), got \(\)$"):
         policy.act(obs, done=True)
+    with pytest.raises(ValueError, match=r"^act: done is one bool per environment, got <U2 values \['no', 'no'\]"):
+        policy.act(obs, done=["no", "no"])  # (every one was true)
     policy.reset()
     assert policy.act(obs[0], done=True).shape == ()  # one observation's done may be one bool
     many = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)

@@ -13,10 +13,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pytest
+import yaml
 
 import msrl
 from msrl import runner
@@ -424,6 +426,34 @@ def test_train_takes_sections_or_a_dict_and_returns_the_rows(tmp_path):
     assert msrl.train(config, policy={"name": "single_learner_coarse", "actors": 2},
                       run_dir=tmp_path / "b")["policy"] == "single_learner_coarse"
     assert "policy" not in config  # the caller's dict is not changed
+
+
+def test_sections_take_numpy_values_strings_as_given_an_emptied_mapping_and_pydantic_sections(tmp_path, monkeypatch):
+    """(numpy values were a TypeError of json; a string went through YAML: "lr sweep #2" lost its comment-like end;
+    env={"kwargs": {}} changed nothing; a pydantic section or an ExperimentConfig built by hand failed inside msrl.)
+    The result names its run directory, also the one msrl made; resume and overwrite are booleans."""
+    from msrl.algorithms.ppo.ppo import PPOConfig
+    from msrl.config import EnvConfig, RunConfig, dotted, validate_config
+
+    assert dotted("algorithm", {"lr": np.float32(0.5), "hidden": np.array([16]), "epochs": np.int64(2)}) == \
+        ["algorithm.lr=0.5", "algorithm.hidden=[16]", "algorithm.epochs=2"]
+    assert dotted("run.wandb", {"name": "lr sweep #2", "tags": ["a #b"], "entity": "null", "project": "p"}) == \
+        ['run.wandb.name="lr sweep #2"', 'run.wandb.tags=["a #b"]', 'run.wandb.entity="null"', "run.wandb.project=p"]
+    assert dotted("env", {"kwargs": {}}) == ["env.kwargs={}"]
+    assert validate_config({"algorithm": PPOConfig(lr=1e-3), "run": RunConfig(seed=3)}).run.seed == 3
+    run = {"total_env_steps": 256, "progress": False, "tensorboard": False}
+    monkeypatch.chdir(tmp_path)
+    result = msrl.train(CARTPOLE, ["env.kwargs.mask_obs=[1]"], env={"kwargs": {}, "num_envs": np.int64(2)},
+                        algorithm=PPOConfig(rollout_len=32, minibatches=2), run={**run, "seed": np.int64(1)})
+    assert result.run_dir.parent == Path("runs") and (tmp_path / result.run_dir / "summary.json").is_file()
+    saved = yaml.safe_load((tmp_path / result.run_dir / "config.yaml").read_text())
+    assert saved["env"]["kwargs"] == {} and saved["env"]["num_envs"] == 2 and saved["run"]["seed"] == 1
+    made = msrl.ExperimentConfig(algorithm=PPOConfig(rollout_len=32, minibatches=3), env=EnvConfig(num_envs=2),
+                                 policy={"name": "fused"}, run=RunConfig(**run))
+    with pytest.raises(msrl.ConfigError, match=r"^algorithm.minibatches: 3 does not divide the batch"):
+        msrl.train(made, run_dir=tmp_path / "made")
+    with pytest.raises(msrl.ConfigError, match=r"^resume: true or false, got str 'no'$"):
+        msrl.train(CARTPOLE, run_dir=tmp_path / "c", resume="no")
 
 
 def test_a_run_where_no_episode_ended_writes_strict_json(tmp_path):

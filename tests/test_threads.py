@@ -315,3 +315,20 @@ def test_a_host_env_placed_on_jax_is_refused_with_the_key_that_placed_it():
         msrl.build(load_config(threads, ["policy.actor_backend=jax"]))
     with pytest.raises(msrl.CompileError, match="hint: use policy.name=single_learner_coarse .*policy.backend=threads"):
         msrl.build(load_config(threads, ["policy.name=fused"]))
+
+
+def test_a_session_dropped_without_close_ends_its_replicas_when_collected_and_says_what_it_is():
+    """(Its env worker processes, or a private Ray cluster, stayed until the process exited.)"""
+    import gc
+
+    import psutil
+
+    session = msrl.Session(CARTPOLE, ["algorithm.rollout_len=8", "env.num_envs=4", "env.id=gymnasium:CartPole-v1",
+                                      "env.subprocesses=1", "policy.name=single_learner_coarse", "policy.actors=2"])
+    session.run(1)
+    assert repr(session) == "<msrl.Session PPO under single_learner_coarse (threads), after iteration 1, open>"
+    workers = [p for p in psutil.Process().children() if "gym_worker" in " ".join(p.cmdline())]
+    assert len(workers) == 2
+    del session
+    gc.collect()
+    assert not [p for p in workers if p.is_running()]  # (ended and reaped: they were zombies until the exit)

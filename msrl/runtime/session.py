@@ -11,6 +11,7 @@ The CLI's ``train``, the tests and the benchmarks all run programs through it::
 from __future__ import annotations
 
 import numbers
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -57,8 +58,8 @@ class Session:
         if program is None:
             from msrl.runner import build
 
-            self.config = config if isinstance(config, ExperimentConfig) else load_config(config,
-                                                                                          override_list(overrides))
+            self.config = config.checked() if isinstance(config, ExperimentConfig) else load_config(
+                config, override_list(overrides))
             program = build(self.config)
             seed = self.config.run.seed if seed is None else seed
             seeds = self.config.run.num_seeds if seeds is None else seeds
@@ -79,6 +80,10 @@ class Session:
             several = {"members": [(m.seed, m.values) for m in self.members],
                        "vmap_seeds": vmap_seeds(seed_batching or "auto")}
         self.runtime = backend.build(program, self.seed, int(k), **several)
+        # a session dropped without close(): its replicas (a private Ray cluster, env worker processes) end when
+        # it is collected, not when the process exits
+        self._close_runtime = weakref.finalize(self, self.runtime.close)
+        self._close_runtime.atexit = False  # (at exit the backends' own shutdown runs)
         self._total_env_steps = self.config.run.total_env_steps if self.config is not None else None
         self.closed, self.broken = False, None
         if stall_timeout_s is None:
@@ -198,7 +203,12 @@ class Session:
 
     def close(self) -> None:
         self.closed = True
-        self.runtime.close()
+        self._close_runtime()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "stopped by a failure" if self.broken else "open"
+        return (f"<msrl.Session {type(self.program.algorithm).__name__} under {self.program.policy.name} "
+                f"({self.program.policy.backend}), after iteration {self.iteration}, {state}>")
 
     def __enter__(self) -> "Session":
         self._open()  # (a closed session entered again failed only at its first call)
