@@ -247,7 +247,7 @@ class JaxRuntime(Runtime):
         if self.members == 1:
             return learner.policy_params(state)
         each = [learner.policy_params(jax.tree.map(lambda x, m=m: x[m], state)) for m in range(self.members)]
-        return jax.tree.map(lambda *xs: np.stack(xs), *each)  # (a policy_params of one member's state, as it is written)
+        return jax.tree.map(lambda *xs: np.stack(xs), *each)  # (policy_params is written for one member's state)
 
     def close(self) -> None:
         """Release what the env state holds outside JAX (``env.xla``'s EnvPool pools)."""

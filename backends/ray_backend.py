@@ -281,8 +281,8 @@ class RayRuntime(ReplicaRuntime):
                                enable_task_events=False)  # else the GCS keeps an event per delivery (memory grows)
                 for r, env_ids in enumerate(replica_env_ids(program.num_envs, frag)):  # (soft: a restart goes on
                     where = NodeAffinitySchedulingStrategy(nodes[(name, r)], soft=True)  # another node if its is lost)
-                    self.workers[(name, r)] = ray.remote(FragmentWorker).options(
-                        **options, scheduling_strategy=where).remote(recipe, (name, r), seed, env_ids, driver, spmd(frag))
+                    self.workers[(name, r)] = ray.remote(FragmentWorker).options(**options, scheduling_strategy=where) \
+                        .remote(recipe, (name, r), seed, env_ids, driver, spmd(frag))
                 if spmd(frag):  # one jax.distributed group, coordinated by replica 0
                     group = {"coordinator": ray.get(self.workers[(name, 0)].coordinator.remote()),
                              "size": spec.replicas}
@@ -412,8 +412,14 @@ class RayRuntime(ReplicaRuntime):
                               f"Ray will not restart it ({seen} of policy.max_actor_restarts={limit} restarts seen; "
                               "ray.kill, say, ends an actor for good)"), e
         else:
+            env = self.program.env
+            hosts = "env" in self.program.fragments[name].state_keys and env.host_state and \
+                not getattr(env, "subprocesses", 0)
             raise TrainingError(f"fragment {name!r} replica {replica} died and cannot be restarted: {why}"
-                                f"\n{type(error).__name__}: {_first_line(error)}")
+                                f"\n{type(error).__name__}: {_first_line(error)}" + (
+                                    f"\n(its process steps environments {env.spec.id}: one that ends the process, "
+                                    "os._exit or a crash in C, ends the replica so; env.subprocesses=N steps them "
+                                    "in processes of their own, whose exit names the environment)" if hosts else ""))
         if self.where_[key] != (node, pid):
             self.where_[key] = (node, pid)
             self.restarts[key] = self.restarts.get(key, 0) + 1

@@ -631,7 +631,8 @@ def dotted(prefix: str, value: Any) -> list[str]:
     try:  # (np.float32(1e-3), np.arange(3): their Python values)
         return [f"{prefix}={json.dumps(value, default=lambda x: x.tolist() if hasattr(x, 'tolist') else quote(x))}"]
     except (TypeError, ValueError) as e:
-        raise ConfigError(prefix, f"a config value is a number, string, list or mapping; got {quote(value)}: {e}") from None
+        raise ConfigError(prefix, f"a config value is a number, string, list or mapping; got {quote(value)}: "
+                          f"{e}") from None
 
 
 def override_list(overrides: Any) -> list[str]:

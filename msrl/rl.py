@@ -468,9 +468,10 @@ def per_env_carry(carry, num_envs: int):
         return carry
     if SHAPE_PROBE.get():
         return jnp.zeros((num_envs, *carry.shape[1:]), carry.dtype)
-    raise ConfigError("policy.name", f"the learner keeps state for each of the {carry.shape[0]} environments it was "
-                      f"told it learns from (Context.learner_envs), but its batch holds {num_envs}: the policy must "
-                      "declare its learner replicas (LearnerPlan.learner_replicas)")
+    raise ConfigError("policy.name", f"the learner keeps state for each of {carry.shape[0]} environments, but its "
+                      f"batch holds {num_envs}: size such state with Context.learner_envs (the environments one "
+                      "learner sees; Context.num_envs counts every learner's), which a policy of your own sets by "
+                      "declaring its learner replicas (LearnerPlan.learner_replicas)")
 
 
 def normalization_state(example_obs, obs: bool, reward: bool, envs: int | None = None) -> dict:

@@ -1062,9 +1062,10 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
     env_id, alg = cfg.env.id, cfg.algorithm
     env_checked = "env_nonfinite" in row  # the env counts them (msrl's adapters; a user's env may not)
     if row.pop("env_nonfinite", 0):
+        steps = f"{(iteration - 1) * steps_per_iter}..{iteration * steps_per_iter}"
         raise TrainingError(f"environment {env_id} produced a non-finite observation or reward in iteration "
-                            f"{iteration} (env steps {(iteration - 1) * steps_per_iter}..{iteration * steps_per_iter}); "
-                            f"training stopped{_last_good(run_dir)}")
+                            f"{iteration} (env steps {steps}), or was given an action outside its Discrete(n) actions "
+                            f"(a jitted env's reward is then NaN); training stopped{_last_good(run_dir)}")
     bad = [k for k, v in row.items() if k not in ("episode_return", "episode_length", "episode_return_std", "per_seed")
            and not math.isfinite(v)]
     if bad:

@@ -123,6 +123,11 @@ def checked_init(learner: Any, key: jax.Array, init: Any = None) -> dict[str, An
     return state
 
 
+def _own(state: dict[str, Any]) -> dict[str, Any]:
+    """The learner's state as its own init made it: without the holder's ``param_version``."""
+    return {k: v for k, v in state.items() if k != "param_version"}
+
+
 class RemoteLearner:
     """The learner component under ``async``: the algorithm's learner, with ``learn`` split into computing
     the gradient (jitted, on the worker) and applying it (at the holder). It runs on the host, between the
@@ -147,7 +152,7 @@ class RemoteLearner:
         return {**checked_init(self.learner, key), "param_version": np.int32(0)}
 
     def policy_params(self, state: Any) -> Any:
-        return self.learner.policy_params(state)
+        return self.learner.policy_params(_own(state))
 
     def _grads(self, state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, jax.Array]:
         """The gradient ``learn`` gives its optimizer, its metrics, and whether its new state is that
@@ -155,7 +160,7 @@ class RemoteLearner:
         slot: list = []
         token = _CAPTURED.set(slot)
         try:
-            new, metrics = self.learner.learn(state, *args, **kwargs)
+            new, metrics = self.learner.learn(_own(state), *args, **kwargs)
         finally:
             _CAPTURED.reset(token)
         if len(slot) != 1:

@@ -112,6 +112,14 @@ def test_gymnax_env_parameters_are_env_kwargs_too():
         make_env("gymnax:CartPole-v1", nope=1)
 
 
+def test_a_gymnax_env_given_an_action_outside_its_discrete_actions_rewards_nan_for_the_nan_guard():
+    """(gymnax takes any integer: CartPole's action 4 pushed 7x as hard, and a buggy actor trained on.)"""
+    env = make_env("gymnax:CartPole-v1")
+    state, out = jax.jit(env.step)(env.init(jax.random.PRNGKey(0), np.arange(4)), jnp.asarray([0, 1, 2, -1]))
+    assert np.asarray(out.reward).tolist()[:2] == [1.0, 1.0] and np.isnan(np.asarray(out.reward)[2:]).all()
+    assert int(env.stats(state)["nonfinite"]) == 2
+
+
 def test_env_keys_depend_on_global_index_only():
     """Splitting envs over replicas changes no number: envs [2, 3] alone == envs [0..3] sliced."""
     env = make_env("gymnax:CartPole-v1")
@@ -326,6 +334,18 @@ def test_a_misspelt_brax_keyword_is_named_with_the_one_meant_and_brax_imports_qu
     assert re.search(r"ConfigError: env.kwargs: brax:inverted_pendulum rejected \{'episode_lenght': 100\}: TypeError: "
                      r".*\(did you mean 'episode_length'\? msrl's keys: episode_length, action_repeat; the env's: "
                      r"backend\)\n", proc.stderr), proc.stderr[-2000:]
+    # a bad value of a key it has is no typo; what msrl checks itself is a whole number; one array observed
+    for kwargs, says in (({"backend": "nope"}, r"^env.kwargs: brax:inverted_pendulum rejected \{'backend': 'nope'\}: "
+                                               r"ValueError: backend should be in .* \(msrl's keys: "),
+                         ({"episode_length": 2.5}, r"^env.kwargs.episode_length: must be a whole number >= 1, "
+                                                   r"got 2.5$"),
+                         ({"action_repeat": True}, r"^env.kwargs.action_repeat: must be a whole number >= 1, "
+                                                   r"got True$"),
+                         ({"obs_mode": "dict_state"}, r"^env.kwargs: brax:fast with \{'obs_mode': 'dict_state'\} "
+                                                      r"observes a dict; msrl takes Brax envs whose observation")):
+        with pytest.raises(msrl.ConfigError, match=says):
+            make_env("brax:fast" if "obs_mode" in kwargs else "brax:inverted_pendulum", **kwargs)
+    assert make_env("brax:fast", episode_length=20.0).env.episode_length == 20  # (YAML's 2e1)
 
 
 def test_ppo_on_brax_ant_gives_fused_parameters_bitwise_on_any_split():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import msrl
 from msrl.rl import discounted_returns, normalize, running_stats, update_stats
@@ -80,3 +81,14 @@ def test_learner_replicas_hold_the_same_statistics_and_parameters():
     assert max_diff(replicas[0], replicas[1]) == 0.0
     assert float(np.max(np.asarray(replicas[0]["reward_rms"]["var"]))) != 1.0  # it moved
 
+
+
+def test_per_env_learner_state_of_another_size_says_how_to_size_it():
+    """(It blamed the policy alone, where an algorithm of one's own had sized its state with Context.num_envs.)"""
+    from msrl.rl import per_env_carry
+
+    carry = jnp.zeros((8, 3))
+    assert per_env_carry(carry, 8) is carry
+    with pytest.raises(msrl.ConfigError, match=r"^policy.name: the learner keeps state for each of 8 environments, "
+                                               r"but its batch holds 4: size such state with Context.learner_envs "):
+        per_env_carry(carry, 4)

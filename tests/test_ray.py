@@ -277,8 +277,8 @@ def test_joins_a_cluster_without_token_authentication_though_a_token_is_held_and
         train.send_signal(signal.SIGTERM)
         _, err = train.communicate(timeout=120)
         cluster.shutdown()
-        print(json.dumps({{"error": error, "unplaced": unplaced, "nodes": nodes, "mode": mode, "rc": train.returncode, "err": err[-2000:],
-                          "summary": os.path.exists(run + "/summary.json")}}))
+        print(json.dumps({{"error": error, "unplaced": unplaced, "nodes": nodes, "mode": mode, "rc": train.returncode,
+                          "err": err[-2000:], "summary": os.path.exists(run + "/summary.json")}}))
     """)
     assert got["error"] == ("policy.resources: a replica of learner needs 1.5 CPUs, but no node of the Ray cluster has "
                             "that many (the largest has 1); lower policy.resources.learner.num_cpus or add a larger "

@@ -764,8 +764,9 @@ class Program:
                 f"{e.reason} (with {2 * self.num_envs} environments: policy {self.policy.name!r} cuts the loop, "
                 f"and traces it with twice the {self.num_envs} environments to tell which axes are per-environment)",
                 e.file, e.line, _hint(e, "a statement whose shapes hold only for one count of environments (a size "
-                                      "written as a number) cannot be cut: derive the size from the arrays, or use "
-                                      "policy.name=fused")) from None
+                                      "written as a number) cannot be cut: derive the size from the arrays, read "
+                                      "state the learner keeps per environment through msrl.rl.per_env_carry (sized "
+                                      "by Context.learner_envs), or use policy.name=fused")) from None
         self._doubled = doubled
 
         def axes(value: Any, twice: Any) -> list[int | None]:

@@ -304,7 +304,7 @@ def user_frames(exc: BaseException, lowered: list[Lowered]) -> tuple[tuple | Non
         lw = by_file.get(file)
         if lw is not None and tb.tb_lineno in lw.linemap:
             found, inner = lw.linemap[tb.tb_lineno], None
-        elif not file.startswith("<") and "site-packages" not in file and not any(file.startswith(p) for p in libraries):
+        elif not (file.startswith("<") or "site-packages" in file or any(file.startswith(p) for p in libraries)):
             inner = (file, tb.tb_lineno, tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     return found, inner

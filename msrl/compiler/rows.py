@@ -203,7 +203,7 @@ def _rule(name: str, p1: dict, p2: dict, shape_in: list, shape_out: list, dims_i
         return None if whole else "writes some environments' rows (an update of part of the environment axis)"
     if name == "iota":
         return "numbers the environments by their position in the replica (an arange along the environment " \
-            "axis)" if p1["dimension"] in dims_out[0] else None
+            "axis, as jnp.argsort and ranks over environments make)" if p1["dimension"] in dims_out[0] else None
     if name in ("random_bits", "random_split"):
         drawn = any(d >= len(shape_in[0]) for d in dims_out[0])
         return "draws random numbers for the environments by their position in the replica (one key for all " \

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from typing import Any
 
 import jax
@@ -48,20 +49,28 @@ class BraxEnv(FunctionalEnv):
         if name not in envs._envs:
             raise ConfigError("env.id", f"'brax:{name}' is not a Brax environment; {did_you_mean(name, envs._envs)}"
                               f"known: {', '.join(sorted(envs._envs))}")
-        if episode_length < 1 or action_repeat < 1:
-            raise ConfigError("env.kwargs", f"episode_length and action_repeat must be >= 1 (got {episode_length}, "
-                              f"{action_repeat})")
+        whole = {"episode_length": episode_length, "action_repeat": action_repeat}
+        for key, value in whole.items():  # (2.5 was cut to 2; "10" a TypeError; YAML reads 1e3 as 1000.0)
+            whole[key] = int(value) if isinstance(value, float) and value.is_integer() else value
+            if not isinstance(whole[key], int) or isinstance(value, bool) or whole[key] < 1:
+                raise ConfigError(f"env.kwargs.{key}", f"must be a whole number >= 1, got {value!r}")
+        episode_length, action_repeat = whole.values()
+        mine = ("episode_length", "action_repeat")
+        own = [p for p in inspect.signature(envs._envs[name]).parameters if p != "kwargs"]
         try:
-            env = envs.get_environment(name, **kwargs)
+            with warnings.catch_warnings():  # (Brax's notice that it is no longer maintained, at every env made)
+                warnings.filterwarnings("ignore", message="Brax System, piplines and environments are not actively")
+                env = envs.get_environment(name, **kwargs)
         except Exception as e:  # noqa: BLE001 - whatever the env's constructor raises on bad arguments
-            mine = ("episode_length", "action_repeat")
-            own = [p for p in inspect.signature(envs._envs[name]).parameters if p != "kwargs"]
-            typos = "".join(did_you_mean(k, [*mine, *own]) for k in kwargs)
+            typos = "".join(did_you_mean(k, [*mine, *own]) for k in kwargs if k not in own)  # (not a known key's)
             raise ConfigError("env.kwargs", f"brax:{name} rejected {kwargs}: {type(e).__name__}: {e} ({typos}msrl's "
                               f"keys: {', '.join(mine)}; the env's: {', '.join(own)})") from None
         self.env = envs.wrappers.training.EpisodeWrapper(env, episode_length, action_repeat)
         # the observation's shape from an abstract reset: Brax's observation_size runs reset op by op (~9 s on 2 cores)
         obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).obs
+        if not isinstance(obs, jax.ShapeDtypeStruct):  # (obs_mode: dict_state, say: an AttributeError of a dict)
+            raise ConfigError("env.kwargs" if kwargs else "env.id", f"brax:{name}{f' with {kwargs}' if kwargs else ''} "
+                              f"observes a {type(obs).__name__}; msrl takes Brax envs whose observation is one array")
         self.spec = EnvSpec(f"brax:{name}", tuple(obs.shape), np.dtype(obs.dtype),
                             Box(-1.0, 1.0, env.action_size))
 

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from msrl.components import Box, Discrete, Environment, EnvSpec, EnvStep, per_env_keys, split_keys
+from msrl.components import (Box, Discrete, Environment, EnvSpec, EnvStep, MultiAgentSpec, per_env_keys,
+                             split_keys)
 from msrl.errors import ConfigError, did_you_mean
 
 
@@ -124,6 +125,10 @@ class FunctionalEnv(Environment):
             action = jnp.clip(action, self.spec.action_space.low, self.spec.action_space.high)
         keys, step_keys = split_keys(state.keys)
         obs, inner, reward, terminated, truncated, final_obs = self._step(step_keys, state.inner, action)
+        space = self.spec.action_space
+        if isinstance(space, Discrete) and not isinstance(self.spec, MultiAgentSpec):  # gymnax takes any integer
+            # (CartPole's action 4 pushes 7x as hard): its reward is NaN, which the NaN guard stops the run at
+            reward = jnp.where((action < 0) | (action >= space.n), jnp.nan, reward)
         state = EnvState(inner, obs, keys, **episode_counts(state, reward, terminated | truncated))
         return state, EnvStep(obs, reward, terminated, truncated, final_obs)
 
