@@ -316,7 +316,8 @@ class DevicesRuntime(ThreadsRuntime):
                 raise ConfigError(f"policy.{key}", f"device {max(ids)} of role {name!r} does not exist: this process "
                                   f"has {len(devices)} JAX devices ({devices[0].platform})" + (
                                       f"; XLA_FLAGS=--xla_force_host_platform_device_count={max(ids) + 1} gives the "
-                                      "CPU that many" if cpu else ""))
+                                      "CPU that many in a new process (this one's JAX has started: its devices stay)"
+                                      if cpu else ""))
             pinned.update({(name, r): devices[ids[r % len(ids)]] for r in range(frag.spec.replicas)})
         super().__init__(program, seed, pinned)
 

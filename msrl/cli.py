@@ -157,9 +157,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                           "directory")
     config, overrides = _config_and_overrides(args)
     if config is None and not args.resume:
-        raise ConfigError("config", "msrl train needs a config file (or --resume RUN_DIR, which reads the run's own)"
-                          + (": it goes before the KEY=VALUE overrides" if any("=" not in o for o in overrides)
-                             else ""))
+        if not any(o.partition("=")[0].strip() in ("algorithm.name", "algorithm") for o in overrides):
+            raise ConfigError("config", "msrl train needs a config file (or KEY=VALUE overrides naming "
+                              "algorithm.name, or --resume RUN_DIR, which reads the run's own)" +
+                              (": it goes before the KEY=VALUE overrides" if any("=" not in o for o in overrides)
+                               else ""))
+        config = {}  # (`msrl train algorithm.name=sac`: every other key at its default, as msrl config prints)
     summary = train(config, overrides, run_dir=args.resume or args.run_dir, resume=bool(args.resume),
                     overwrite=args.overwrite)
     print(summary_json(summary))
@@ -270,7 +273,8 @@ def _scored(out: dict) -> str:
     """One ``msrl eval`` line: the return over the episodes, and what was evaluated."""
     which = f", {out['member']}" if "member" in out else f", seed {out['run_seed']}" if "run_seed" in out else ""
     episodes = f"{out['episodes']} episode{'s' * (out['episodes'] != 1)}"
-    return (f"return {out['return_mean']:.2f} ± {out['return_std']:.2f} over {episodes} of "
+    mean = out["return_mean"] if round(out["return_mean"], 2) != 0 else 0.0  # (-0.0049: "-0.00")
+    return (f"return {mean:.2f} ± {out['return_std']:.2f} over {episodes} of "
             f"{out['length_mean']:,.1f} steps on average, {out['env_steps']:,} env steps (greedy; {out['checkpoint']}, "
             f"iteration {out['iteration']}{which})")
 

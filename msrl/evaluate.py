@@ -113,6 +113,8 @@ def load_policy(run_dir: Path, run_seed: int | None = None,
         if len(each) == 1:
             raise ConfigError(arg("member"), f"the run in {run_dir} trained one seed and no sweep: drop "
                               f"{arg('member')}")
+        same = [n for n in names if sorted(n.split(",")) == sorted(str(member).split(","))]  # (in any key order)
+        member = same[0] if same else member
         if member not in names:
             raise ConfigError(arg("member") if asked is not None else "RUN_DIR", f"{run_dir / member} is not a "
                               f"member of the run in {run_dir} (its members: {', '.join(names)})")

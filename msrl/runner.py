@@ -1071,7 +1071,12 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
     if bad:
         lr = " / ".join(f"algorithm.{k}" for k in type(alg).model_fields if (k == "lr" or k.endswith("_lr"))
                         and not isinstance(getattr(alg, k), bool)) or "the learning rate"  # (not anneal_lr)
-        raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite); training "
+        from msrl.sweep import members
+
+        which = [m.name for m, each in zip(members(cfg.run), row.get("per_seed") or [], strict=False)
+                 if not math.isfinite(each.get(bad[0], 0.0))]  # (one member's NaN makes the mean NaN)
+        of = f" (of member{'s' if which[1:] else ''} {', '.join(which)}: the members are one program)" if which else ""
+        raise TrainingError(f"iteration {iteration}: metric {bad[0]!r} is {row[bad[0]]} (non-finite){of}; training "
                             f"stopped{_last_good(run_dir)}. " + (
                                 f"Lower {lr} or check the environment's rewards." if env_checked else
                                 f"Check environment {env_id}'s observations and rewards (it does not count "

@@ -60,12 +60,20 @@ def spread_over_cores(cfg: Any) -> int | None:
     if jax.config.jax_num_cpu_devices != -1:  # the user's choice
         return None
     cores = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, runs)
+    if cfg.run.seed_batching == "vmap":  # (a batched program splits its members evenly, or runs on one device)
+        cores = max(d for d in range(1, cores + 1) if runs % d == 0)
     if cores < 2:
         return None
     try:
         jax.config.update("jax_num_cpu_devices", cores)
     except RuntimeError:  # JAX has started already
         return None
+    from msrl.errors import CLI_FLAGS
+
+    if not CLI_FLAGS.get():  # (a Python session: what runs after this in it sees these devices too)
+        print(f"msrl: note: this process now has {cores} CPU devices (jax_num_cpu_devices), to run {runs} members "
+              "at once; a later run in it keeps them (multi_learner splits its learners over them: other rounding "
+              "than on one device)", file=sys.stderr, flush=True)
     return cores
 
 

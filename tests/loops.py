@@ -311,6 +311,65 @@ class HelperMutation(Base):
         msrl.buffer_insert(Item(obs, out.action, reward * self.bump(), done))  # E:helper_mutation
         return msrl.agent_learn(msrl.buffer_get())
 
+class ClassAttributeMutation(Base):
+    """(Accepted: each policy traced the loop another number of times, so each computed another reward.)"""
+
+    scale = 1.0
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            ClassAttributeMutation.scale = ClassAttributeMutation.scale * 0.5  # E:class_mutation
+            msrl.buffer_insert(Item(obs, out.action, reward * ClassAttributeMutation.scale, done))
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class SelfListFill(Base):
+    """A list held by ``self`` filled in the loop (its length counted the traces, not the steps)."""
+
+    seen: list = []
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            self.seen.append(1)  # E:self_fill
+            msrl.buffer_insert(Item(obs, out.action, reward / len(self.seen), done))
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class AliasedDictWrite(Base):
+    """A dict held by ``self``, written through a local bound to it."""
+
+    stats = {"n": 0}
+
+    def train_step(self):
+        obs, stats = msrl.env_observe(), self.stats
+        out = msrl.agent_act(obs)
+        obs, reward, done = msrl.env_step(out.action)
+        stats["n"] = stats["n"] + 1  # E:alias_write
+        msrl.buffer_insert(Item(obs, out.action, reward / stats["n"], done))
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class HelperClassMutation(Base):
+    """A helper without API calls that changes its class (``type(self).x = ...``)."""
+
+    def bump(self):
+        type(self).calls = getattr(type(self), "calls", 0) + 1
+        return 1.0 / type(self).calls
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        _, reward, done = msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, reward * self.bump(), done))  # E:helper_class_mutation
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class WrongArity(Base):
     def train_step(self):
         obs = msrl.env_observe()
@@ -609,6 +668,10 @@ REJECTED = {
     "early_return": EarlyReturn,
     "self_mutation": SelfMutation,
     "helper_mutation": HelperMutation,
+    "class_mutation": ClassAttributeMutation,
+    "self_fill": SelfListFill,
+    "alias_write": AliasedDictWrite,
+    "helper_class_mutation": HelperClassMutation,
     "arity": WrongArity,
     "state_arg": StateArgument,
     "api_value": ApiAsValue,

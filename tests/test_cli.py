@@ -146,6 +146,9 @@ def test_a_misplaced_config_a_folder_and_a_list_where_one_value_goes_are_named(t
                         ([CARTPOLE, "env.num_envs=[4,8]"], r"env.num_envs: .*\(got \[4, 8\]\); a list sweeps only")]:
         assert main(["train", *args]) == 2
         assert re.search(error, capsys.readouterr().err)
+    assert main(["train", "algorithm.name=ppo", "algorithm.rollout_len=32", "run.total_env_steps=256",  # (as msrl
+                 "run.progress=false", "run.tensorboard=false", "--run-dir", str(tmp_path / "bare")]) == 0  # config)
+    assert yaml.safe_load((tmp_path / "bare" / "config.yaml").read_text())["env"]["id"] == "gymnax:CartPole-v1"
     (tmp_path / "base.yaml").write_text("algorithm: {name: ppo}\n")
     for args, error in [(["graph"], r"^msrl: error: config: msrl graph needs a config file"),  # (argparse's
                         # "required: config, overrides", though overrides are not)

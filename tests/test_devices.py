@@ -59,7 +59,7 @@ def test_devices_need_the_jax_backend_and_existing_devices():
     cfg = load_config(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=jax", "policy.learner_devices=[7]"])
     with pytest.raises(msrl.ConfigError, match=r"policy.learner_devices: device 7 of role .learner. does not exist: "
                                                r"this process has \d+ JAX devices \(cpu\); XLA_FLAGS=--xla_force_host_"
-                                               r"platform_device_count=8 gives the CPU that many$"):
+                                               r"platform_device_count=8 gives the CPU that many in a new process "):
         msrl.Session(cfg)
     # (an empty list is no sweep; 'jax' is offered once inside the jax backend)
     with pytest.raises(msrl.ConfigError, match=r"^policy.actor_devices: List should have at least 1 item after "

@@ -386,6 +386,43 @@ def test_a_users_env_that_breaks_its_contract_is_refused_naming_its_method(mix, 
     msrl.compile(loops.Simple(), Fused(), UsersEnv(), 4)
 
 
+class _Counted(msrl.Wrapper):
+    """A wrapper whose state is not the wrapped env's: it counts the steps beside it. ``reads`` its stats and
+    episode counts reads through (a wrapper that forgets one: msrl.Wrapper hands the wrapped env its dict)."""
+
+    def __init__(self, env, reads=("stats", "episode_counts")):
+        super().__init__(env)
+        self.reads = reads
+
+    def init(self, key, env_ids):
+        return {"inner": self.env.init(key, env_ids), "t": jnp.zeros((), jnp.int32)}
+
+    def observe(self, state):
+        return state, self.env.observe(state["inner"])[1]
+
+    def step(self, state, action):
+        inner, out = self.env.step(state["inner"], action)
+        return {"inner": inner, "t": state["t"] + 1}, out
+
+    def stats(self, state):
+        return self.env.stats(state["inner"] if "stats" in self.reads else state)
+
+    def episode_counts(self, state):
+        return self.env.episode_counts(state["inner"] if "episode_counts" in self.reads else state)
+
+
+def test_a_wrapper_that_forgets_a_method_reading_its_state_is_named():
+    """(A raw AttributeError from msrl's gymnax adapter, 49 lines; without episode_counts it trained, and msrl eval
+    failed so.)"""
+    from msrl.policies.fused import Fused
+
+    for reads, method in ((("episode_counts",), "stats"), (("stats",), "episode_counts")):
+        with pytest.raises(msrl.CompileError, match=rf"_Counted.{method}\(state\) raised AttributeError: .* \(a "
+                                                    r"msrl.Wrapper whose state is not the wrapped env's overrides "):
+            msrl.compile(loops.Simple(), Fused(), _Counted(make_env("gymnax:CartPole-v1"), reads), 4)
+    msrl.compile(loops.Simple(), Fused(), _Counted(make_env("gymnax:CartPole-v1")), 4)
+
+
 class _NoStats(UsersEnv):
     stats = msrl.Environment.stats  # (as an env that defines none)
 

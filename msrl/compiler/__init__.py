@@ -28,8 +28,8 @@ from msrl.compiler.ir import Stmt, leaves, walk
 from msrl.compiler.lower import Lowered, generate, materialize, reraise_at_user_line
 from msrl.compiler.partition import assign_roles, partition
 from msrl.components import (SHAPE_PROBE, STATS, Actor, Environment, Learner, MultiAgentObs, MultiAgentSpec,
-                             ReplayBuffer, vouched_rowwise)
-from msrl.errors import CompileError, ConfigError, defined_at, method_name
+                             ReplayBuffer, Wrapper, vouched_rowwise)
+from msrl.errors import CompileError, ConfigError, MsrlError, defined_at, gist, method_name
 from msrl.plan import FragmentSpec, Plan
 from msrl.policy import Policy, prepare_learner
 from msrl.replay import shard_part
@@ -271,11 +271,24 @@ def _check_env_stats(env: Environment, state: Any) -> None:
 
     from msrl.envs import MaskedObs
 
-    stats = env.stats(state)
+    user = env
+    while isinstance(user, MaskedObs):  # (msrl's wrapper: the user's env)
+        user = user.env
+    for method in ("stats", "episode_counts"):  # (what msrl's rows and msrl eval read of the state)
+        try:
+            out = getattr(env, method)(state)
+        except (MsrlError, jax.errors.JAXTypeError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a Wrapper whose state is not its env's, say: named, not a traceback
+            wrapper = " (a msrl.Wrapper whose state is not the wrapped env's overrides it too)" \
+                if isinstance(user, Wrapper) else ""
+            raise CompileError(f"{type(user).__name__}.{method}(state) raised {type(e).__name__}: {gist(str(e))}"
+                               f"{wrapper}", *defined_at(type(user))) from e
+        if method == "stats":
+            stats = out
     missing = [k for k in STATS if not isinstance(stats, Mapping) or k not in stats]
     if missing:
-        while isinstance(env, MaskedObs):  # (msrl's wrapper: the user's env)
-            env = env.env
+        env = user
         got = f"no {', '.join(missing)}" if isinstance(stats, Mapping) else f"a {type(stats).__name__}"
         raise CompileError(f"{type(env).__name__}.stats(state) returns {got}; msrl logs episodes from a dict of "
                            f"{', '.join(STATS)} (optionally length_sum, nonfinite: see msrl.Environment.stats)",

@@ -131,6 +131,34 @@ def _find_escape(nodes: list[ast.AST]) -> ast.AST | None:
 _FILLS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove", "discard", "clear"}
 
 
+def _lasting_change(node: ast.AST, me: str | None, own: set[str]) -> ast.AST | None:
+    """What of ``node`` changes an object that outlives the function whose self is ``me`` and whose locals are
+    ``own`` (locals bound to objects made elsewhere left out): an attribute or item assigned or deleted, or a
+    container filled or emptied, of ``me``, of a class or global, of what a call returns (``type(self).x``), or
+    of such a local (``stats = self.stats``); ``setattr``/``delattr``. None if it changes only its own objects."""
+    if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        root = _target_root(node)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _FILLS:
+        root = _target_root(node.func.value)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+        return node
+    else:
+        return None
+    return None if isinstance(root, ast.Name) and root.id != me and root.id in own else node
+
+
+def _own_objects(fdef: ast.AST, me: str | None) -> set[str]:
+    """The locals of ``fdef`` that only ever hold objects it makes: not ``me``, and not bound to an object
+    reached from ``me`` or a global by attributes alone (``stats = self.stats``: changing it changes that)."""
+    own = _node_names(fdef, ast.Store) - {me}
+    pairs = [pair for n in _scope_walk(fdef) if isinstance(n, ast.Assign) for t in n.targets
+             for pair in (zip(t.elts, n.value.elts) if isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple)
+                          and len(t.elts) == len(n.value.elts) else [(t, n.value)])]  # (a, b = x, self.y)
+    shared = {t.id for t, v in pairs if isinstance(t, ast.Name) and _is_reference(v) and
+              (_target_root(v).id == me or _target_root(v).id not in own)}
+    return own - shared
+
+
 def _outer_container_change(body: list[ast.stmt]) -> ast.Call | None:
     """A statement of ``body`` that fills or empties a container (``xs.append(v)``, ``d.update(...)``, its value
     unused) made outside ``body``: one not bound anywhere in it, so not fresh at each pass."""
@@ -242,6 +270,7 @@ class Frontend:
         self.alg = algorithm
         self.method = method
         self.counter = itertools.count(1)
+        self._own: dict[ast.AST, set[str]] = {}  # a function's locals that hold only its own objects
         self.tmp = itertools.count(1)
         self.namespace: dict[str, Any] = {}
         self.inlining: list[str] = []
@@ -551,17 +580,27 @@ class Frontend:
         raise src.error(st, f"`{type(st).__name__}` statements using the API cannot be compiled")
 
     def _check_no_self_mutation(self, src: Source, st: ast.stmt) -> None:
+        own = self._own.get(src.fdef)
+        if own is None:
+            own = self._own[src.fdef] = _own_objects(src.fdef, "self")
+        scope = {id(n) for n in _scope_walk(ast.Module([st], []))}  # (a def's own locals are its own)
         for n in ast.walk(st):
             if _mutates(n, "self"):
                 raise src.error(n, "the training loop must not assign to (or delete) attributes of `self`",
                                 "state that changes belongs in a component (actor, learner, buffer)")
+            if id(n) in scope and _lasting_change(n, "self", own) is not None:
+                raise src.error(n, "the training loop must not change an object that outlives it (of `self`, a "
+                                "class, a global, or a local bound to one): the loop is traced several times (and "
+                                "by each replica), so the change would depend on how often, and each policy would "
+                                "compute something else", "state that changes belongs in a component (actor, "
+                                "learner, buffer); a value the loop uses is computed in it, from components' state")
             method = _method_called(n, "self")
             if method is not None and self._helper_of(src, n) is None:  # a method called as it is
                 at = self._mutation_in(getattr(type(self.alg), method, None))
                 if at is not None:
-                    raise src.error(n, f"self.{method}() assigns to attributes of `self` ({at}): the training loop "
-                                    "is traced several times (and by each replica), so such a change would depend "
-                                    "on how often", "state that changes belongs in a component (actor, learner, "
+                    raise src.error(n, f"self.{method}() changes an object that outlives the loop, of `self` or "
+                                    f"a class or global ({at}): the training loop is traced several times (and by "
+                                    "each replica), so such a change would depend on how often", "state that changes belongs in a component (actor, learner, "
                                     "buffer)")
 
     def _mutation_in(self, fn: Callable, seen: frozenset = frozenset()) -> str | None:
@@ -574,6 +613,10 @@ class Frontend:
         except CompileError:
             return None
         me = helper.fdef.args.args[0].arg if helper.fdef.args.args else None
+        own = _own_objects(helper.fdef, me)
+        changed = next((n for n in _scope_walk(helper.fdef) if _lasting_change(n, me, own) is not None), None)
+        if changed is not None:
+            return f"{helper.file}:{helper.line(changed)}"
         for n in ast.walk(helper.fdef):
             if _mutates(n, me):
                 return f"{helper.file}:{helper.line(n)}"

@@ -118,8 +118,13 @@ def _make(env_id: str, **kwargs) -> Environment:
     except MsrlError:
         raise
     except Exception as e:  # a maker of the user's: its error in one line (--debug: the traceback)
+        import urllib.error
+
+        offline = " (it downloads data as it is made: this machine could not fetch it)" \
+            if isinstance(e, (urllib.error.URLError, ConnectionError)) else ""  # (gymnax's MNISTBandit: MNIST)
         raise ConfigError("env.kwargs" if kwargs and isinstance(e, TypeError) else "env.id", f"{_path(maker)} ("
-                          f"{env_id}{f' with {kwargs}' if kwargs else ''}) raised {type(e).__name__}: {e}") from e
+                          f"{env_id}{f' with {kwargs}' if kwargs else ''}) raised {type(e).__name__}: {e}{offline}") \
+            from e
     if not isinstance(env, Environment):
         what = "a gymnasium.Env: a Gymnasium env of your own takes a gymnasium: id (register it with gymnasium)" \
             if type(env).__module__.startswith("gymnasium") else f"{type(env).__name__}"

@@ -132,7 +132,9 @@ class EnvPoolEnv(Environment):
                               f"{f' with kwargs {kwargs}' if kwargs else ''}: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
         obs_space = spec.observation_space
-        action_space = host_spaces(f"envpool:{name}", obs_space, spec.action_space)
+        action_space = host_spaces(f"envpool:{name}", obs_space, spec.action_space, " (an EnvPool pool cannot be "
+                                   "wrapped: use its gymnasium: id, with an id of your own whose entry point wraps it "
+                                   "in gymnasium's FlattenObservation, imported with --import)")
         kind = np.dtype(obs_space.dtype)
         if kind == np.uint8:
             obs_dtype = np.dtype(np.uint8)  # Atari frames: the network scales them

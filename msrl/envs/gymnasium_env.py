@@ -97,8 +97,9 @@ def host_spaces(env_id: str, obs_space: Any, act_space: Any, obs_hint: str = "",
                               "continuous actions are floats; give it a float Box whose step rounds them as it means "
                               "to, or a Discrete space")
         return Box(act_space.low, act_space.high, act_space.shape)
-    raise ConfigError("env.id", f"{env_id} has a {type(act_space).__name__} action space; "
-                      "msrl supports Discrete and Box")
+    raise ConfigError("env.id", f"{env_id} has a {type(act_space).__name__} action space; msrl supports Discrete "
+                      "and Box (a gymnasium ActionWrapper of your own maps one of them onto it: a MultiDiscrete's "
+                      "combinations numbered as one Discrete, say)")
 
 
 class Workers:
