@@ -178,7 +178,8 @@ def test_a_nan_metric_names_the_algorithms_own_learning_rate_keys(tmp_path):
     swept = load_config(EXAMPLES / "ppo_cartpole.yaml", ["algorithm.lr=[1e-3,1e20]", "run.num_seeds=2"])
     rows = [{"loss": 1.0}, {"loss": 1.0}, {"loss": float("nan")}, {"loss": float("inf")}]  # (the mean: NaN)
     with pytest.raises(msrl.TrainingError, match=r"^iteration 2: metric 'loss' is nan \(non-finite\) \(of members "
-                                                 r"lr=1e\+20,seed_0, lr=1e\+20,seed_1: the members are one program\); "):
+                                                 r"lr=1e\+20,seed_0, lr=1e\+20,seed_1: the members are one "
+                                                 r"program\); "):
         _check_finite({"loss": float("nan"), "per_seed": rows}, 2, swept, 200, tmp_path)
 
 

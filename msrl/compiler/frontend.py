@@ -600,8 +600,8 @@ class Frontend:
                 if at is not None:
                     raise src.error(n, f"self.{method}() changes an object that outlives the loop, of `self` or "
                                     f"a class or global ({at}): the training loop is traced several times (and by "
-                                    "each replica), so such a change would depend on how often", "state that changes belongs in a component (actor, learner, "
-                                    "buffer)")
+                                    "each replica), so such a change would depend on how often",
+                                    "state that changes belongs in a component (actor, learner, buffer)")
 
     def _mutation_in(self, fn: Callable, seen: frozenset = frozenset()) -> str | None:
         """Where method ``fn`` (or a method it calls on its ``self``) assigns to or deletes an attribute of its
