@@ -248,6 +248,31 @@ class DynamicRange(Base):
         return 0
 
 
+class BoundAssignedTwice(Base):
+    """(Said "only known at run time" of a bound known at compile time, but assigned twice.)"""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        steps = self.cfg.steps
+        steps = steps // 2
+        for _ in range(steps):  # E:bound_twice
+            msrl.env_step(msrl.agent_act(obs).action)
+        return 0
+
+
+class HelperAsValue(Base):
+    """(Said "train_step() never calls msrl.env_step()", which the helper does.)"""
+
+    def rollout(self, obs):
+        msrl.env_step(msrl.agent_act(obs).action)
+        return obs
+
+    def train_step(self):
+        roll = self.rollout  # E:helper_value
+        roll(msrl.env_observe())
+        return 0
+
+
 class InLambda(Base):
     def train_step(self):
         obs = msrl.env_observe()
@@ -661,6 +686,8 @@ REJECTED = {
     "data_if": DataIf,
     "non_range": NonRange,
     "dynamic_range": DynamicRange,
+    "bound_twice": BoundAssignedTwice,
+    "helper_value": HelperAsValue,
     "lambda": InLambda,
     "comprehension": InComprehension,
     "ifexp": InIfExp,

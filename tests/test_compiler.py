@@ -292,6 +292,13 @@ def test_an_error_in_a_method_the_loop_calls_names_its_line_and_the_statement(en
            f"(loops.py:{loops.marked_line('calls_learner')}): the learner's own bug" in str(info.value)
 
 
+def test_a_bound_assigned_twice_and_a_helper_taken_as_a_value_say_so(env):
+    for loop, says in ((loops.BoundAssignedTwice, r"the loop bound depends on steps, which is assigned more than once"),
+                       (loops.HelperAsValue, r"self.rollout, a method that uses the API, is used as a value")):
+        with pytest.raises(msrl.CompileError, match=says):
+            msrl.compile(loop(), Fused(), env, NUM_ENVS)
+
+
 def test_an_error_in_a_components_init_names_its_line(env):
     """(It leaked as a bare traceback through msrl's compiler: no statement of the loop raised it.)"""
     with pytest.raises(msrl.CompileError) as info:

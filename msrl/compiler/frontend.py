@@ -477,9 +477,11 @@ class Frontend:
         local_names = _node_names(expr, ast.Load) - {"self"}
         unknown = {n for n in local_names if n in self._all_locals and rename.get(n, n) not in self.statics}
         if unknown:
-            raise src.error(
-                expr, f"{what} depends on {', '.join(sorted(unknown))}, which is only known at run time", hint
-            )
+            stores = [n.id for n in _scope_walk(src.fdef) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+            twice = sorted(n for n in unknown if stores.count(n) > 1)  # (`T = T // 2`: known, but not to msrl)
+            why = f"assigned more than once ({', '.join(twice)}: a value known at compile time is a local assigned " \
+                "once, at the top level, from self, globals and constants)" if twice else "only known at run time"
+            raise src.error(expr, f"{what} depends on {', '.join(sorted(unknown))}, which is {why}", hint)
         scope = self._scope(src)
         scope.update({k: self.statics[rename.get(k, k)] for k in local_names if rename.get(k, k) in self.statics})
         try:
@@ -535,6 +537,7 @@ class Frontend:
             if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
                 raise src.error(n, "generators and coroutines cannot be compiled", "write a plain loop")
         self._check_no_self_mutation(src, st)
+        self._check_no_helper_value(src, st)
         self._check_no_reserved(src, st)
         deleted = next((n for n in _scope_walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del)), None)
         if deleted is not None:
@@ -602,6 +605,19 @@ class Frontend:
                                     f"a class or global ({at}): the training loop is traced several times (and by "
                                     "each replica), so such a change would depend on how often",
                                     "state that changes belongs in a component (actor, learner, buffer)")
+
+    def _check_no_helper_value(self, src: Source, st: ast.stmt) -> None:
+        """A method that uses the API taken as a value (``roll = self.rollout``): the API calls in it are compiled
+        only where the loop calls it as ``self.rollout(...)``."""
+        called = {id(n.func) for n in ast.walk(st) if isinstance(n, ast.Call)}
+        for n in ast.walk(st):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self" and \
+                    isinstance(n.ctx, ast.Load) and id(n) not in called:
+                fn = inspect.getattr_static(type(self.alg), n.attr, None)
+                fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+                if inspect.isfunction(fn) and self._uses_api(fn):
+                    raise src.error(n, f"self.{n.attr}, a method that uses the API, is used as a value; the loop "
+                                    "compiles its API calls where it calls it", f"call it: self.{n.attr}(...)")
 
     def _mutation_in(self, fn: Callable, seen: frozenset = frozenset()) -> str | None:
         """Where method ``fn`` (or a method it calls on its ``self``) assigns to or deletes an attribute of its
