@@ -131,14 +131,16 @@ def _find_escape(nodes: list[ast.AST]) -> ast.AST | None:
 _FILLS = {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove", "discard", "clear"}
 
 
-def _lasting_change(node: ast.AST, me: str | None, own: set[str]) -> ast.AST | None:
+def _lasting_change(node: ast.AST, me: str | None, own: set[str], statements: set[int]) -> ast.AST | None:
     """What of ``node`` changes an object that outlives the function whose self is ``me`` and whose locals are
     ``own`` (locals bound to objects made elsewhere left out): an attribute or item assigned or deleted, or a
-    container filled or emptied, of ``me``, of a class or global, of what a call returns (``type(self).x``), or
-    of such a local (``stats = self.stats``); ``setattr``/``delattr``. None if it changes only its own objects."""
+    container filled or emptied (a call of ``statements``, whose value is unused: not optax's ``tx.update``), of
+    ``me``, of a class or global, of what a call returns (``type(self).x``), or of such a local (``stats =
+    self.stats``); ``setattr``/``delattr``. None if it changes only its own objects."""
     if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
         root = _target_root(node)
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _FILLS:
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _FILLS and \
+            id(node) in statements:
         root = _target_root(node.func.value)
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
         return node
@@ -587,11 +589,12 @@ class Frontend:
         if own is None:
             own = self._own[src.fdef] = _own_objects(src.fdef, "self")
         scope = {id(n) for n in _scope_walk(ast.Module([st], []))}  # (a def's own locals are its own)
+        statements = {id(n.value) for n in ast.walk(st) if isinstance(n, ast.Expr)}
         for n in ast.walk(st):
             if _mutates(n, "self"):
                 raise src.error(n, "the training loop must not assign to (or delete) attributes of `self`",
                                 "state that changes belongs in a component (actor, learner, buffer)")
-            if id(n) in scope and _lasting_change(n, "self", own) is not None:
+            if id(n) in scope and _lasting_change(n, "self", own, statements) is not None:
                 raise src.error(n, "the training loop must not change an object that outlives it (of `self`, a "
                                 "class, a global, or a local bound to one): the loop is traced several times (and "
                                 "by each replica), so the change would depend on how often, and each policy would "
@@ -629,8 +632,10 @@ class Frontend:
         except CompileError:
             return None
         me = helper.fdef.args.args[0].arg if helper.fdef.args.args else None
-        own = _own_objects(helper.fdef, me)
-        changed = next((n for n in _scope_walk(helper.fdef) if _lasting_change(n, me, own) is not None), None)
+        own, statements = _own_objects(helper.fdef, me), {id(n.value) for n in ast.walk(helper.fdef)
+                                                           if isinstance(n, ast.Expr)}
+        changed = next((n for n in _scope_walk(helper.fdef) if _lasting_change(n, me, own, statements) is not None),
+                       None)
         if changed is not None:
             return f"{helper.file}:{helper.line(changed)}"
         for n in ast.walk(helper.fdef):
