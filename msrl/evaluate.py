@@ -414,7 +414,10 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     returns, finished = np.zeros(episodes), np.zeros(episodes, bool)
     partial = np.zeros(episodes)  # the rewards so far: the score of an episode MAX_STEPS cut short
     lengths = np.zeros(episodes, int)  # each episode's steps (to its end, as counted: an Atari game's to game over)
-    counted = env.episode_counts(state) is not None  # episodes as the training's rows count them (Atari: games)
+    from msrl.compiler import env_method
+
+    counted = env_method(env, "episode_counts", state, ConfigError) is not None  # episodes as the training's rows
+    # count them (Atari: games); a wrapper whose state is not its env's and reads it through is named
     for steps in range(1, MAX_STEPS + 1):
         carry, action = act(params, carry, obs, start)
         state, (obs, reward, done) = step(state, action)

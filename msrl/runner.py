@@ -609,7 +609,8 @@ def train(cfg: ExperimentConfig | str | Path | dict | None, overrides: list[str]
     except BaseException as e:
         for run_dir in made:
             _remove_if_unused(run_dir)
-        if isinstance(e, ConfigError) and isinstance(cfg, (str, os.PathLike)):  # (the env's, the algorithm's checks)
+        if isinstance(e, ConfigError) and isinstance(cfg, (str, os.PathLike)) and \
+                e.key.startswith(("env.", "algorithm.")):  # (the env's, the algorithm's checks)
             given = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
             located = in_file(e, cfg, given)
             if located is not e:

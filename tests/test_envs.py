@@ -411,16 +411,26 @@ class _Counted(msrl.Wrapper):
         return self.env.episode_counts(state["inner"] if "episode_counts" in self.reads else state)
 
 
-def test_a_wrapper_that_forgets_a_method_reading_its_state_is_named():
-    """(A raw AttributeError from msrl's gymnax adapter, 49 lines; without episode_counts it trained, and msrl eval
-    failed so.)"""
+@msrl.register_env("counted")
+def _counted_stats_only(name, **kwargs):
+    return _Counted(make_env(f"gymnax:{name}", **kwargs), ("stats",))
+
+
+def test_a_wrapper_that_forgets_a_method_reading_its_state_is_named(tmp_path):
+    """(A raw AttributeError from msrl's gymnax adapter, 49 lines, when it compiled; without episode_counts, read
+    by msrl eval only, it trained, and msrl eval failed so.)"""
+    from msrl.evaluate import evaluate
     from msrl.policies.fused import Fused
 
-    for reads, method in ((("episode_counts",), "stats"), (("stats",), "episode_counts")):
-        with pytest.raises(msrl.CompileError, match=rf"_Counted.{method}\(state\) raised AttributeError: .* \(a "
-                                                    r"msrl.Wrapper whose state is not the wrapped env's overrides "):
-            msrl.compile(loops.Simple(), Fused(), _Counted(make_env("gymnax:CartPole-v1"), reads), 4)
-    msrl.compile(loops.Simple(), Fused(), _Counted(make_env("gymnax:CartPole-v1")), 4)
+    with pytest.raises(msrl.CompileError, match=r"_Counted.stats\(state\) raised AttributeError: .* \(a "
+                                                r"msrl.Wrapper whose state is not the wrapped env's overrides "):
+        msrl.compile(loops.Simple(), Fused(), _Counted(make_env("gymnax:CartPole-v1"), ("episode_counts",)), 4)
+    msrl.train(EXAMPLES / "ppo_cartpole.yaml", ["env.id=counted:CartPole-v1", "algorithm.rollout_len=32",  # (it
+                                                "run.total_env_steps=256", "run.progress=false"], run_dir=tmp_path)
+    with pytest.raises(msrl.ConfigError, match=r"_Counted.episode_counts\(state\) raised AttributeError: .* \(a "
+                                               r"msrl.Wrapper whose state is not the wrapped env's overrides it too\) "
+                                               r"\(.*test_envs.py:\d+\)$"):  # trains: only msrl eval reads them)
+        evaluate(tmp_path, episodes=2)
 
 
 class _NoStats(UsersEnv):

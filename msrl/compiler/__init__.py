@@ -264,6 +264,27 @@ def _check_actions(env: Any, action: Any) -> None:
                            f"{each} for each environment", hint=f"hand it [num_envs{''.join(f', {d}' for d in want)}]")
 
 
+def env_method(env: Environment, method: str, state: Any, error: type = CompileError) -> Any:
+    """``env.method(state)`` (``stats``, read for the rows; ``episode_counts``, by ``msrl eval``); what it raises
+    as ``error`` (a CompileError, or a ConfigError on ``env.id``) naming the user's env (a ``msrl.Wrapper`` whose
+    state is not its env's, say: it was a raw AttributeError)."""
+    from msrl.envs import MaskedObs
+
+    try:
+        return getattr(env, method)(state)
+    except (MsrlError, jax.errors.JAXTypeError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's env's own error, named
+        while isinstance(env, MaskedObs):  # (msrl's wrapper: the user's env)
+            env = env.env
+        wrapper = " (a msrl.Wrapper whose state is not the wrapped env's overrides it too)" \
+            if isinstance(env, Wrapper) else ""
+        where = defined_at(type(env))
+        message = f"{type(env).__name__}.{method}(state) raised {type(e).__name__}: {gist(str(e))}{wrapper}"
+        raise (CompileError(message, *where) if error is CompileError else
+               ConfigError("env.id", f"{message} ({where[0]}:{where[1]})")) from e
+
+
 def _check_env_stats(env: Environment, state: Any) -> None:
     """A jitted env's ``stats(state)`` is a dict of the episode statistics msrl logs (a CompileError at its class
     otherwise: it is first called in the program, where a KeyError would name none of the user's lines)."""
@@ -271,24 +292,11 @@ def _check_env_stats(env: Environment, state: Any) -> None:
 
     from msrl.envs import MaskedObs
 
-    user = env
-    while isinstance(user, MaskedObs):  # (msrl's wrapper: the user's env)
-        user = user.env
-    for method in ("stats", "episode_counts"):  # (what msrl's rows and msrl eval read of the state)
-        try:
-            out = getattr(env, method)(state)
-        except (MsrlError, jax.errors.JAXTypeError):
-            raise
-        except Exception as e:  # noqa: BLE001 - a Wrapper whose state is not its env's, say: named, not a traceback
-            wrapper = " (a msrl.Wrapper whose state is not the wrapped env's overrides it too)" \
-                if isinstance(user, Wrapper) else ""
-            raise CompileError(f"{type(user).__name__}.{method}(state) raised {type(e).__name__}: {gist(str(e))}"
-                               f"{wrapper}", *defined_at(type(user))) from e
-        if method == "stats":
-            stats = out
+    stats = env_method(env, "stats", state)
     missing = [k for k in STATS if not isinstance(stats, Mapping) or k not in stats]
     if missing:
-        env = user
+        while isinstance(env, MaskedObs):  # (msrl's wrapper: the user's env)
+            env = env.env
         got = f"no {', '.join(missing)}" if isinstance(stats, Mapping) else f"a {type(stats).__name__}"
         raise CompileError(f"{type(env).__name__}.stats(state) returns {got}; msrl logs episodes from a dict of "
                            f"{', '.join(STATS)} (optionally length_sum, nonfinite: see msrl.Environment.stats)",
