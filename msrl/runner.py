@@ -611,11 +611,15 @@ def train(cfg: ExperimentConfig | str | Path | dict | None, overrides: list[str]
             _remove_if_unused(run_dir)
         if isinstance(e, ConfigError) and isinstance(cfg, (str, os.PathLike)) and \
                 e.key.startswith(("env.", "algorithm.")):  # (the env's, the algorithm's checks)
-            given = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
-            located = in_file(e, cfg, given)
+            located = in_file(e, cfg, _given(overrides, sections))
             if located is not e:
                 raise located.with_traceback(e.__traceback__) from e.__cause__
         raise
+
+
+def _given(overrides: Any, sections: dict[str, Any]) -> list[str]:
+    """The KEY.PATH=VALUE overrides of a train() call: its list, then its sections' (``run={"seed": 1}``)."""
+    return [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
 
 
 def _remove_if_unused(run_dir: Path) -> None:
@@ -665,7 +669,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                 f"; its checkpoints are there: give the config file it was trained with too (msrl train CONFIG "
                 f"--resume {run_dir}, or train(CONFIG, run_dir=..., resume=True)), and its config.yaml is written again"
                 if checkpoint.saved(Path(run_dir)) else ""))
-    overrides = [*override_list(overrides), *(o for name, value in sections.items() for o in dotted(name, value))]
+    overrides = _given(overrides, sections)
     if isinstance(cfg, ExperimentConfig) and overrides:
         raise ConfigError("overrides", "give overrides with a config file or dict, not with a validated config")
     if isinstance(cfg, ExperimentConfig):

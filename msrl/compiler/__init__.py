@@ -264,19 +264,25 @@ def _check_actions(env: Any, action: Any) -> None:
                            f"{each} for each environment", hint=f"hand it [num_envs{''.join(f', {d}' for d in want)}]")
 
 
+def _users_env(env: Environment) -> Environment:
+    """The user's env inside msrl's own wrapper (``env.kwargs.mask_obs``)."""
+    from msrl.envs import MaskedObs
+
+    while isinstance(env, MaskedObs):
+        env = env.env
+    return env
+
+
 def env_method(env: Environment, method: str, state: Any, error: type = CompileError) -> Any:
     """``env.method(state)`` (``stats``, read for the rows; ``episode_counts``, by ``msrl eval``); what it raises
     as ``error`` (a CompileError, or a ConfigError on ``env.id``) naming the user's env (a ``msrl.Wrapper`` whose
     state is not its env's, say: it was a raw AttributeError)."""
-    from msrl.envs import MaskedObs
-
     try:
         return getattr(env, method)(state)
     except (MsrlError, jax.errors.JAXTypeError):
         raise
     except Exception as e:  # noqa: BLE001 - the user's env's own error, named
-        while isinstance(env, MaskedObs):  # (msrl's wrapper: the user's env)
-            env = env.env
+        env = _users_env(env)
         wrapper = " (a msrl.Wrapper whose state is not the wrapped env's overrides it too)" \
             if isinstance(env, Wrapper) else ""
         where = defined_at(type(env))
@@ -290,13 +296,10 @@ def _check_env_stats(env: Environment, state: Any) -> None:
     otherwise: it is first called in the program, where a KeyError would name none of the user's lines)."""
     from collections.abc import Mapping
 
-    from msrl.envs import MaskedObs
-
     stats = env_method(env, "stats", state)
     missing = [k for k in STATS if not isinstance(stats, Mapping) or k not in stats]
     if missing:
-        while isinstance(env, MaskedObs):  # (msrl's wrapper: the user's env)
-            env = env.env
+        env = _users_env(env)
         got = f"no {', '.join(missing)}" if isinstance(stats, Mapping) else f"a {type(stats).__name__}"
         raise CompileError(f"{type(env).__name__}.stats(state) returns {got}; msrl logs episodes from a dict of "
                            f"{', '.join(STATS)} (optionally length_sum, nonfinite: see msrl.Environment.stats)",
