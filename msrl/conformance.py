@@ -8,7 +8,8 @@ the REINFORCE of ``examples/custom_algorithm.py`` and the test loops of :mod:`ms
 every column of :data:`COLUMNS`; each cell gets exactly one verdict:
 
 - ``equal to fused``: the policy parameters (``Session.params()``) equal the reference's leaf by leaf
-  ("bitwise", or within ``TOL``) and so does the per-iteration ``episodes`` column;
+  ("bitwise", or within ``TOL``) and so do the learner's whole state (optimizer, target networks, counters)
+  and the per-iteration ``episodes`` column;
 - ``refused``: building or running raised :class:`msrl.CompileError` / :class:`msrl.ConfigError`; the
   first line of the message is recorded and flagged when it does not read as a clear message;
 - ``different by design``: only where the policy changes the numbers on purpose (``multi_learner`` with
@@ -219,6 +220,7 @@ class Outcome:
     key: str | None = None  # a ConfigError's key
     file: str | None = None  # a CompileError's file
     seconds: float = 0.0
+    learner: Any = None  # the learner's whole state after (optimizer, target networks, counters)
 
 
 class CellTimeout(Exception):
@@ -272,17 +274,24 @@ def run_config(config: dict[str, Any], k: int = K, timeout: int = CELL_TIMEOUT_S
                 before = session.params()
                 rows = session.run(k)
                 after = session.params()
+                learner = _learner_state(session.snapshot())
             finally:
                 if session is not None:
                     session.close()
-        before, after = (jax.tree.map(np.asarray, p) for p in (before, after))
-        return Outcome("ok", before, after, rows, seconds=time.perf_counter() - t0)
+        before, after, learner = (jax.tree.map(np.asarray, p) for p in (before, after, learner))
+        return Outcome("ok", before, after, rows, seconds=time.perf_counter() - t0, learner=learner)
     except Exception as raised:  # noqa: BLE001 - every exception is a verdict
         e = _unwrap(raised)
         refused = isinstance(e, (msrl.CompileError, msrl.ConfigError))
         message = str(e) if refused else f"{str(e)}\n{''.join(traceback.format_exception(raised))}"
         return Outcome("refused" if refused else "error", exc_type=type(e).__name__, message=message, phase=phase,
                        key=getattr(e, "key", None), file=getattr(e, "file", None), seconds=time.perf_counter() - t0)
+
+
+def _learner_state(snapshot: dict[str, list[dict[str, Any]]]) -> Any:
+    """The learner's whole state in a snapshot: its first replica's, in the first fragment holding it."""
+    return next((replicas[0]["learner"] for replicas in snapshot.values()
+                 if replicas and isinstance(replicas[0], dict) and "learner" in replicas[0]), None)
 
 
 # ---------------------------------------------------------------------------------------------- verdicts
@@ -303,13 +312,13 @@ def _leaves(tree: Any) -> list[Any]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def max_diff(a: Any, b: Any) -> float:
-    """The largest absolute difference over every leaf (inf: the trees differ in structure or shapes; NaN
-    anywhere makes it NaN)."""
+def max_diff(a: Any, b: Any, structure: bool = True) -> float:
+    """The largest absolute difference over every leaf (inf: the trees differ in structure (unless not
+    ``structure``: then in their leaves' number) or shapes; NaN anywhere makes it NaN)."""
     import jax
     import numpy as np
 
-    if jax.tree.structure(a) != jax.tree.structure(b):
+    if jax.tree.structure(a) != jax.tree.structure(b) if structure else len(_leaves(a)) != len(_leaves(b)):
         return math.inf
     out = 0.0
     for x, y in zip(_leaves(a), _leaves(b), strict=True):
@@ -405,6 +414,11 @@ def verdict(ref: Outcome | None, cell: Outcome, column: Column, k: int = K, tol:
     if not diff <= tol:  # NaN too
         problems.append("parameter trees differ in structure or shape" if math.isinf(diff)
                         else f"max diff {diff:.3g} after {k} iterations (tol {tol:g})")
+    whole = max_diff(ref.learner, cell.learner, structure=False)  # (a policy may add empty optax states)
+    if diff <= tol and not whole <= tol:
+        problems.append("the learner's state (optimizer, target networks, counters) differs in its leaves' number or shapes"
+                        if math.isinf(whole) else f"the learner's state (optimizer, target networks, counters) "
+                        f"differs by {whole:.3g} after {k} iterations, its policy parameters not")
     if eps != ref_eps:
         problems.append(f"episodes per iteration {eps} vs fused {ref_eps}")
     if problems:
@@ -639,7 +653,8 @@ def render(cells: list[Cell], info: dict[str, dict[str, Any]], command: str, sec
         "sharing the 8 envs; `replay_server` with 1 shard). Each cell has exactly one verdict:",
         "",
         f"- **equal to fused** (`= bitwise`, `= ≤ tol`): `Session.params()` equals the reference leaf by leaf — "
-        f"bitwise, or within {tol:g} (the detail gives the max diff) — and so does the per-iteration `episodes` column.",
+        f"bitwise, or within {tol:g} (the detail gives the max diff) — and so do the learner's whole state "
+        "(optimizer, target networks, counters) and the per-iteration `episodes` column.",
         "- **refused**: building or running raised `msrl.CompileError` / `msrl.ConfigError`; the first line of "
         "the message is recorded. `refused (unclear)` flags a message that does not read clearly (too short, "
         "naming no config key, or no file:line/hint, or showing internals).",

@@ -62,6 +62,10 @@ def test_verdicts_of_made_up_outcomes():
     assert conformance.verdict(ref, far, col)[0] == conformance.SILENT
     assert conformance.verdict(ref, nan, col)[0] == conformance.SILENT
     assert conformance.verdict(ref, other_eps, col)[0] == conformance.SILENT
+    # the policy's parameters equal, the learner's other state (an optimizer moment, a target network) not
+    ref.learner, near.learner = {"w": np.ones(3), "mu": np.zeros(3)}, {"w": np.ones(3), "mu": np.full(3, 0.5)}
+    assert conformance.verdict(ref, near, col)[0] == conformance.SILENT
+    assert "learner's state" in conformance.verdict(ref, near, col)[1]
     assert conformance.verdict(ref, far, design)[0] == DESIGN
     stuck = conformance.Outcome("ok", {"w": np.ones(3)}, {"w": np.ones(3)}, rows)
     assert conformance.verdict(ref, stuck, design)[0] == conformance.SILENT
