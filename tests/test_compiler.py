@@ -490,6 +490,8 @@ def test_api_called_outside_a_loop_raises():
     (lambda x: jax.lax.top_k(x[..., 0].T, 2)[0], "takes the top k along the environment axis"),
     (lambda x: x * x.sum(1, keepdims=True), None),
     (lambda x: x - x.mean(0), "reduces over the environment axis"),
+    (lambda x: x / (x.std(0) + 1e-8), "reduces over the environment axis"),  # (was 'a number that depends on how
+    # many environments a replica holds', the count var() compares with ddof, not the sum it divides)
     (lambda x: jax.nn.softmax(x, axis=1), None),
     (lambda x: jnp.fft.fft(x[..., 0], axis=1).real, None),
     (lambda x: jnp.fft.fft(x[..., 0], axis=0).real, "transforms along the environment axis"),

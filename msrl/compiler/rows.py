@@ -99,8 +99,8 @@ def _eqn(e1: core.JaxprEqn, e2: core.JaxprEqn, ins: list[str | None]) -> list[st
     n = len(e1.outvars)
     if not n:  # (a callback that returns nothing, jax.debug.print's: nothing it sees reaches a value)
         return []
-    mixed = next((r for r in ins if r), None)
-    if mixed:
+    mixed = next((r for r in ins if r and r != COUNT), None) or next((r for r in ins if r), None)  # (a reduction
+    if mixed:  # beside the count it divides by is what mixes: x / x.std())
         return [mixed] * n
     name = e1.primitive.name
     if name != e2.primitive.name or len(e1.invars) != len(e2.invars):
