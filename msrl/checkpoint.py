@@ -98,7 +98,7 @@ def saved(run_dir: Path) -> list[Path]:
     """The checkpoint files msrl wrote in a run (``ckpt_<iteration>.msgpack``), oldest first: not a copy one
     made beside them (``ckpt_best.msgpack``), which is neither taken as the newest nor rotated away."""
     found = {int(m.group(1)): p for p in (Path(run_dir) / "checkpoints").glob("ckpt_*.msgpack")
-             if (m := re.fullmatch(r"ckpt_(\d{9,})\.msgpack", p.name))}
+             if (m := re.fullmatch(r"ckpt_(\d{9,})\.msgpack", p.name)) and not p.is_dir()}
     return [found[i] for i in sorted(found)]
 
 

@@ -192,7 +192,22 @@ def why_no_checkpoint(run_dir: Path) -> str:
     steps = _run_file(run_dir, "summary.json").get("env_steps")
     if isinstance(steps, int) and steps > 0:
         return f"the run ended at {steps:,} env steps, as its summary.json says; its checkpoints were removed"
+    logged = _logged_steps(run_dir)  # (a run killed before its summary)
+    if isinstance(every, int) and every > 0 and logged >= every:
+        return f"it logged {logged:,} env steps (metrics.csv), past its first checkpoint{due}: they were removed"
     return f"it stopped before its first checkpoint{due}"
+
+
+def _logged_steps(run_dir: Path) -> int:
+    """The env steps of the last row of ``run_dir``'s metrics.csv (0: none, or it does not read)."""
+    from msrl.errors import ConfigError
+    from msrl.plot import read_metrics
+
+    try:
+        rows = read_metrics(run_dir / "metrics.csv")
+        return int(float(rows[-1]["env_steps"])) if rows else 0
+    except (OSError, ConfigError, KeyError, ValueError):
+        return 0
 
 
 def _note_if_the_run_went_on(run_dir: Path, meta: dict, path: Path) -> None:

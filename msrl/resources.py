@@ -20,14 +20,17 @@ SHARED_GPU_HINT = ("; a GPU that other processes use too: JAX takes 75 % of its 
                    "(XLA_PYTHON_CLIENT_MEM_FRACTION=.3, or XLA_PYTHON_CLIENT_PREALLOCATE=false, lets them share it)")
 
 
-def check_writable(run_dir: Path) -> None:
-    """``--run-dir`` must be a directory msrl can write (a probe file is created and removed)."""
-    probe = Path(run_dir) / f".msrl_probe_{os.getpid()}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(arg("run_dir"), f"{run_dir} is not writable: {e.strerror}") from None
+def check_writable(run_dir: Path, key: str) -> None:
+    """The run directory (``key``: the flag that gave it) and its checkpoints/ folder, where there is one, must
+    be folders msrl can write (a probe file is created and removed in each)."""
+    for folder in (Path(run_dir), Path(run_dir) / "checkpoints"):
+        probe = folder / f".msrl_probe_{os.getpid()}"
+        try:
+            if folder.is_dir():
+                probe.write_bytes(b"")
+                probe.unlink()
+        except OSError as e:
+            raise ConfigError(key, f"{folder} is not writable: {e.strerror}") from None
 
 
 def _nbytes(tree: Any) -> int:

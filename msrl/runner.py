@@ -238,7 +238,7 @@ class _Logger:
         self.members = []
         for d, member_cfg in member_dirs(run_dir, cfg):
             self.members.append((_Table(d, member_cfg, resume_at), member_cfg))
-            (d / "config.yaml").write_text(dump_yaml(member_cfg.dump(), sort_keys=False))
+            checkpoint.write_atomic(d / "config.yaml", dump_yaml(member_cfg.dump(), sort_keys=False).encode())
         self.wandb = None
         if cfg.run.wandb is not None:
             try:
@@ -656,7 +656,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     saved = Path(run_dir) / "config.yaml" if resume else None
     if cfg is None and saved is not None:
         cfg = saved
-        if not cfg.is_file():
+        empty = cfg.is_file() and not cfg.read_bytes().strip()  # (stopped while an older msrl wrote it)
+        if not cfg.is_file() or empty:
             if Path(run_dir).is_file() and Path(run_dir).parent.name == "checkpoints":  # a checkpoint named
                 raise ConfigError(arg("resume"), f"{run_dir} is a checkpoint; a run resumes from its newest good "
                                   f"one: give its directory, {Path(run_dir).parent.parent} (to go on from an older "
@@ -665,7 +666,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             if pid:  # (a run that has not written its config yet: "not a run directory" sent the user elsewhere)
                 raise ConfigError(arg("resume"), f"{run_dir} is in use by another run (process {pid}) writing into "
                                   "it, which has not written its config.yaml yet; wait for it to end, then resume it")
-            raise ConfigError(arg("resume"), f"{run_dir} is not a run directory (no config.yaml)" + (
+            raise ConfigError(arg("resume"), (f"{saved} is empty" if empty else
+                                              f"{run_dir} is not a run directory (no config.yaml)") + (
                 f"; its checkpoints are there: give the config file it was trained with too (msrl train CONFIG "
                 f"--resume {run_dir}, or train(CONFIG, run_dir=..., resume=True)), and its config.yaml is written again"
                 if checkpoint.saved(Path(run_dir)) else ""))
@@ -755,7 +757,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(arg("run_dir"), f"cannot create {run_dir or 'runs/'}: {e.strerror}") from None
-    resources.check_writable(run_dir)
+    resources.check_writable(run_dir, arg("resume" if resume else "run_dir"))
     if not locked:
         hold.enter_context(lock_run_dir(run_dir, arg("run_dir")))
     if made is not None and made_here:  # (once it is this run's: a run refused here leaves the folder to the other)
@@ -884,7 +886,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             seed_returns = meta.get("episode_return_per_seed", seed_returns)
         if replace:  # (--overwrite) the new run has compiled and started: the old one goes now
             clear_run_dir(run_dir)
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg.dump(), sort_keys=False))
+        checkpoint.write_atomic(run_dir / "config.yaml", dump_yaml(cfg.dump(), sort_keys=False).encode())
         logger = _Logger(run_dir, cfg, iterations * steps_per_iter, resume_at=session.iteration if resume else None)
     except BaseException:
         session.close()

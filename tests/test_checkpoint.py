@@ -562,3 +562,7 @@ def test_a_copy_beside_the_checkpoints_is_neither_the_newest_nor_rotated_away(tm
     assert main(["train", "--resume", str(tmp_path)]) == 2
     assert (f"is not a run directory (no config.yaml); its checkpoints are there: give the config file it was trained "
             f"with too (msrl train CONFIG --resume {tmp_path}" in capsys.readouterr().err)
+    (tmp_path / "config.yaml").write_text("")  # (an older msrl killed while writing it: 'algorithm.name: missing')
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert (f"config.yaml is empty; its checkpoints are there: give the config file it was trained with too (msrl "
+            f"train CONFIG --resume {tmp_path}" in capsys.readouterr().err)

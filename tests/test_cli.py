@@ -213,6 +213,12 @@ def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsy
     assert main(["train", "--resume", str(tmp_path)]) == 2  # (it ended: whatever it was, --overwrite starts it anew)
     assert "holds no checkpoint (checkpoints/ckpt_*.msgpack) to resume from (it stopped before its first " \
         "checkpoint); start it again with --overwrite\n" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text(text.replace("checkpoint_every_steps: 0", "checkpoint_every_steps: 5000"))
+    (tmp_path / "metrics.csv").write_text("iteration,env_steps\n1,5120\n2,10240\n")  # killed, checkpoints removed
+    assert main(["eval", str(tmp_path)]) == 2  # (it said: it stopped before its first checkpoint)
+    assert "(it logged 10,240 env steps (metrics.csv), past its first checkpoint, due every 5,000 env steps: they " \
+        "were removed)" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text(Path(CARTPOLE).read_text())
     (tmp_path / "summary.json").write_text('{"env_steps": 40960}')  # it ended; its checkpoints were removed
     assert main(["eval", str(tmp_path)]) == 2
     assert "(the run ended at 40,960 env steps, as its summary.json says; its checkpoints were removed)" in \

@@ -337,6 +337,13 @@ def test_a_bad_run_dir_is_refused_before_anything_compiles(tmp_path, capsys):
             train(EXAMPLES / "ppo_cartpole.yaml", ["run.tensorboard=false"], run_dir=run_dir)
         assert info.value.key == "run_dir" and "compiling" not in capsys.readouterr().err
     assert cases[2][0] is not None or os.geteuid() != 0
+    from msrl.resources import check_writable  # a run whose checkpoints/ is read-only (it failed at the first save,
+
+    (tmp_path / "run" / "checkpoints").parent.mkdir()  # a bare "[Errno 30] Read-only file system")
+    (tmp_path / "run" / "checkpoints").symlink_to(cases[2][0], target_is_directory=True)
+    with pytest.raises(msrl.ConfigError, match="checkpoints is not writable") as info:
+        check_writable(tmp_path / "run", "--resume")
+    assert info.value.key == "--resume"
 
 
 @pytest.mark.parametrize("example, overrides, key", [
