@@ -80,12 +80,13 @@ class LearnerPlan:
     """How the learner runs under a policy: gradient transformations put in front of its optimizer (an
     all-reduce, say), services the backend hosts beside the fragments (built from the learner), the
     learner component the fragments call instead of the algorithm's, and learner updates per iteration
-    over all replicas (the algorithm is told, to size its schedules by)."""
+    over all replicas (the algorithm is told, to size its schedules by; None: msrl counts them — 1 where the
+    replicas average their gradients, else one per replica — and refuses a given count that differs)."""
 
     grad_transforms: tuple[Any, ...] = ()
     services: Callable[[Any], dict[str, Any]] | None = None
     wrap: Callable[[Any, dict[str, Any]], Any] | None = None
-    updates_per_iteration: int = 1
+    updates_per_iteration: int | None = None
     learner_replicas: int = 1  # replicas of the learner, each learning on an equal share of the environments
 
 

@@ -9,6 +9,7 @@ lowers each fragment. A user's policy subclasses :class:`Policy` and registers w
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -122,6 +123,19 @@ _ANSWERS = {"fragments": "a list of msrl.FragmentSpec (self.role(...))", "assign
             "name (loop.roles(...))", "link": "an msrl.Link", "learner_plan": "an msrl.LearnerPlan"}
 
 
+def answered_at(policy: Policy, method: str) -> str:
+    """" (at FILE:LINE)" of ``method`` where the policy's own class defines it; "" where msrl's does."""
+    import inspect
+
+    fn = getattr(type(policy), method, None)
+    if fn is None or getattr(Policy, method, None) is fn or type(policy).__module__.startswith("policies."):
+        return ""
+    try:
+        return f" (at {inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
+    except (OSError, TypeError):
+        return ""
+
+
 def answer(policy: Policy, method: str, *args: Any) -> Any:
     """``policy.method(*args)`` (one of the four questions), checked: it answers with what the compiler reads, and
     an error in a policy's own code names the policy, the method and its file:line (a ConfigError)."""
@@ -156,6 +170,10 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
                 # checkpoints' keys: FRAGMENT/replica/component)
                 raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() name a role {f.name!r}; a "
                                   "role's name is a Python identifier (letters, digits, _), e.g. 'actor'")
+            if f.devices is not None and f.backend != "jax":  # (ignored without a word)
+                raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() give the role {f.name!r} "
+                                  f"the JAX devices {list(f.devices)}, but place it on backend {f.backend!r}: only "
+                                  "a role on 'jax' runs on JAX devices")
             if f.backend not in ("jax", policy.backend):
                 raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() place the role {f.name!r} "
                                   f"on backend {f.backend!r}, but the policy runs on policy.backend={policy.backend!r} "
@@ -166,14 +184,28 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
             raise ConfigError("policy.name", f"policy {policy.name!r}: its fragments() give the role {twice!r} "
                               f"{names.count(twice)} times; each role has one name (its replicas count them)")
     if method == "learner_plan":
+        from msrl.backend import reduces_over_replicas
+
         for key in ("updates_per_iteration", "learner_replicas"):
-            if not isinstance(getattr(out, key), numbers.Integral) or getattr(out, key) < 1:
+            value = getattr(out, key)
+            if not (value is None and key == "updates_per_iteration") and \
+                    (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
                 raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() gives {key}="
-                                  f"{getattr(out, key)!r}; it must be a whole number >= 1")
+                                  f"{value!r}; it must be a whole number >= 1")
         for t in out.grad_transforms:
             if not (callable(getattr(t, "init", None)) and callable(getattr(t, "update", None))):
                 raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() has the gradient transform "
                                   f"{t!r}; each is an optax.GradientTransformation (msrl.all_reduce_mean(), say)")
+        averaged = reduces_over_replicas(out.grad_transforms)
+        updates = 1 if averaged else out.learner_replicas
+        if out.updates_per_iteration not in (None, updates):  # (an A2C's schedule was sized by it, silently apart)
+            raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() gives updates_per_iteration="
+                              f"{out.updates_per_iteration}, but its {out.learner_replicas} learner replica"
+                              f"{'s' * (out.learner_replicas > 1)} update{'s' * (out.learner_replicas == 1)} the parameters {updates} time"
+                              f"{'s' * (updates > 1)} per iteration (" + ("their gradients averaged" if averaged else
+                                                                         "each its own update") + "); the algorithm "
+                              "sizes its schedules by it: leave it out (msrl counts them)")
+        out = dataclasses.replace(out, updates_per_iteration=updates)
     return out
 
 

@@ -220,7 +220,7 @@ class Async(msrl.DistributedPolicy):
         service), one update per worker per iteration."""
         return msrl.LearnerPlan(grad_transforms=(capture_gradients(),), services=self._services,
                                 wrap=lambda learner, services: RemoteLearner(learner, services[msrl.PARAMETERS]),
-                                updates_per_iteration=self.workers, learner_replicas=self.workers)
+                                learner_replicas=self.workers)
 
     def _services(self, learner: Any) -> dict[str, msrl.Service]:
         if getattr(type(learner), "optimizer", msrl.Learner.optimizer) is msrl.Learner.optimizer:

@@ -575,6 +575,9 @@ class _Yours(msrl.DistributedPolicy):
             return [self.role("learner", self.learners, "backend")]
         if self.mistake == "elsewhere":
             return [self.role("actor", 2, "backend"), msrl.FragmentSpec(name="learner", backend="ray")]
+        if self.mistake in ("devices", "eager"):
+            return [msrl.FragmentSpec(name="actor", replicas=2, backend="threads", jit=self.mistake != "eager",
+                                      devices=(0, 1) if self.mistake == "devices" else None), self.role("learner", 1, "backend")]
         if self.mistake in ("dash", "many", "uneven"):
             return [self.role("my-actor" if self.mistake == "dash" else "actor",
                               {"dash": 2, "many": 16, "uneven": 3}[self.mistake], "backend"),
@@ -609,6 +612,8 @@ class _Yours(msrl.DistributedPolicy):
             return msrl.Link(op="broadcast", axis="replicated")
         if var == "@params" and self.mistake == "lag2":
             return msrl.Link(axis="replicated", lag=2)
+        if var == "@params" and self.mistake == "params_env":
+            return msrl.Link(axis="env")
         if var != "@params" and self.mistake in ("batch", "lag", "every", "replicated"):
             return {"batch": msrl.Link(axis="batch"), "lag": msrl.Link(lag=1), "every": msrl.Link(every=2),
                     "replicated": msrl.Link(axis="replicated")}[self.mistake]
@@ -617,6 +622,10 @@ class _Yours(msrl.DistributedPolicy):
     def learner_plan(self):
         if self.mistake == "updates":
             return msrl.LearnerPlan(updates_per_iteration=0)
+        if self.mistake == "updates2":
+            return msrl.LearnerPlan(updates_per_iteration=2)
+        if self.mistake == "declares2":
+            return msrl.LearnerPlan(grad_transforms=(msrl.all_reduce_mean(),), learner_replicas=2)
         if self.mistake == "transform":
             return msrl.LearnerPlan(grad_transforms=(lambda g: g,))
         if self.learners > 1 and self.mistake == "unaveraged":
@@ -669,6 +678,17 @@ class _Yours(msrl.DistributedPolicy):
                                      r"value along its environments"),  # (the axis was ignored without a word)
     ("lag2", msrl.ConfigError, r"gives `@params` \(learner -> actor\) lag=2: the parameters may arrive at most 1 "
                                r"iteration late"),  # (it trained, and no checkpoint of it could be resumed)
+    ("devices", msrl.ConfigError, r"its fragments\(\) give the role 'actor' the JAX devices \[0, 1\], but place it on "
+                                  r"backend 'threads': only a role on 'jax' runs on JAX devices"),  # (ignored)
+    ("params_env", msrl.ConfigError, r"^policy: policy 'test_yours': its link\(\) gives `@params` \(learner -> actor\) "
+                                     r"the axis 'env'; the parameters are the same on every replica: 'replicated' \(a "
+                                     r"broadcast\) \(at .*test_compiler.py:\d+\)$"),  # (ran as a broadcast)
+    ("updates2", msrl.ConfigError, r"its learner_plan\(\) gives updates_per_iteration=2, but its 1 learner replica "
+                                   r"updates the parameters 1 time per iteration"),  # (A2C's schedule was sized by it:
+    # 2.5e-4 from fused, without a word)
+    ("declares2", msrl.CompileError, r"runs `metrics = msrl.agent_learn\(.*\)` on its role 'learner' of 1 replica, "
+                                     r"but its learner_plan\(\) declares 2 learner replicas"),  # (each learner was
+    # told of half the environments: SAC's random warm-up twice as long, 1e-3 from fused)
 ])
 def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, message):
     """(A wrong answer was an AttributeError deep in the compiler or optax; declaring per-environment values
@@ -678,6 +698,13 @@ def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, messa
     with pytest.raises(error, match=message):
         msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours",
                                                                           f"policy.mistake={mistake}"]))
+
+
+def test_a_role_run_eagerly_is_noted(capsys):
+    """(FragmentSpec(jit=False) ran op by op, its numbers 2e-7 from fused's, without a word.)"""
+    msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours", "policy.mistake=eager"]))
+    assert ("msrl: note: policy 'test_yours' runs its role 'actor' eagerly (FragmentSpec(jit=False)): op by op, "
+            "slower, and its floats may round differently from fused's (by ~1e-7)") in capsys.readouterr().err
 
 
 def test_a_backend_no_one_registered_is_refused_with_the_config():

@@ -862,6 +862,10 @@ class Program:
                    if self.env.spec.id.startswith("envpool:") else ""))
         on_host = host or any(s.kind in ("send", "recv") for s in leaves(stmts))
         mode = "python" if not spec.jit else "host" if on_host else "scan"
+        if not spec.jit:  # (a policy's debugging switch: its numbers were 2e-7 from fused's, without a word)
+            print(f"msrl: note: policy {self.policy.name!r} runs its role {spec.name!r} eagerly (FragmentSpec(jit="
+                  "False)): op by op, slower, and its floats may round differently from fused's (by ~1e-7)",
+                  file=sys.stderr, flush=True)
         per_step = [s for s in walk(stmts) if s.kind == "loop" and any(b.kind in ("send", "recv") for b in walk(s.body))]
         if spec.backend == "jax" and per_step:
             placed = next(iter(self._set_to_jax()), "backend")

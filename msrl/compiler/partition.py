@@ -11,7 +11,7 @@ from msrl.backend import reduces_over_replicas
 from msrl.compiler.ir import Stmt, leaves
 from msrl.errors import CompileError, ConfigError
 from msrl.plan import AXES, COMM_OPS, CommSpec, FragmentSpec, Loop, Plan
-from msrl.policy import Policy, answer
+from msrl.policy import Policy, answer, answered_at
 
 
 def default_op(var: str, senders: int, receivers: int) -> str:
@@ -29,30 +29,32 @@ def default_op(var: str, senders: int, receivers: int) -> str:
 def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, receivers: int, src: str, dst: str) -> None:
     fits = {"gather": senders % receivers == 0, "scatter": senders == 1, "broadcast": senders == 1,
             "send": senders == receivers}
+    def refuse(text: str) -> None:
+        raise ConfigError("policy", f"policy {policy.name!r}: its link() gives `{var}` ({src} -> {dst}) {text}"
+                          f"{answered_at(policy, 'link')}")
+
     if op not in fits:
-        raise ConfigError("policy", f"policy {policy.name!r} puts op {op!r} on `{var}` ({src} -> {dst}); the "
-                          f"ops are {', '.join(COMM_OPS)}")
+        refuse(f"the op {op!r}; the ops are {', '.join(COMM_OPS)}")
     if link.axis not in AXES:
-        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) the axis "
-                          f"{link.axis!r}; the axes are {', '.join(AXES)}")
+        refuse(f"the axis {link.axis!r}; the axes are {', '.join(AXES)}")
     if link.axis == "replicated" and op in ("gather", "scatter"):  # (the axis was ignored: joined by environment)
-        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) the axis 'replicated', "
-                          f"but a {op} {'joins' if op == 'gather' else 'splits'} a value along its environments (axis "
-                          "'env'); 'replicated', the same on every replica, is the parameters' (a broadcast)")
+        refuse(f"the axis 'replicated', but a {op} {'joins' if op == 'gather' else 'splits'} a value along its "
+               "environments (axis 'env'); 'replicated', the same on every replica, is the parameters' (a broadcast)")
+    if var == "@params" and link.axis != "replicated":  # (it ran as a broadcast without a word)
+        refuse(f"the axis {link.axis!r}; the parameters are the same on every replica: 'replicated' (a broadcast)")
     if not fits[op]:
-        raise ConfigError("policy", f"a {op} cannot connect {senders} {src!r} replicas to {receivers} {dst!r} replicas")
+        refuse(f"the op {op!r}, but a {op} cannot connect {senders} {src!r} replicas to {receivers} {dst!r} replicas"
+               + (" (the parameters cross from one learner: replicas that learn together act too, in one role, as "
+                  "multi_learner's)" if var == "@params" and senders > 1 else ""))
     if link.every < 1 or link.lag < 0:
-        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` every={link.every}, lag={link.lag}: "
-                          "every must be >= 1 and lag >= 0")
+        refuse(f"every={link.every}, lag={link.lag}: every must be >= 1 and lag >= 0")
     if link.lag > 1:  # (it trained, then no checkpoint of it could be resumed)
-        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) lag={link.lag}: the "
-                          "parameters may arrive at most 1 iteration late (a checkpoint holds the learner's last "
-                          "parameters, so a resumed run can send those again, not older ones)")
+        refuse(f"lag={link.lag}: the parameters may arrive at most 1 iteration late (a checkpoint holds the "
+               "learner's last parameters, so a resumed run can send those again, not older ones)")
     late = f"lag={link.lag}" if link.lag else f"every={link.every}" if link.every > 1 else ""
     if late and var != "@params":
-        raise ConfigError("policy", f"policy {policy.name!r} gives `{var}` ({src} -> {dst}) {late}: only the "
-                          "parameters (@params) may arrive late or skip iterations (an iteration's value from before "
-                          "the first does not exist); a value of the loop crosses in its own iteration")
+        refuse(f"{late}: only the parameters (@params) may arrive late or skip iterations (an iteration's value from "
+               "before the first does not exist); a value of the loop crosses in its own iteration")
 
 
 def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tuple[dict[str, FragmentSpec], dict[str, str]]:
@@ -87,6 +89,12 @@ def assign_roles(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy) -> tup
     averaged = reduces_over_replicas(plan.grad_transforms) or plan.wrap is not None  # (a wrap: async's holder)
     for s in leaves(stmts):
         f = fragments[assign[s.id]]
+        if s.kind == "api" and s.api.name == "agent_learn" and f.replicas == 1 < plan.learner_replicas:
+            raise CompileError(  # (the algorithm was told of 2 learners, each on half the envs: SAC's warm-up doubled)
+                f"policy {policy.name!r} runs `{s.source}` on its role {f.name!r} of 1 replica, but its learner_plan() "
+                f"declares {plan.learner_replicas} learner replicas: the algorithm would size what each learner "
+                "sees (Context.learner_envs) for that many", s.file, s.line,
+                "LearnerPlan(learner_replicas=N) counts the replicas of the role that runs msrl.agent_learn")
         if s.kind == "api" and s.api.name == "agent_learn" and f.replicas > 1 and \
                 (f.replicas != plan.learner_replicas or not averaged):
             declares = (f"declares {plan.learner_replicas} learner replica{'s' * (plan.learner_replicas > 1)}"
