@@ -426,7 +426,10 @@ def float_key(annotation: Any) -> bool:
 def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bool = True) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested dict, in place.
     ``policy.name=...`` applies first and drops the file's keys of the previous policy (its backend too:
-    each policy has its own default). A key given twice takes the last value, with a note."""
+    each policy has its own default). A key given twice takes the last value, with a note. A mapping given to a
+    key sets each of its keys (``run={seed: 3}`` is ``run.seed=3``: the section's other keys stay, as Python's
+    ``train(..., run={"seed": 3})`` keeps them)."""
+    overrides = [o for item in overrides for o in _spread(item)]
     given: dict[str, list[str]] = {}
     for item in overrides:
         given.setdefault(item.partition("=")[0].strip(), []).append(item)
@@ -478,6 +481,18 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
     if switch_check:  # (a resume refuses another algorithm itself, naming the run's)
         _check_switched_algorithm(file_algorithm, data.get("algorithm"), overrides)
     return data
+
+
+def _spread(item: Any) -> list[str]:
+    """An override whose value is a non-empty YAML mapping as one override per key in it (:func:`dotted`)."""
+    key, sep, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
+    if not sep or not raw.lstrip().startswith("{"):
+        return [item]
+    try:
+        value = yaml.load(raw, Loader=_StrictLoader)
+    except (*_YAML_ERRORS, ConfigError):
+        return [item]
+    return dotted(key.strip(), value) if isinstance(value, dict) and value and key.strip() else [item]
 
 
 def _check_switched_algorithm(before: Any, after: Any, overrides: list[str]) -> None:
@@ -642,7 +657,16 @@ def override_list(overrides: Any) -> list[str]:
     if isinstance(overrides, dict):
         written = [o for k, v in overrides.items() for o in dotted(str(k), v)]
         raise ConfigError("overrides", f"a list of KEY.PATH=VALUE strings, got a dict: write {written!r}")
-    return list(overrides)
+    if overrides is None:
+        return []
+    try:
+        items = list(overrides)
+    except TypeError:
+        items = [overrides]
+    wrong = [o for o in items if not isinstance(o, str)]
+    if wrong:
+        raise ConfigError("overrides", f"a list of KEY.PATH=VALUE strings, got {quote(wrong[0])}")
+    return items
 
 
 def read_config(path: str | Path | dict | None, overrides: list[str] = (),

@@ -21,7 +21,7 @@ from msrl.algorithm import Context
 from msrl.config import ExperimentConfig, dotted, dump_yaml, in_file, override_list, read_config, validate_config
 from msrl.envs import make_env
 from msrl.errors import (CLI_FLAGS, CompileError, ConfigError, Interrupted, MsrlError, TrainingError, arg, defined_at,
-                         user_code_error)
+                         did_you_mean, user_code_error)
 from msrl.plot import read_metrics
 from msrl.registry import ALGORITHMS
 from msrl.replay import PrioritizedBuffer, TrajectoryBuffer
@@ -601,6 +601,12 @@ def train(cfg: ExperimentConfig | str | Path | dict | None, overrides: list[str]
             raise ConfigError(name, f"true or false, got {type(flag).__name__} {flag!r:.100}")
     if on_iteration is not None and not callable(on_iteration):
         raise ConfigError("on_iteration", f"a function of a metrics row (true: stop), got {type(on_iteration).__name__}")
+    words = ("overrides", "run_dir", "resume", "on_iteration", "overwrite")
+    for stray in (k for k in sections if k not in ("algorithm", "env", "policy", "run")):
+        hint = did_you_mean(stray, words) or did_you_mean(stray.split("_")[0], words)
+        if hint:  # (rundir= was "unknown key; did you mean 'run'?", on_iter= had no hint; seed= keeps its own)
+            raise ConfigError(stray, f"not an argument of train(); {hint}it takes {', '.join(words)}, and the "
+                              "config's sections (algorithm, env, policy, run) as dicts")
     made: list[Path] = []
     if isinstance(run_dir, (str, os.PathLike)):  # ~ as a shell would read it (not a folder named "~" here)
         run_dir = Path(run_dir).expanduser()

@@ -31,6 +31,19 @@ def test_example_loads_with_overrides(tmp_path):
     with pytest.raises(ConfigError, match=r"^overrides: a list of KEY.PATH=VALUE strings, got a dict: write "
                                           r"\['run.seed=3', 'algorithm.hidden=\[8\]'\]$"):
         msrl.train(EXAMPLES / "ppo_cartpole.yaml", {"run.seed": 3, "algorithm.hidden": [8]})
+    for wrong, shown in [([5], "5"), (["run.seed=1", None], "None"), (7, "7")]:  # (a TypeError / AttributeError)
+        with pytest.raises(ConfigError, match=rf"^overrides: a list of KEY.PATH=VALUE strings, got {shown}$"):
+            load_config(EXAMPLES / "ppo_cartpole.yaml", wrong)
+    assert load_config(EXAMPLES / "ppo_cartpole.yaml", None).run.seed == 0  # (None: none)
+    for typo, meant in [("rundir", "run_dir"), ("on_iter", "on_iteration")]:  # (read as sections: "did you mean
+        with pytest.raises(ConfigError, match=rf"^{typo}: not an argument of train\(\); did you mean '{meant}'\?"):
+            msrl.train(EXAMPLES / "ppo_cartpole.yaml", **{typo: "x"})  # 'run'?", and no hint)
+    # a mapping given to a key sets its keys, as train(..., run={...}) does (the command line replaced the section:
+    # run={seed: 3} dropped the file's total_env_steps; algorithm={epochs: 1} its name)
+    spread = load_config(EXAMPLES / "ppo_cartpole.yaml", ["run={seed: 3}", "algorithm={epochs: 1}",
+                                                          "env.kwargs={}"])
+    assert spread.run.seed == 3 and spread.run.total_env_steps == 300_000 and spread.algorithm.epochs == 1
+    assert spread.algorithm.lr == 1e-3 and spread.env.kwargs == {}
     # train()'s resume needs run_dir and does not overwrite (the CLI's --resume/--overwrite say so too)
     with pytest.raises(ConfigError, match=r"^resume: resuming needs the run's directory \(run_dir\)$"):
         msrl.train(None, resume=True)
