@@ -313,7 +313,8 @@ class PrioritizedBuffer(UniformBuffer):
     sees: with a sharded buffer that is several shards' samples together); ``beta`` goes linearly
     from ``beta`` to ``beta_final`` over ``beta_steps`` sample calls (0: constant). ``update(state,
     indices, priorities)`` sets the priorities of sampled entries (ignored for entries that can no longer
-    be sampled; an entry overwritten since it was sampled takes the update as its own).
+    be sampled; an entry overwritten since it was sampled takes the update as its own). A priority that is
+    NaN, negative or infinite makes every later sample's weights NaN (a run's NaN guard stops there).
     """
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, beta_final: float = 1.0,
@@ -370,13 +371,16 @@ class PrioritizedBuffer(UniformBuffer):
         # as full as the others and batch / shards drawn from each, that is local size * P(i) in its shard
         probs = self.priorities(state, indices) / jnp.where(total > 0, total, 1.0)
         relative = jnp.maximum(self._local_size(state), 1) * jnp.where(total > 0, probs, 1.0)
-        weights = jnp.where(total > 0, relative ** -self.beta_at(state.samples), 0.0)
+        weights = jnp.where(total > 0, relative ** -self.beta_at(state.samples), jnp.where(total == 0, 0.0, jnp.nan))
+        # (a non-finite total, from a bad priority: NaN weights, which the run's NaN guard stops at, not zeros)
         state = state.replace(key=key, samples=state.samples + 1)
         return state, Sample(self.gather(state, indices), indices, weights, self.size(state))
 
     def update(self, state: PrioritizedState, indices: jax.Array, priorities: jax.Array) -> PrioritizedState:
         live = self.sampleable(state, indices)  # (not read from the leaves: that would copy them, not update)
-        leaves = state.tree[0].at[indices].set(jnp.where(live, self._scaled(priorities), 0.0))
-        top = jnp.max(jnp.where(live, priorities, 0.0))
+        bad = ~(jnp.isfinite(priorities) & (priorities >= 0))  # NaN, negative, infinite: made NaN, so that the
+        scaled = jnp.where(bad, jnp.nan, self._scaled(priorities))  # weights are too (learning stopped without a word)
+        leaves = state.tree[0].at[indices].set(jnp.where(live, scaled, 0.0))
+        top = jnp.max(jnp.where(live, jnp.where(bad, jnp.nan, priorities), 0.0))
         return state.replace(tree=_tree_fix((leaves, *state.tree[1:]), indices, 1),
                              max_priority=jnp.maximum(state.max_priority, top))

@@ -1094,6 +1094,8 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
                                 f"Lower {lr} or check the environment's rewards." if env_checked else
                                 f"Check environment {env_id}'s observations and rewards (it does not count "
                                 f"non-finite ones: its stats() has no 'nonfinite'), or lower {lr}.") +
+                            (" A prioritized buffer given a NaN, negative or infinite priority samples NaN weights."
+                             if getattr(alg, "prioritized", False) is True else "") +
                             " (A metric the loop sets to NaN on purpose stops the run too: log a finite value.)")
 
 

@@ -131,6 +131,19 @@ def test_update_sets_priorities_max_for_new_entries_and_ignores_unsampleable_one
     assert float(buf.total(state)) == pytest.approx(17.5)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf")])
+def test_a_bad_priority_makes_the_sample_weights_nan(bad):
+    """(One NaN or negative priority made the tree's total NaN: every later sample drew entry 0 with weight 0, so a
+    DQN's loss was 0.0 for the rest of the run, without a word; the NaN guard stops at NaN weights.)"""
+    buf = PrioritizedBuffer(capacity=12, alpha=0.6)
+    state = fill(buf, 2, 4)
+    state, before = draw(buf, state, 4)
+    assert np.all(np.isfinite(before.weights)) and np.all(before.weights > 0)
+    state = update(buf, state, jnp.array([0, 1]), jnp.array([2.0, bad]))
+    _, after = draw(buf, state, 4)
+    assert np.all(np.isnan(after.weights))
+
+
 def test_sum_tree_stays_exact_over_a_million_updates():
     buf = PrioritizedBuffer(capacity=5000, alpha=0.7)  # 5000 leaves: 3 levels, padded
     state = fill(buf, 10, 500)
