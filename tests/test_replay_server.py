@@ -140,6 +140,7 @@ def test_two_shards_are_sampled_and_get_their_priorities_back():
     for shard in snaps[12]["replay"]:  # both shards were sampled and had priorities set
         leaves = np.asarray(shard["buffer"].tree[0])
         assert len(np.unique(leaves[leaves > 0])) > 2
+    assert not np.array_equal(*(np.asarray(s["buffer"].key) for s in snaps[12]["replay"]))  # each shard draws its own samples (the keys were one: the same positions drawn)
 
 
 def test_every_run_of_rows_of_a_sharded_sample_draws_from_every_shard():

@@ -909,8 +909,10 @@ class Program:
                 out[c] = run_init(comp.init, keys[c], cache=cache, name=c)
             elif c == "buffer":
                 spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
+                key = keys[c] if len(env_ids) == self.num_envs else jax.random.fold_in(keys[c], env_ids[0])
+                # (a shard of the buffer draws its own samples: the shards' keys were one, their draws alike)
                 out[c] = None if spec is None else run_init(lambda key, comp=comp, spec=spec: comp.init(key, spec),
-                                                            keys[c], cache=cache, name=(c, str(spec)))
+                                                            key, cache=cache, name=(c, str(spec)))
             elif c == "params":
                 learner = components["learner"]
                 state = out["learner"] if "learner" in out else run_init(learner.init, keys["learner"], cache=cache,
