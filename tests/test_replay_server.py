@@ -56,6 +56,37 @@ def test_one_shard_is_the_fused_program():
     assert [r["loss"] for r in fused_rows] == pytest.approx([r["loss"] for r in one_rows], rel=1e-5)
 
 
+@msrl.register_algorithm("test_dqn_local_in_if")
+class _DQNLocalInIf(DQNAlgorithm):
+    """DQN's loop whose batch size is a local assigned from self.cfg inside an `if` on self.cfg (a probe's)."""
+
+    class Config(DQNAlgorithm.Config):
+        name: Literal["test_dqn_local_in_if"] = "test_dqn_local_in_if"
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.rollout_len):
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Transition(obs, out.action, reward, done))
+            obs = next_obs
+        if self.cfg.updates > 0:
+            batch = self.cfg.batch_size
+            for _ in range(self.cfg.updates):
+                sample = msrl.buffer_sample(batch)
+                metrics, priorities = msrl.agent_learn(sample)
+                msrl.buffer_update(sample.indices, priorities)
+        return metrics
+
+
+def test_a_local_assigned_from_the_config_inside_an_if_on_it_is_a_constant_on_every_policy():
+    """(Under fused it was; a split loop sent it from the actors as a traced value: "UniformBuffer.sample needs a
+    positive int batch_size, got JitTracer" in the first iteration.)"""
+    fused = run(("algorithm.name=test_dqn_local_in_if",), 3)[0][3]
+    one = run(("algorithm.name=test_dqn_local_in_if", *server(2, 1)), 3)[0][3]
+    assert max_diff(fused, one) <= 1e-6
+
+
 @msrl.register_algorithm("test_dqn_env_metric")
 class _DQNWithEnvMetric(DQNAlgorithm):
     """DQN's loop returning a value of one environment that the actors hand the learner's side."""

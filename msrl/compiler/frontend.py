@@ -424,15 +424,17 @@ class Frontend:
         """Locals assigned once, at the top level, from expressions of ``self``/globals/constants: their
         values are known at compile time (so ``n = self.cfg.steps; for _ in range(n)`` is static). So is a
         lambda of such values assigned once anywhere (``f = lambda x: jnp.tanh(x) * scale``): a function, never
-        data (it cannot be a jitted piece's argument or result)."""
+        data (it cannot be a jitted piece's argument or result). An ``if`` on ``self``, globals and constants
+        alone counts as its taken branch (``if self.cfg.n_step: B = self.cfg.batch_size`` is top level)."""
+        live = ast.Module(self._taken(src, copy.deepcopy(src.fdef.body)), [])
         counts: dict[str, int] = {}
-        for node in _scope_walk(src.fdef):
+        for node in _scope_walk(live):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 counts[node.id] = counts.get(node.id, 0) + 1
         statics: dict[str, Any] = {}
-        lambdas = [n for n in _scope_walk(src.fdef) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)
-                   and n not in src.fdef.body]
-        for st in [*src.fdef.body, *lambdas]:
+        lambdas = [n for n in _scope_walk(live) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)
+                   and n not in live.body]
+        for st in [*live.body, *lambdas]:
             if isinstance(st, ast.FunctionDef) and not st.decorator_list and counts.get(st.name) == 1:
                 # a def of the loop's own that reads only statics and globals: a function, as a lambda is (it was
                 # a local a jitted piece could not return, a NameError where the loop is cut after it)
@@ -474,6 +476,33 @@ class Frontend:
             if all(isinstance(v, _STATIC_TYPES) for v in values.values()) or _is_reference(st.value) or function:
                 statics.update(values)
         return statics
+
+    def _taken(self, src: Source, body: list[ast.stmt]) -> list[ast.stmt]:
+        """``body`` with each ``if`` whose condition reads only ``self``, globals and constants (no call but
+        :data:`_PURE_BUILTINS`) replaced by its taken branch (a local it assigns is then assigned once)."""
+        def decided(test: ast.expr) -> bool | None:
+            if _node_names(test, ast.Load) & self._all_locals or any(
+                    isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _PURE_BUILTINS)
+                    for n in ast.walk(test)):
+                return None
+            try:
+                return bool(eval(compile(ast.Expression(test), "<static>", "eval"), self._scope(src)))
+            except Exception:  # noqa: BLE001 - not decidable here: it stays as written
+                return None
+
+        class Prune(ast.NodeTransformer):
+            def visit_If(self, st: ast.If) -> Any:
+                test = decided(st.test)
+                if test is None:
+                    return self.generic_visit(st)
+                return [out for b in (st.body if test else st.orelse) for out in _as_list(self.visit(b))]
+
+            def visit_FunctionDef(self, st: ast.AST) -> Any:  # (its own names: not the loop's)
+                return st
+
+            visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+        return [out for st in body for out in _as_list(Prune().visit(st))]
 
     def _static_eval(self, src: Source, expr: ast.expr, rename: dict[str, str], what: str, hint: str) -> Any:
         local_names = _node_names(expr, ast.Load) - {"self"}
