@@ -225,6 +225,8 @@ def test_a_small_buffer_split_over_shards_compiles_and_is_counted_whole():
         assert [int(s["buffer"].count) for s in session.snapshot()["replay"]] == [2, 2]
     split, one = (memory_estimate(msrl.build(load_config(DQN, c)))["buffer"] for c in (small, small[4:]))
     assert split == one  # the shards together hold what one buffer of buffer_size does
+    # 56 over 2 shards of 4 envs: 7 steps each, enough for a 3-step window (the probe of a shard's sample held all 8
+    msrl.build(load_config(DQN, [*small, "algorithm.buffer_size=56", "algorithm.n_step=3"]))  # envs: 3 steps, refused)
 
 
 class _Unsplit(msrl.ReplayBuffer):
