@@ -429,7 +429,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
     each policy has its own default). A key given twice takes the last value, with a note. A mapping given to a
     key sets each of its keys (``run={seed: 3}`` is ``run.seed=3``: the section's other keys stay, as Python's
     ``train(..., run={"seed": 3})`` keeps them)."""
-    overrides = [o for item in overrides for o in _spread(item)]
+    overrides = [o for item in overrides for o in _spread(data, item)]
     given: dict[str, list[str]] = {}
     for item in overrides:
         given.setdefault(item.partition("=")[0].strip(), []).append(item)
@@ -483,10 +483,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
     return data
 
 
-def _spread(item: Any) -> list[str]:
-    """An override whose value is a non-empty YAML mapping as one override per key in it (:func:`dotted`)."""
+def _spread(data: dict[str, Any], item: Any) -> list[str]:
+    """An override whose value is a non-empty YAML mapping, of a key that is a section (a mapping, or not given),
+    as one override per key in it (:func:`dotted`)."""
     key, sep, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
-    if not sep or not raw.lstrip().startswith("{"):
+    node: Any = data
+    for part in key.strip().split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if not sep or not raw.lstrip().startswith("{") or not (node is None or isinstance(node, dict)):
         return [item]
     try:
         value = yaml.load(raw, Loader=_StrictLoader)
