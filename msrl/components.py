@@ -52,6 +52,10 @@ class Box:
     def __post_init__(self):
         from msrl.errors import MsrlError
 
+        if np.dtype(self.dtype) != np.float32:  # (float64 was dropped without a word: actions are float32)
+            raise MsrlError(f"msrl.Box(low, high, shape, dtype={np.dtype(self.dtype).name}): actions are float32 (msrl "
+                            "trains in 32 bits); leave dtype out (a Gymnasium env is handed actions of its own Box's dtype)")
+
         shape = (int(self.shape),) if isinstance(self.shape, (int, np.integer)) else tuple(map(int, self.shape))
         try:
             low, high = (np.broadcast_to(np.asarray(b, np.float32), shape) for b in (self.low, self.high))
@@ -87,6 +91,15 @@ class EnvSpec:
         if not isinstance(self.action_space, (Discrete, Box)):
             raise MsrlError(f"msrl.{type(self).__name__}({self.id!r}, ...): action_space must be an msrl.Discrete or "
                             f"msrl.Box{alike}; got {self.action_space!r}")
+        try:
+            dtype = np.dtype(self.obs_dtype)
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind not in "biuf" or dtype.itemsize > 4:  # (float64: "observe() returned
+            # float32, but the spec says float64", blaming observe(), which JAX cannot make return float64)
+            raise MsrlError(f"msrl.{type(self).__name__}({self.id!r}, ...): obs_dtype {self.obs_dtype!r}: msrl trains "
+                            "in 32 bits (JAX without 64-bit mode): give float32 (or uint8, int32, bool)")
+        object.__setattr__(self, "obs_dtype", dtype)
         agents = getattr(self, "num_agents", 1)  # (0 was a ZeroDivisionError deep in an algorithm's network)
         if not isinstance(agents, (int, np.integer)) or isinstance(agents, bool) or agents < 1:
             raise MsrlError(f"msrl.{type(self).__name__}({self.id!r}, ...): num_agents must be a whole number >= 1; "

@@ -705,6 +705,10 @@ def test_a_box_of_ones_own_env_gets_its_actions_within_its_bounds(tmp_path):
     assert 12.0 <= evaluate(tmp_path, episodes=2)["return_mean"] <= 28.0
     for make, text in [(lambda: msrl.Box(5.0, -2.0, (1,)), r"every low must be <= its high .* got low \[5.0\]"),
                        (lambda: msrl.Box(np.nan, 1.0, (1,)), r"neither NaN"),
-                       (lambda: msrl.Discrete(0), r"an int >= 1; got 0"), (lambda: msrl.Discrete(2.5), r"got 2.5")]:
+                       (lambda: msrl.Discrete(0), r"an int >= 1; got 0"), (lambda: msrl.Discrete(2.5), r"got 2.5"),
+                       (lambda: msrl.Box(-1.0, 1.0, (1,), np.float64), r"dtype=float64\): actions are float32"),  # (it
+                       # was dropped without a word; a jitted env's float64 obs blamed its observe(), not the spec)
+                       (lambda: msrl.EnvSpec("mine", (3,), np.float64, msrl.Discrete(2)),
+                        r"obs_dtype <class 'numpy.float64'>: msrl trains in 32 bits")]:
         with pytest.raises(msrl.MsrlError, match=text):
             make()
