@@ -53,7 +53,7 @@ def compile(algorithm, policy, env, num_envs):  # noqa: A001 - mirrors the paper
 
 
 def __getattr__(name):
-    if name in ("train", "build"):
+    if name in ("train", "build", "TrainResult"):
         from msrl import runner
 
         return getattr(runner, name)
@@ -108,7 +108,7 @@ __all__ = [
     "register_algorithm", "register_backend",
     "register_policy", "session", "load", "TrainedPolicy", "validate_config", "ExperimentConfig", "register_env",
     "in_tiles", "per_env_keys", "split_keys",
-    "train", "build", "load_config", "XLA_CPU_FLAG", "Wrapper",
+    "train", "build", "load_config", "XLA_CPU_FLAG", "Wrapper", "TrainResult",
 ]
 
 

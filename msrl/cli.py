@@ -342,7 +342,8 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train from a YAML config with KEY=VALUE overrides")
-    t.add_argument("config", nargs="?", help="YAML config (optional with --resume: the run's own)")
+    t.add_argument("config", nargs="?", help="YAML config (optional with --resume: the run's own; or none: "
+                   "`msrl train algorithm.name=ppo` trains on the algorithm's defaults)")
     t.add_argument("overrides", nargs="*", help="e.g. run.seed=1 policy.name=fused")
     t.add_argument("--run-dir", default=None, help="where metrics, config and summary go (default: a new "
                    "runs/ALGORITHM-POLICY-TIME); a directory that holds a run is refused")

@@ -202,6 +202,11 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
             if (field := _model_at(model, loc[:i]).model_fields.get(loc[i])) is not None:
                 break
         msg = err["msg"]
+        if err["type"] == "model_type" and field is not None:  # ("a valid dictionary or instance of WandbConfig")
+            kind = next((k for k in (field.annotation, *get_args(field.annotation))
+                         if isinstance(k, type) and issubclass(k, BaseModel)), None)
+            if kind is not None:
+                msg = f"Input should be a mapping of its keys ({', '.join(kind.model_fields)})"
         if err["type"] == "extra_forbidden":
             msg = unknown_key(str(loc[-1]), _model_at(model, loc[:-1]).model_fields)
             if prefix in ("algorithm", "policy") and len(loc) == 1:
@@ -272,7 +277,8 @@ def validate_config(data: dict[str, Any]) -> ExperimentConfig:
     for section in _SECTIONS:
         if data.get(section) is not None and not isinstance(data[section], dict):
             raise ConfigError(section, f"must be a mapping of keys, got {quote(data[section])} "
-                              f"(write `{section}: {{name: {quote(data[section])[1:-1]}}}`)"
+                              f"(write `{section}.name={quote(data[section])[1:-1]}`, or in a file `{section}: "
+                              f"{{name: {quote(data[section])[1:-1]}}}`)"
                               if section in ("algorithm", "policy") and isinstance(data[section], str)
                               else f"must be a mapping of keys, got {quote(data[section])}")
         if data.get(section) is not None:

@@ -672,6 +672,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             if pid:  # (a run that has not written its config yet: "not a run directory" sent the user elsewhere)
                 raise ConfigError(arg("resume"), f"{run_dir} is in use by another run (process {pid}) writing into "
                                   "it, which has not written its config.yaml yet; wait for it to end, then resume it")
+            if not Path(run_dir).exists():
+                raise ConfigError(arg("resume"), f"{run_dir} does not exist")
             raise ConfigError(arg("resume"), (f"{saved} is empty" if empty else
                                               f"{run_dir} is not a run directory (no config.yaml)") + (
                 f"; its checkpoints are there: give the config file it was trained with too (msrl train CONFIG "

@@ -225,6 +225,11 @@ def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsy
         capsys.readouterr().err
     assert main(["eval", str(tmp_path / "none")]) == 2
     assert f"RUN_DIR: {tmp_path / 'none'} does not exist" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "none")]) == 2  # (it said: not a run directory (no config.yaml))
+    assert f"--resume: {tmp_path / 'none'} does not exist" in capsys.readouterr().err
+    assert main(["config", "algorithm=ppo"]) == 2  # (its hint was the YAML `algorithm: {name: ppo}`)
+    assert "algorithm: must be a mapping of keys, got 'ppo' (write `algorithm.name=ppo`, or in a file `algorithm: " \
+        "{name: ppo}`)" in capsys.readouterr().err
 
 
 def test_plot_and_graph_refuse_an_unknown_image_suffix_up_front_and_graph_makes_folders(tmp_path, capsys):
