@@ -265,7 +265,9 @@ def _write_json(path: str | None, data: Any) -> None:
     """``--json FILE``: ``data`` written to FILE (where given; its folder made, as -o's are), and a line saying so."""
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        from msrl.runner import summary_json  # (strict JSON: a NaN result is null, not a bare NaN)
+
+        Path(path).write_text(summary_json(data) + "\n")
         print(f"wrote {path}")
 
 

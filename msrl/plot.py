@@ -146,6 +146,10 @@ def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200, metric: s
     deviation of their ``metric``, and their mean wall time, interpolated linearly between logged rows."""
     lo = max(c["env_steps"][0] for c in curves)
     hi = min(c["env_steps"][-1] for c in curves)
+    if hi < lo:  # (a mean of one run's last value with another's first was drawn at one point)
+        spans = ", ".join(f"{c['env_steps'][0]:,.0f}..{c['env_steps'][-1]:,.0f}" for c in curves)
+        raise ConfigError("--aggregate", f"the runs of one line share no env steps where {metric} is logged (they "
+                          f"span {spans}): there is no mean to draw; plot them without --aggregate")
     grid = np.linspace(lo, hi, points) if hi > lo else np.array([hi], float)
     ret = np.stack([np.interp(grid, c["env_steps"], c[metric]) for c in curves])
     wall = np.stack([np.interp(grid, c["env_steps"], c["wall_time"]) for c in curves])
@@ -197,8 +201,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
     for group in groups:
         if len(group) == 1:
             c = curves[group[0]]
-            line, = ax_steps.plot(c["env_steps"], c[metric], label=_label(group[0], names[group[0]]))
-            ax_time.plot(c["wall_time"], c[metric], color=line.get_color())
+            dot = "o" if len(c[metric]) == 1 else None  # (one row: a line of one point is not drawn)
+            line, = ax_steps.plot(c["env_steps"], c[metric], label=_label(group[0], names[group[0]]), marker=dot)
+            ax_time.plot(c["wall_time"], c[metric], color=line.get_color(), marker=dot)
             continue
         m = mean_curve([curves[d] for d in group], metric=metric)
         ends = {d: int(curves[d]["env_steps"][-1]) for d in group}
@@ -207,10 +212,11 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
             print(f"msrl plot: note: {shortest} ends at {ends[shortest]:,} env steps, another run of its line at "
                   f"{max(ends.values()):,}: their mean is drawn up to {ends[shortest]:,}", file=sys.stderr)
         label = f"{_label(group[0], _shown(group, names))}: mean ± std of {len(group)} runs"
-        line, = ax_steps.plot(m["env_steps"], m["mean"], label=label)
+        dot = "o" if len(m["mean"]) == 1 else None
+        line, = ax_steps.plot(m["env_steps"], m["mean"], label=label, marker=dot)
         for ax, x in ((ax_steps, m["env_steps"]), (ax_time, m["wall_time"])):
             ax.fill_between(x, m["mean"] - m["std"], m["mean"] + m["std"], color=line.get_color(), alpha=0.2)
-        ax_time.plot(m["wall_time"], m["mean"], color=line.get_color())
+        ax_time.plot(m["wall_time"], m["mean"], color=line.get_color(), marker=dot)
     ax_steps.set_xlabel("env steps")
     ax_time.set_xlabel("wall time (s)")
     ax_steps.set_ylabel(metric.replace("_", " ") + (f" (mean of last {smooth})" if smooth > 1 else ""))

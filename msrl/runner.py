@@ -538,8 +538,8 @@ class _Signals:
         if self.received is not None or self.starting:
             raise KeyboardInterrupt
         self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
-        print(f"\nmsrl: {self.received}: finishing the iterations under way, then saving a checkpoint "
-              "(again to stop at once)", file=sys.stderr, flush=True)
+        print(("\n" if sys.stderr.isatty() else "") + f"msrl: {self.received}: finishing the iterations under way, "
+              "then saving a checkpoint (again to stop at once)", file=sys.stderr, flush=True)  # (off a progress bar)
 
     def __exit__(self, *exc: Any) -> None:
         import signal

@@ -168,14 +168,15 @@ def test_bench_cli_json_and_errors(tmp_path, capsys, monkeypatch):
         ap.add_argument("--repeats", type=int, default=3)
         ap.add_argument("--no-peer", action="store_true")
         a = ap.parse_args()
-        print(json.dumps({"msrl_fused_sps": 3000, "handwritten_sps": 1500, "ratio": 2.0,
+        print(json.dumps({"msrl_fused_sps": 3000, "handwritten_sps": 1500, "ratio": 2.0, "peer_sps": float("nan"),
                           "env_steps": a.total_env_steps, "repeats": a.repeats, "rejax": not a.no_peer}))
     """)
     (tmp_path / "ppo_fused.py").write_text(fused)
     out = tmp_path / "bench.json"
     assert main(["bench", "--dir", str(tmp_path), "--only", "ppo_fused", "--json", str(out)]) == 0
     assert "ppo_fused" in capsys.readouterr().out
-    data = json.loads(out.read_text())
+    data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))  # (a bare NaN)
+    assert data["benchmarks"][0]["result"]["peer_sps"] is None
     assert data["mode"] == "quick" and [r["name"] for r in data["benchmarks"]] == ["ppo_fused"]
     assert data["benchmarks"][0]["result"]["handwritten_sps"] == 1500
     assert data["benchmarks"][0]["result"]["env_steps"] == 51200  # the quick flags were passed
@@ -257,6 +258,14 @@ def test_plot_aggregates_seeds_into_mean_and_std(runs, tmp_path, capsys):
     end, last = int(float(rows[len(rows) // 2 - 1]["env_steps"])), int(float(rows[-1]["env_steps"]))
     assert (f"note: {shifted} ends at {end:,} env steps, another run of its line at {last:,}: their mean is drawn "
             f"up to {end:,}") in capsys.readouterr().err
+    # runs of one line that share no env steps: refused (one run's last value and the other's first were averaged
+    with open(shifted / "metrics.csv", "w", newline="") as f:  # into a point)
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**r, "env_steps": str(float(r["env_steps"]) + 10 ** 7)} for r in rows)
+    assert main(["plot", str(a), str(shifted), "--aggregate", "-o", str(out)]) == 2
+    assert "--aggregate: the runs of one line share no env steps where episode_return is logged" in \
+        capsys.readouterr().err
 
 
 def test_a_run_of_several_seeds_is_one_line_and_another_run_its_own_unless_aggregated(runs, tmp_path, capsys):
