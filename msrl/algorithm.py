@@ -30,7 +30,8 @@ class Context:
     env_spec: EnvSpec
     num_envs: int  # total environments over all replicas
     total_env_steps: int
-    updates_per_iteration: int = 1  # learner updates per iteration over all replicas (async: one per worker)
+    updates_per_iteration: int = 1  # parameter updates per iteration (per agent_learn) over all replicas: 1 where
+    # they average their gradients (multi_learner: one all-reduced update), one per worker under async
     learner_replicas: int = 1  # learners that each learn on an equal share of the envs (multi_learner, async)
 
     def per_run(self, env_steps: int, times: int = 1) -> int:
