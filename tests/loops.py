@@ -836,6 +836,21 @@ class MixesCount(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class MixesInAFunction(Base):
+    """A lambda of the loop's index, defined on the actors' side (it was "cannot be traced alone (TypeError: ...
+    returned a value of type <class 'function'>)")."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for t in range(self.cfg.steps):
+            scale = lambda r: r * (t + 1)  # E:mix_function  # noqa: E731
+            out = msrl.agent_act(obs)
+            next_obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, scale(reward), done))
+            obs = next_obs
+        return msrl.agent_learn(msrl.buffer_get())
+
+
 class BrokenLearner(SumLearner):
     armed = True  # False: only once the test arms it (after compiling: at run time)
 
@@ -1013,6 +1028,8 @@ MIXING = {  # marker: (loop, what the refusal says)
     "mix_capped": (MixesCappedCount, "hold 2 of the 4 environments each, but it uses a number that depends on"),
     "mix_branch": (MixesCountBranch, "hold 2 of the 4 environments each, but it computes differently for different"),
     "hands_count": (HandsCount, "depends on how many environments a replica holds"),
+    "mix_function": (MixesInAFunction, r"defines a function of t, known only as the loop runs, .* give t to it as "
+                                       r"arguments \(`lambda x, t: ...`\)"),
     "mix_act_argument": (MixesInActArgument, "runs this statement on each .* reduces over"),  # not the actor's act
     "mix_act": (MixesInAct, r"runs CenteringActor.act\(\) \(.*loops.py:\d+\), called here, .* reduces over"),
     "mix_init": (MixesInInit, r"initializes the actor .* SlotActor.init\(\) \(.*loops.py:\d+\) numbers the "

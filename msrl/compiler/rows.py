@@ -367,6 +367,12 @@ def mixing(s: Stmt, values: dict[str, Any], share: dict[str, Any], namespace: di
     share (an actor's or an env's call, with ``method``: its method too). One that cannot be traced alone cannot
     be checked, so it counts as mixing."""
     names = sorted(n for n in values if n in share)
+    node = getattr(s, "node", None)
+    if s.kind == "compute" and (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or isinstance(
+            node, ast.Assign) and isinstance(node.value, ast.Lambda)):  # (a TypeError: returned a function)
+        free = ", ".join(names) or "values of the loop"
+        return (f"defines a function of {free}, known only as the loop runs, which cannot be checked (or sent) as a "
+                f"value: give {free} to it as arguments (`lambda x, {free}: ...`), or write its body where it is used")
     try:
         fn = _function(s, names, namespace, method)
     except Exception as e:  # noqa: BLE001 - the loop itself traced; this statement alone did not
