@@ -11,6 +11,7 @@ import functools
 from pathlib import Path
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -85,6 +86,31 @@ def test_a_local_assigned_from_the_config_inside_an_if_on_it_is_a_constant_on_ev
     fused = run(("algorithm.name=test_dqn_local_in_if",), 3)[0][3]
     one = run(("algorithm.name=test_dqn_local_in_if", *server(2, 1)), 3)[0][3]
     assert max_diff(fused, one) <= 1e-6
+
+
+@msrl.register_algorithm("test_dqn_item_spec")
+class _DQNWithItemSpec(_DQNLocalInIf):
+    """DQN whose buffer is given its item spec (all the loop's environments) and samples before it inserts."""
+
+    class Config(DQNAlgorithm.Config):
+        name: Literal["test_dqn_item_spec"] = "test_dqn_item_spec"
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        n = ctx.num_envs
+        self.buffer.item_spec = Transition(jax.ShapeDtypeStruct((n, *ctx.env_spec.obs_shape), jnp.float32),
+                                           jax.ShapeDtypeStruct((n,), jnp.int32),
+                                           jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.bool_))
+
+
+def test_a_buffer_given_its_item_spec_is_split_like_one_whose_spec_msrl_infers():
+    """(Each shard, and the probes at twice the environments, got the spec of all of them: refused as 'the item's
+    .obs is float32[16, 4]; the buffer holds float32[8, 4]'.)"""
+    fused = run(("algorithm.name=test_dqn_item_spec",), 3)[0][3]
+    one = run(("algorithm.name=test_dqn_item_spec", *server(2, 1)), 3)[0][3]
+    assert max_diff(fused, one) <= 1e-6
+    _, snaps, _ = run(("algorithm.name=test_dqn_item_spec", *server(2, 2)), 3)
+    assert [s["buffer"].data.obs.shape[1] for s in snaps[3]["replay"]] == [4, 4]
 
 
 @msrl.register_algorithm("test_dqn_env_metric")

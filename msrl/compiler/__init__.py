@@ -352,7 +352,15 @@ def _resized(buffer: Any, scale: float) -> Any:
                            "which a policy splitting it sets to each shard's part", *defined_at(type(buffer)))
     one = copy.copy(buffer)
     one.capacity = max(1, round(buffer.capacity * scale))
+    if getattr(buffer, "item_spec", None) is not None and scale != 1:  # an explicit spec: items of as many envs
+        one.item_spec = _env_rows(buffer.item_spec, lambda n: round(n * scale))
     return one
+
+
+def _env_rows(spec: Any, rows: Callable[[int], int]) -> Any:
+    """An explicit buffer item spec with ``rows(n)`` environments on its leading axis, of ``n``."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows(x.shape[0]), *x.shape[1:]), x.dtype) if x.shape else x,
+                        spec)
 
 
 class _ProbeBuffer:
@@ -387,8 +395,7 @@ class _ProbeBuffer:
                 shard_part(self.split, args[0] if args else kwargs.get("batch_size"))
             out = getattr(self.buffer, method)(state, *args, **kwargs)
             if shards > 1:  # each shard draws its part (one drawing the whole: a batch `shards` times larger)
-                one = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // shards, *x.shape[1:]), x.dtype)
-                                   if x.shape else x, self.item_spec)  # (a shard holds its actors' environments, not all of them)
+                one = _env_rows(self.item_spec, lambda n: n // shards)  # (a shard holds its actors' environments)
                 part = self.split.sample(self.split.init(self.key, one), *args, **kwargs)
                 items = (jax.tree.leaves(getattr(o[1], "item", o[1])) for o in (out, part))
                 whole_rows, shard_rows = next(((len(a), len(b)) for a, b in zip(*items)
@@ -911,6 +918,8 @@ class Program:
                 out[c] = run_init(comp.init, keys[c], cache=cache, name=c)
             elif c == "buffer":
                 spec = comp.item_spec if comp.item_spec is not None or lazy_buffer else self._item_spec(len(env_ids))
+                if comp.item_spec is not None and len(env_ids) != self.num_envs:  # a replica's share of its rows
+                    spec = _env_rows(spec, lambda n: n * len(env_ids) // self.num_envs)
                 key = keys[c] if len(env_ids) == self.num_envs else jax.random.fold_in(keys[c], env_ids[0])
                 # (a shard of the buffer draws its own samples: the shards' keys were one, their draws alike)
                 out[c] = None if spec is None else run_init(lambda key, comp=comp, spec=spec: comp.init(key, spec),
