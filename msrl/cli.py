@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -342,6 +343,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="msrl", description="Write an RL algorithm once; run it under any policy.")
     p.add_argument("--version", action="version", version=f"msrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser = functools.partial(sub.add_parser, allow_abbrev=False)  # (--run was --run-dir, or --run-seed)
 
     t = sub.add_parser("train", help="train from a YAML config with KEY=VALUE overrides")
     t.add_argument("config", nargs="?", help="YAML config (optional with --resume: the run's own; or none: "
@@ -423,8 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args, extra = parser.parse_known_args(argv)  # KEY=VALUE overrides may follow options too
     bad = [a for a in extra if "=" not in a or a.startswith("-") or not hasattr(args, "overrides")]
-    if bad:
-        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    if bad:  # (said with the top-level usage, and no hint for a misspelt flag)
+        from msrl.errors import did_you_mean
+
+        command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+        flags = [o for a in command._actions for o in a.option_strings]
+        hint = " ".join(did_you_mean(b.split("=")[0], flags) for b in bad if b.startswith("--")).strip()
+        command.error(f"unrecognized arguments: {' '.join(bad)}" + (f"; {hint}" if hint else ""))
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
     if not getattr(args, "debug", False):  # jax logs a raising callback's traceback; the error says it in one line

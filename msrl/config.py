@@ -621,7 +621,8 @@ def in_file(error: ConfigError, path: Any, overrides: list[str] = ()) -> ConfigE
     """``error`` naming the file and line where its key is written (``y/my.yaml:3: ...``), unless the key is not
     the file's: an override sets it (or a key inside it), or the file does not write it."""
     given = [o.partition("=")[0].strip() for o in override_list(overrides)]
-    if not error.key or not isinstance(path, (str, os.PathLike)) or error.message.startswith(f"{path}:") or any(
+    if not error.key or not isinstance(path, (str, os.PathLike)) or error.message.startswith(f"{path}:") or \
+            re.match(r"\S+:\d+: ", error.message) or any(  # (a place of its own: the user's code's line)
             k == error.key or k.startswith(error.key + ".") or error.key.startswith(k + ".") for k in given):
         return error
     try:

@@ -138,6 +138,14 @@ def test_console_script_reports_bad_config_without_traceback(tmp_path):
 def test_unknown_cli_argument_is_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["graph", CARTPOLE, "--bogus"])
+    # said with the command's usage, a misspelt flag with its name (it showed `msrl [-h] [--version] {train,...}`)
+    for argv, said in [(["train", CARTPOLE, "--run-dirr", "x"], "msrl train: error: unrecognized arguments: "
+                                                                 "--run-dirr x; did you mean '--run-dir'?"),
+                       (["eval", "x", "--run", "y"], "msrl eval: error: unrecognized arguments: --run"),
+                       (["train", CARTPOLE, "--run", "x"], "msrl train: error: unrecognized arguments: --run")]:
+        with pytest.raises(SystemExit):  # (a prefix was taken for the flag: --run for --run-dir, or --run-seed)
+            main(argv)
+        assert said in capsys.readouterr().err
 
 
 def test_a_misplaced_config_a_folder_and_a_list_where_one_value_goes_are_named(tmp_path, capsys):
@@ -276,7 +284,8 @@ def test_an_algorithm_whose_constructor_raises_names_the_users_file_and_line(tmp
     module.write_text(f"import msrl\n\n\n@msrl.register_algorithm({name!r})\nclass Broken(msrl.Algorithm):\n"
                       f"    class Config(msrl.AlgorithmConfig):\n        name: str = {name!r}\n\n"
                       "    def __init__(self, cfg, ctx):\n        raise KeyError('hidden_size')\n")
-    assert main(["graph", CARTPOLE, f"algorithm={{name: {name}}}", "--import", str(module)]) == 2
+    (tmp_path / "broken.yaml").write_text(f"algorithm:\n  name: {name}\nenv:\n  id: gymnax:CartPole-v1\n")
+    assert main(["graph", str(tmp_path / "broken.yaml"), "--import", str(module)]) == 2
     assert capsys.readouterr().err == f"msrl: error: algorithm: {module}:10: KeyError: 'hidden_size'\n"
 
 
