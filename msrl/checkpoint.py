@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import math
 import os
 import re
 import sys
@@ -259,11 +258,10 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
         now_has = "no such key" if b is _ABSENT else repr(b)
         if key in overridden:
             advice = f"resume without setting {key}, or start a new run"
-        elif edited is not None and _mtime(edited) > _mtime(path):
-            now_has, advice = f"{now_has} ({edited} was edited since)", "put its value back there, or start a new run"
-        elif edited is not None:  # (the file is older than the checkpoint: the checkpoint came from elsewhere)
-            now_has, advice = f"{now_has} (as {edited} had when the checkpoint was written: it is another run's, " \
-                "copied in?)", f"move it out of {path.parent}, or start a new run"
+        elif edited is not None:  # (or the checkpoint was copied in from another run: said, not guessed)
+            now_has, advice = f"{now_has} ({edited} was edited since)", ("put its value back there, or start a new "
+                                                                        "run (a checkpoint copied in from another "
+                                                                        f"run: move it out of {path.parent})")
         else:
             advice = "resume with the run's own config (RUN_DIR/config.yaml) or start a new run"
         raise ConfigError(key, f"the checkpoint {path} was trained with {was}, this config has {now_has}; {advice}")
@@ -271,12 +269,6 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
 
 _ABSENT = object()  # a key one config has and the other does not
 
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return math.inf
 
 
 def sweep_order(meta: dict[str, Any], config_file: Path) -> list[str] | None:

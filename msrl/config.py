@@ -433,9 +433,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
     """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested dict, in place.
     ``policy.name=...`` applies first and drops the file's keys of the previous policy (its backend too:
     each policy has its own default). A key given twice takes the last value, with a note. A mapping given to a
-    key sets each of its keys (``run={seed: 3}`` is ``run.seed=3``: the section's other keys stay, as Python's
+    section sets each of its keys (:func:`spread`: the section's other keys stay, as Python's
     ``train(..., run={"seed": 3})`` keeps them)."""
-    overrides = [o for item in overrides for o in _spread(data, item)]
+    overrides = spread(overrides)
     given: dict[str, list[str]] = {}
     for item in overrides:
         given.setdefault(item.partition("=")[0].strip(), []).append(item)
@@ -489,20 +489,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
     return data
 
 
-def _spread(data: dict[str, Any], item: Any) -> list[str]:
-    """An override whose value is a non-empty YAML mapping, of a key that is a section (a mapping, or not given),
-    as one override per key in it (:func:`dotted`)."""
-    key, sep, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
-    node: Any = data
-    for part in key.strip().split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    if not sep or not raw.lstrip().startswith("{") or not (node is None or isinstance(node, dict)):
-        return [item]
-    try:
-        value = yaml.load(raw, Loader=_StrictLoader)
-    except (*_YAML_ERRORS, ConfigError):
-        return [item]
-    return dotted(key.strip(), value) if isinstance(value, dict) and value and key.strip() else [item]
+def spread(overrides: list[str]) -> list[str]:
+    """The overrides with each that gives a section a mapping (``run={seed: 3}``) as one override per key in it
+    (``run.seed=3``; a key's own mapping or list is given whole: ``run.sweep={...}`` replaces the sweep)."""
+    out = []
+    for item in overrides:
+        key, sep, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
+        try:
+            value = yaml.load(raw, Loader=_StrictLoader) if sep and key.strip() in _SECTIONS else None
+            items = [f"{key.strip()}.{k}={json.dumps(v)}" if isinstance(v, (dict, list)) else
+                     dotted(f"{key.strip()}.{k}", v)[0] for k, v in value.items()] if isinstance(value, dict) else None
+        except (*_YAML_ERRORS, ConfigError, TypeError, ValueError):
+            items = None
+        out.extend(items or [item])
+    return out
 
 
 def _check_switched_algorithm(before: Any, after: Any, overrides: list[str]) -> None:

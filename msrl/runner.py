@@ -18,7 +18,8 @@ import yaml
 
 from msrl import checkpoint, resources
 from msrl.algorithm import Context
-from msrl.config import ExperimentConfig, dotted, dump_yaml, in_file, override_list, read_config, validate_config
+from msrl.config import (ExperimentConfig, dotted, dump_yaml, in_file, override_list, read_config, spread,
+                         validate_config)
 from msrl.envs import make_env
 from msrl.errors import (CLI_FLAGS, CompileError, ConfigError, Interrupted, MsrlError, TrainingError, arg, defined_at,
                          did_you_mean, user_code_error)
@@ -688,7 +689,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     if saved is not None:
         _same_algorithm_and_policy(saved, data)
     own = saved is not None and isinstance(cfg, (str, Path)) and Path(cfg).resolve() == saved.resolve()
-    overridden = {o.split("=", 1)[0].strip() for o in overrides}
+    overridden = {o.split("=", 1)[0].strip() for o in spread(overrides)}  # (algorithm={lr: 1}: algorithm.lr)
     if not isinstance(cfg, ExperimentConfig):
         try:
             cfg = validate_config(data)

@@ -44,6 +44,10 @@ def test_example_loads_with_overrides(tmp_path):
                                                           "env.kwargs={}"])
     assert spread.run.seed == 3 and spread.run.total_env_steps == 300_000 and spread.algorithm.epochs == 1
     assert spread.algorithm.lr == 1e-3 and spread.env.kwargs == {}
+    from msrl.config import spread as spread_overrides  # one level: a key's own mapping is given whole (run.sweep,
+
+    assert spread_overrides(["run={seed: 3, sweep: {gamma: [0.9]}}", "env.kwargs={a: 1}", "policy.name={a: 1}"]) == [
+        "run.seed=3", 'run.sweep={"gamma": [0.9]}', "env.kwargs={a: 1}", "policy.name={a: 1}"]  # env.kwargs replaced)
     # train()'s resume needs run_dir and does not overwrite (the CLI's --resume/--overwrite say so too)
     with pytest.raises(ConfigError, match=r"^resume: resuming needs the run's directory \(run_dir\)$"):
         msrl.train(None, resume=True)
