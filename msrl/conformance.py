@@ -289,9 +289,15 @@ def run_config(config: dict[str, Any], k: int = K, timeout: int = CELL_TIMEOUT_S
 
 
 def _learner_state(snapshot: dict[str, list[dict[str, Any]]]) -> Any:
-    """The learner's whole state in a snapshot: its first replica's, in the first fragment holding it."""
-    return next((replicas[0]["learner"] for replicas in snapshot.values()
-                 if replicas and isinstance(replicas[0], dict) and "learner" in replicas[0]), None)
+    """The learner's whole state in a snapshot (its first replica's, in the first fragment holding it) as its
+    leaves, without those a policy adds of its own (async's ``param_version``; multi_learner's all-reduce has
+    none)."""
+    import jax
+
+    state = next((replicas[0]["learner"] for replicas in snapshot.values()
+                  if replicas and isinstance(replicas[0], dict) and "learner" in replicas[0]), None)
+    return None if state is None else [x for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+                                       if "param_version" not in jax.tree_util.keystr(path)]
 
 
 # ---------------------------------------------------------------------------------------------- verdicts
@@ -312,13 +318,13 @@ def _leaves(tree: Any) -> list[Any]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def max_diff(a: Any, b: Any, structure: bool = True) -> float:
-    """The largest absolute difference over every leaf (inf: the trees differ in structure (unless not
-    ``structure``: then in their leaves' number) or shapes; NaN anywhere makes it NaN)."""
+def max_diff(a: Any, b: Any) -> float:
+    """The largest absolute difference over every leaf (inf: the trees differ in structure or shapes; NaN
+    anywhere makes it NaN)."""
     import jax
     import numpy as np
 
-    if jax.tree.structure(a) != jax.tree.structure(b) if structure else len(_leaves(a)) != len(_leaves(b)):
+    if jax.tree.structure(a) != jax.tree.structure(b):
         return math.inf
     out = 0.0
     for x, y in zip(_leaves(a), _leaves(b), strict=True):
@@ -414,11 +420,11 @@ def verdict(ref: Outcome | None, cell: Outcome, column: Column, k: int = K, tol:
     if not diff <= tol:  # NaN too
         problems.append("parameter trees differ in structure or shape" if math.isinf(diff)
                         else f"max diff {diff:.3g} after {k} iterations (tol {tol:g})")
-    whole = max_diff(ref.learner, cell.learner, structure=False)  # (a policy may add empty optax states)
+    whole = max_diff(ref.learner, cell.learner)  # (leaf lists: a policy's empty optax states have no leaves)
     if diff <= tol and not whole <= tol:
-        problems.append("the learner's state (optimizer, target networks, counters) differs in its leaves' number or shapes"
-                        if math.isinf(whole) else f"the learner's state (optimizer, target networks, counters) "
-                        f"differs by {whole:.3g} after {k} iterations, its policy parameters not")
+        what = "the learner's state (optimizer, target networks, counters)"
+        problems.append(f"{what} differs in its leaves' number or shapes" if math.isinf(whole) else
+                        f"{what} differs by {whole:.3g} after {k} iterations, its policy parameters not")
     if eps != ref_eps:
         problems.append(f"episodes per iteration {eps} vs fused {ref_eps}")
     if problems:

@@ -63,7 +63,7 @@ def test_verdicts_of_made_up_outcomes():
     assert conformance.verdict(ref, nan, col)[0] == conformance.SILENT
     assert conformance.verdict(ref, other_eps, col)[0] == conformance.SILENT
     # the policy's parameters equal, the learner's other state (an optimizer moment, a target network) not
-    ref.learner, near.learner = {"w": np.ones(3), "mu": np.zeros(3)}, {"w": np.ones(3), "mu": np.full(3, 0.5)}
+    ref.learner, near.learner = [np.ones(3), np.zeros(3)], [np.ones(3), np.full(3, 0.5)]
     assert conformance.verdict(ref, near, col)[0] == conformance.SILENT
     assert "learner's state" in conformance.verdict(ref, near, col)[1]
     assert conformance.verdict(ref, far, design)[0] == DESIGN
