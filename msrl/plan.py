@@ -46,7 +46,7 @@ class Link:
     replica counts (one to many: scatter; many to one: gather; equal: send; parameters: broadcast)."""
 
     op: str | None = None
-    axis: str = "env"
+    axis: str | None = None  # None: "replicated" for the parameters (@params), "env" for anything else
     every: int = 1  # it crosses every `every`-th iteration only; in between the receiver keeps the last value
     lag: int = 0  # the receiver's iteration i takes the sender's value of iteration i - lag
 

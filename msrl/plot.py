@@ -148,8 +148,7 @@ def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200, metric: s
     hi = min(c["env_steps"][-1] for c in curves)
     if hi < lo:  # (a mean of one run's last value with another's first was drawn at one point)
         spans = ", ".join(f"{c['env_steps'][0]:,.0f}..{c['env_steps'][-1]:,.0f}" for c in curves)
-        raise ConfigError("--aggregate", f"the runs of one line share no env steps where {metric} is logged (they "
-                          f"span {spans}): there is no mean to draw; plot them without --aggregate")
+        raise ValueError(f"share no env steps where {metric} is logged (they span {spans}): there is no mean to draw")
     grid = np.linspace(lo, hi, points) if hi > lo else np.array([hi], float)
     ret = np.stack([np.interp(grid, c["env_steps"], c[metric]) for c in curves])
     wall = np.stack([np.interp(grid, c["env_steps"], c["wall_time"]) for c in curves])
@@ -205,7 +204,13 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
             line, = ax_steps.plot(c["env_steps"], c[metric], label=_label(group[0], names[group[0]]), marker=dot)
             ax_time.plot(c["wall_time"], c[metric], color=line.get_color(), marker=dot)
             continue
-        m = mean_curve([curves[d] for d in group], metric=metric)
+        try:
+            m = mean_curve([curves[d] for d in group], metric=metric)
+        except ValueError as e:  # (the seeds of one run are one line without --aggregate too)
+            if aggregate:
+                raise ConfigError("--aggregate", f"the runs of one line {e}; plot them without --aggregate") from None
+            raise ConfigError(str(group[0].parent), f"its members {e}; plot their folders "
+                              f"({', '.join(d.name for d in group)}) one by one") from None
         ends = {d: int(curves[d]["env_steps"][-1]) for d in group}
         shortest = min(group, key=ends.get)
         if ends[shortest] < max(ends.values()):

@@ -128,7 +128,8 @@ def answered_at(policy: Policy, method: str) -> str:
     import inspect
 
     fn = getattr(type(policy), method, None)
-    if fn is None or getattr(Policy, method, None) is fn or type(policy).__module__.startswith("policies."):
+    if fn is None or getattr(Policy, method, None) is fn or \
+            type(policy).__module__.startswith(("policies.", "msrl.policies.")):
         return ""
     try:
         return f" (at {inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
@@ -198,6 +199,8 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
                                   f"{t!r}; each is an optax.GradientTransformation (msrl.all_reduce_mean(), say)")
         averaged = reduces_over_replicas(out.grad_transforms)
         updates = 1 if averaged else out.learner_replicas
+        if out.wrap is not None and out.updates_per_iteration is not None:  # (a wrapped learner's own holder may
+            updates = out.updates_per_iteration  # apply its replicas' gradients as one update: its policy says)
         if out.updates_per_iteration not in (None, updates):  # (an A2C's schedule was sized by it, silently apart)
             raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() gives updates_per_iteration="
                               f"{out.updates_per_iteration}, but its {out.learner_replicas} learner replica"

@@ -539,7 +539,7 @@ class _Signals:
         if self.received is not None or self.starting:
             raise KeyboardInterrupt
         self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
-        print(("\n" if sys.stderr.isatty() else "") + f"msrl: {self.received}: finishing the iterations under way, "
+        print(("\n" if getattr(sys.stderr, "isatty", lambda: False)() else "") + f"msrl: {self.received}: finishing the iterations under way, "
               "then saving a checkpoint (again to stop at once)", file=sys.stderr, flush=True)  # (off a progress bar)
 
     def __exit__(self, *exc: Any) -> None:
@@ -604,7 +604,9 @@ def train(cfg: ExperimentConfig | str | Path | dict | None, overrides: list[str]
         raise ConfigError("on_iteration", f"a function of a metrics row (true: stop), got {type(on_iteration).__name__}")
     words = ("overrides", "run_dir", "resume", "on_iteration", "overwrite")
     for stray in (k for k in sections if k not in ("algorithm", "env", "policy", "run")):
-        hint = did_you_mean(stray, words) or did_you_mean(stray.split("_")[0], words)
+        section, _, key = stray.partition("_")
+        hint = f"did you mean {section}={{{key!r}: ...}}? " if key and section in ("algorithm", "env", "policy",
+                                                                                  "run") else did_you_mean(stray, words)
         if hint:  # (rundir= was "unknown key; did you mean 'run'?", on_iter= had no hint; seed= keeps its own)
             raise ConfigError(stray, f"not an argument of train(); {hint}it takes {', '.join(words)}, and the "
                               "config's sections (algorithm, env, policy, run) as dicts")

@@ -614,6 +614,8 @@ class _Yours(msrl.DistributedPolicy):
             return msrl.Link(axis="replicated", lag=2)
         if var == "@params" and self.mistake == "params_env":
             return msrl.Link(axis="env")
+        if var == "@params" and self.mistake == "params_default":
+            return msrl.Link(every=2)  # (its axis unset: the parameters', replicated; it was refused as 'env')
         if var != "@params" and self.mistake in ("batch", "lag", "every", "replicated"):
             return {"batch": msrl.Link(axis="batch"), "lag": msrl.Link(lag=1), "every": msrl.Link(every=2),
                     "replicated": msrl.Link(axis="replicated")}[self.mistake]
@@ -698,6 +700,12 @@ def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, messa
     with pytest.raises(error, match=message):
         msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours",
                                                                           f"policy.mistake={mistake}"]))
+
+
+def test_a_link_of_the_parameters_with_its_axis_unset_is_a_broadcast():
+    program = msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours", "policy.mistake=params_default"]))
+    params = program.plan.comm("@params")
+    assert (params.op, params.axis, params.every) == ("broadcast", "replicated", 2)
 
 
 def test_a_role_run_eagerly_is_noted(capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -179,6 +180,8 @@ def partition(stmts: list[Stmt], fdg: nx.MultiDiGraph, policy: Policy, fragments
         if key not in comms:
             src, dst = fragments[fu], fragments[fv]
             link = answer(policy, "link", var, src, dst)
+            if link.axis is None:
+                link = dataclasses.replace(link, axis="replicated" if var == "@params" else "env")
             op = link.op or default_op(var, src.replicas, dst.replicas)
             _check_link(policy, var, op, link, src.replicas, dst.replicas, fu, fv)
             if link.axis == "batch" and u not in sampled:
