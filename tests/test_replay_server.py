@@ -71,9 +71,10 @@ class _DQNLocalInIf(DQNAlgorithm):
             next_obs, reward, done = msrl.env_step(out.action)
             msrl.buffer_insert(Transition(obs, out.action, reward, done))
             obs = next_obs
-        if self.cfg.updates > 0:
+        updates = self.cfg.updates
+        if updates > 0:  # (on self.cfg alone, or on a constant local: both are decided at compile time)
             batch = self.cfg.batch_size
-            for _ in range(self.cfg.updates):
+            for _ in range(updates):
                 sample = msrl.buffer_sample(batch)
                 metrics, priorities = msrl.agent_learn(sample)
                 msrl.buffer_update(sample.indices, priorities)

@@ -434,7 +434,15 @@ class Frontend:
         statics: dict[str, Any] = {}
         lambdas = [n for n in _scope_walk(live) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)
                    and n not in live.body]
-        for st in [*live.body, *lambdas]:
+        todo, top = [*live.body, *lambdas], {id(st) for st in live.body}
+        while todo:
+            st = todo.pop(0)
+            if isinstance(st, ast.If) and id(st) in top:  # an if on the statics found so far: its taken branch
+                taken = self._taken(src, [st], statics)
+                if taken != [st]:
+                    todo[:0] = taken
+                    top.update(map(id, taken))
+                    continue
             if isinstance(st, ast.FunctionDef) and not st.decorator_list and counts.get(st.name) == 1:
                 # a def of the loop's own that reads only statics and globals: a function, as a lambda is (it was
                 # a local a jitted piece could not return, a NameError where the loop is cut after it)
@@ -477,16 +485,19 @@ class Frontend:
                 statics.update(values)
         return statics
 
-    def _taken(self, src: Source, body: list[ast.stmt]) -> list[ast.stmt]:
-        """``body`` with each ``if`` whose condition reads only ``self``, globals and constants (no call but
-        :data:`_PURE_BUILTINS`) replaced by its taken branch (a local it assigns is then assigned once)."""
+    def _taken(self, src: Source, body: list[ast.stmt], statics: dict[str, Any] | None = None) -> list[ast.stmt]:
+        """``body`` with each ``if`` whose condition reads only ``self``, globals, constants and ``statics`` (no
+        call but :data:`_PURE_BUILTINS`) replaced by its taken branch (a local it assigns is then assigned once)."""
+        statics = statics or {}
+
         def decided(test: ast.expr) -> bool | None:
-            if _node_names(test, ast.Load) & self._all_locals or any(
+            if _node_names(test, ast.Load) & self._all_locals - set(statics) or any(
                     isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _PURE_BUILTINS)
                     for n in ast.walk(test)):
                 return None
             try:
-                return bool(eval(compile(ast.Expression(test), "<static>", "eval"), self._scope(src)))
+                return bool(eval(compile(ast.Expression(test), "<static>", "eval"), {**self._scope(src),
+                                                                                       **statics}))
             except Exception:  # noqa: BLE001 - not decidable here: it stays as written
                 return None
 
