@@ -112,11 +112,12 @@ def test_bad_multi_agent_configs_are_errors_naming_the_key():
         msrl.build(load_config(SPREAD, ["algorithm.bootstrap_truncated=true", "env.num_envs=4"]))
 
 
-def test_an_env_whose_spaces_give_their_shape_as_a_number_is_read():
+def test_an_env_whose_spaces_give_their_shape_as_a_number_is_read_and_one_that_masks_actions_refused():
     """Hanabi's observation space says shape 658, not (658,) (it was "TypeError: 'numpy.int64' object is not
-    iterable")."""
-    spec = make_env("jaxmarl:hanabi").spec
-    assert (spec.obs_shape, spec.num_agents, spec.action_space) == ((658,), 2, msrl.Discrete(21))
+    iterable"); its legal moves are a mask msrl's agents do not read (it trained choosing illegal ones: refused,
+    once its spaces are read)."""
+    with pytest.raises(msrl.ConfigError, match=r"^env.id: jaxmarl:hanabi masks its agents' actions \(get_legal_moves"):
+        make_env("jaxmarl:hanabi")
 
 
 def test_an_mpe_env_is_made_and_unpickled_without_importing_every_jaxmarl_env(tmp_path):

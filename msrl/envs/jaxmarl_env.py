@@ -138,6 +138,13 @@ class JaxMarlEnv(FunctionalEnv):
         action_space = Discrete(int(space.n)) if hasattr(space, "n") else Box(space.low, space.high, space.shape)
         self.spec = MultiAgentSpec(f"jaxmarl:{name}", obs_shape, np.dtype(np.float32), action_space,
                                    num_agents=n, state_shape=(n * int(np.prod(obs_shape)),))
+        base = next((c for c in type(self.env).__mro__ if c.__name__ == "MultiAgentEnv"), object)  # (whose
+        masked = [m for m in ("get_avail_actions", "get_legal_moves") if callable(getattr(self.env, m, None))
+                  and getattr(type(self.env), m, None) is not getattr(base, m, None)]  # get_avail_actions raises)
+        if masked:  # (SMAX, Hanabi trained without a word, choosing unavailable actions: 71 % of SMAX's greedy ones)
+            raise ConfigError("env.id", f"jaxmarl:{name} masks its agents' actions ({masked[0]}: some are unavailable "
+                              "in some states), which msrl's agents do not read: they would choose unavailable "
+                              "actions; use an environment without action masks")
 
     def _observation(self, obs: dict[str, jax.Array]) -> MultiAgentObs:
         agents = jnp.stack([obs[a] for a in self.agents], axis=1).astype(jnp.float32)  # [num_envs, agents, ...]
