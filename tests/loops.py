@@ -321,6 +321,33 @@ class SelfMutation(Base):
         return 0
 
 
+class DrawsWithNumpy(Base):
+    """np.random in the loop: drawn once, while the loop is traced (it trained on that one number)."""
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            explore = np.random.rand() < 0.5  # E:numpy_random
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action * explore)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class NumpyRandomActor(RandomActor):
+    def act(self, state, params, obs):
+        state, out = super().act(state, params, obs)
+        return state, out._replace(action=out.action * (np.random.rand() < 0.5))  # E:actor_numpy_random
+
+
+class ActsWithNumpy(Simple):
+    """np.random in the actor's act(): fixed by JAX's trace (the same action every step, without a word)."""
+
+    def __init__(self):
+        super().__init__()
+        self.actor = NumpyRandomActor(2)
+
+
 class HelperMutation(Base):
     """A helper without API calls, called as it is, that changes ``self``: its value would depend on how often
     the loop is traced."""
@@ -694,6 +721,8 @@ REJECTED = {
     "break": BreakInLoop,
     "early_return": EarlyReturn,
     "self_mutation": SelfMutation,
+    "numpy_random": DrawsWithNumpy,
+    "actor_numpy_random": ActsWithNumpy,
     "helper_mutation": HelperMutation,
     "class_mutation": ClassAttributeMutation,
     "self_fill": SelfListFill,

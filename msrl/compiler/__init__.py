@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ast
+import builtins
 import copy
 import dataclasses
 import importlib.machinery
@@ -146,6 +148,39 @@ def _check_component_objects(algorithm: Any, components: dict[str, Any], stmts: 
         if value is not None and _undefined(value, signature.partition("(")[0], KINDS[name][0]):
             raise CompileError(f"{type(value).__name__}, {owner}'s {name}, defines no {signature}, which {why}",
                                *defined_at(type(value)))
+    for name in ("actor", "learner"):
+        if components.get(name) is not None and name in used:
+            _check_traced_method_calls(components[name])
+
+
+def _check_traced_method_calls(component: Any) -> None:
+    """A user's actor or learner method that JAX traces calls no np.random / random / time (a value the trace
+    fixes: the same every iteration, without a word); a print() in one is a warning, as in the loop."""
+    import inspect
+    import textwrap
+    import warnings
+
+    for method in ("init", "act", "learn", "policy_params"):
+        fn = getattr(type(component), method, None)
+        if fn is None or getattr(fn, "__module__", "").startswith("msrl.") or not inspect.isfunction(fn):
+            continue
+        try:
+            file, (lines, first) = inspect.getsourcefile(fn), inspect.getsourcelines(fn)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        what = f"{type(component).__name__}.{method}()"
+        for node in ast.walk(tree):
+            once = frontend.trace_time_call(node, {**vars(builtins), **fn.__globals__})
+            line = first + getattr(node, "lineno", 1) - 1
+            if once:
+                raise CompileError(f"{once} in {what} runs once, while JAX traces it, not every call: its value is a "
+                                   "constant of the compiled program", file, line, "draw random numbers with "
+                                   "jax.random from a key in the state the method is given")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                warnings.warn_explicit(f"print() in {what} runs only while JAX traces it (a few times, before "
+                                       "training), not every call; use jax.debug.print(...) to print values as it "
+                                       "runs", UserWarning, file, line)
 
 
 def _undefined(value: Any, method: str, base: type) -> bool:

@@ -77,6 +77,34 @@ def _scope_walk(node: ast.AST):
         yield from (ast.Name(m.id, ast.Load()) for m in names if isinstance(m.ctx, ast.Load) and m.id not in bound)
 
 
+def trace_time_call(node: ast.AST, scope: dict[str, Any]) -> str | None:
+    """``np.random.rand()``, ``random.random()``, ``time.time()``... where ``node`` calls one: code whose result a
+    trace fixes (the same number every iteration). None for anything else."""
+    import random
+    import time
+
+    if not isinstance(node, ast.Call):
+        return None
+    chain, f = [], node.func
+    while isinstance(f, ast.Attribute):
+        chain.append(f.attr)
+        f = f.value
+    if not isinstance(f, ast.Name) or f.id not in scope:
+        return None
+    value = scope[f.id]
+    try:
+        for attr in reversed(chain):
+            value = getattr(value, attr)
+    except Exception:  # noqa: BLE001 - not resolvable here: not judged
+        return None
+    owner = getattr(value, "__self__", None)
+    module = getattr(value, "__module__", None) or (type(owner).__module__ if owner is not None else "") or ""
+    if module.startswith("numpy.random") or module == "random" or isinstance(owner, random.Random) or \
+            value in (time.time, time.time_ns, time.perf_counter, time.monotonic):
+        return f"`{ast.unparse(node.func)}()`"
+    return None
+
+
 def _node_names(node: ast.AST, ctx: type) -> set[str]:
     """The names ``node`` loads (or stores, deletes) in its own scope, see :func:`_scope_walk`."""
     return {n.id for n in _scope_walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
@@ -255,6 +283,13 @@ class Source:
                 except ValueError:  # empty cell
                     pass
         self.scope = {**builtins.__dict__, **self.namespace}  # what a global name means in this function
+        for node in ast.walk(fdef):
+            once = trace_time_call(node, self.scope)
+            if once:
+                raise self.error(node, f"{once} in {what} runs once, while msrl traces it, not every iteration: its "
+                                 "value is a constant of the compiled program (and differs by how often a policy "
+                                 "traces it)", "draw random numbers with jax.random from a key in a component's "
+                                 "state (the actor's, as its act() gets it); time what runs outside the loop")
 
     def line(self, node: ast.AST) -> int:
         return getattr(node, "lineno", self.fdef.lineno) + self.offset
