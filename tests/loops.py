@@ -348,6 +348,21 @@ class ActsWithNumpy(Simple):
         self.actor = NumpyRandomActor(2)
 
 
+class CountingLearner(SumLearner):
+    def learn(self, state, batch, **extra):
+        self.updates = getattr(self, "updates", 0) + 1  # E:learner_mutation
+        return super().learn(state, batch, **extra)
+
+
+class LearnsCounting(Simple):
+    """A learner that counts its updates in itself: JAX traces learn() a few times (it counted 2 under fused and 4
+    under a split policy, without a word)."""
+
+    def __init__(self):
+        super().__init__()
+        self.learner = CountingLearner()
+
+
 class HelperMutation(Base):
     """A helper without API calls, called as it is, that changes ``self``: its value would depend on how often
     the loop is traced."""
@@ -723,6 +738,7 @@ REJECTED = {
     "self_mutation": SelfMutation,
     "numpy_random": DrawsWithNumpy,
     "actor_numpy_random": ActsWithNumpy,
+    "learner_mutation": LearnsCounting,
     "helper_mutation": HelperMutation,
     "class_mutation": ClassAttributeMutation,
     "self_fill": SelfListFill,

@@ -170,6 +170,16 @@ def _check_traced_method_calls(component: Any) -> None:
         except (OSError, TypeError, SyntaxError):
             continue
         what = f"{type(component).__name__}.{method}()"
+        fdef = tree.body[0]
+        me = fdef.args.args[0].arg if isinstance(fdef, ast.FunctionDef) and fdef.args.args else None
+        own, statements = frontend._own_objects(fdef, me), {id(n.value) for n in ast.walk(fdef)
+                                                             if isinstance(n, ast.Expr)}
+        for node in frontend._scope_walk(fdef):  # (self.updates += 1 in learn() counted traces, not updates)
+            if frontend._mutates(node, me) or frontend._lasting_change(node, me, own, statements) is not None:
+                raise CompileError(f"{what} changes an object that outlives it (of `{me}`, a class or a global): "
+                                   "JAX traces it a few times, not once per call, so what it keeps counts traces",
+                                   file, first + node.lineno - 1, "keep what changes in the state the method is "
+                                   "given and returns")
         for node in ast.walk(tree):
             once = frontend.trace_time_call(node, {**vars(builtins), **fn.__globals__})
             line = first + getattr(node, "lineno", 1) - 1
