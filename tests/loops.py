@@ -348,6 +348,17 @@ class ActsWithNumpy(Simple):
         self.actor = NumpyRandomActor(2)
 
 
+class ValueNamedMetric(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+        metrics = msrl.agent_learn(msrl.buffer_get())
+        return {f"w_{metrics['w']}": metrics["w"]}  # E:value_key
+
+
 class CountingLearner(SumLearner):
     def learn(self, state, batch, **extra):
         self.updates = getattr(self, "updates", 0) + 1  # E:learner_mutation
@@ -739,6 +750,7 @@ REJECTED = {
     "numpy_random": DrawsWithNumpy,
     "actor_numpy_random": ActsWithNumpy,
     "learner_mutation": LearnsCounting,
+    "value_key": ValueNamedMetric,  # (a column named "w_JitTracer(float32[])" was logged)
     "helper_mutation": HelperMutation,
     "class_mutation": ClassAttributeMutation,
     "self_fill": SelfListFill,

@@ -808,6 +808,11 @@ class Program:
         items = result.items() if isinstance(result, dict) else [("result", result)]
         ret = next((s for s in leaves(self.stmts) if s.kind == "return"), None)
         for key, value in items:
+            if "Tracer" in str(key):  # (a column named "loss_JitTracer(float32[])" was logged)
+                raise CompileError(
+                    f"{self.algorithm.__class__.__name__}.train_step returns a metric named {str(key)!r:.80}: its "
+                    "name is made from a value of the loop, known only as it runs", ret.file if ret else None,
+                    ret.line if ret else None, "name metrics with text and numbers known at compile time")
             text = next((x for x in jax.tree.leaves(value) if not isinstance(x, (jax.Array, np.ndarray, np.generic,
                                                                                  int, float, bool))), None)
             if text is not None:
