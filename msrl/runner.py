@@ -892,6 +892,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                                                                 "per_beta again, and its priorities from 1" if
                                                                 prioritized else "") + ")",
                       file=sys.stderr, flush=True)
+            if "env" in skip:  # (its numbers then differ from an uninterrupted run's, which it did not say)
+                print(f"msrl: note: {cfg.env.id}'s simulators are not in checkpoints: their episodes start afresh "
+                      "(the run goes on from the checkpoint, but not as an uninterrupted one would)",
+                      file=sys.stderr, flush=True)
             elapsed0, last_return = meta["wall_time"], meta["episode_return"]
             episodes0 = last_episodes = meta.get("episodes", 0.0) if "env" in skip else 0.0
             seed_returns = meta.get("episode_return_per_seed", seed_returns)

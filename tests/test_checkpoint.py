@@ -75,12 +75,15 @@ def test_threads_coarse_resume_continues(tmp_path):
     assert 80 * 4 * 4 in counts
 
 
-def test_a_resumed_host_env_run_counts_episodes_on(tmp_path):
+def test_a_resumed_host_env_run_counts_episodes_on(tmp_path, capsys):
     """Gymnasium's envs start afresh on a resume (their simulators are not stored): the cumulative episode count
-    goes on from the checkpoint's (it fell to 0)."""
+    goes on from the checkpoint's (it fell to 0), and a note says the episodes restart (it said nothing)."""
     overrides = [*QUIET, "algorithm.rollout_len=32", "run.checkpoint_every_steps=1024"]
     train(EXAMPLES / "ppo_cartpole_threads.yaml", [*overrides, "run.total_env_steps=2048"], run_dir=tmp_path)
+    capsys.readouterr()
     train(None, [*overrides, "run.total_env_steps=4096"], run_dir=tmp_path, resume=True)
+    assert "msrl: note: gymnasium:CartPole-v1's simulators are not in checkpoints: their episodes start afresh" in \
+        capsys.readouterr().err
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     episodes = [float(r["episodes"]) for r in rows]
     assert len(rows) == 16 and episodes[7] > 0 and episodes == sorted(episodes) and episodes[8] > episodes[7]
