@@ -33,6 +33,8 @@ class Registry:
             if not (isinstance(obj, type) and issubclass(obj, base)):
                 raise ConfigError(self.key, f"register_{self.noun}({quote(name)}) decorates a subclass of msrl.{cls}, "
                                   f"got {quote(obj, 80)}")
+            if self.noun == "algorithm":
+                _check_config_class(obj, name, self.key)
             _check_name_field(obj, name, self.key, self.noun)
             held = self._items.get(name) or self._entry_point_class(name)
             if held is not None and _path(held) != _path(obj):
@@ -95,6 +97,33 @@ def _load(ep: Any, key: str, noun: str) -> Any:
         where = f"{ep.dist.name}'s " if getattr(ep, "dist", None) is not None else ""
         raise ConfigError(key, f"the {noun} {quote(ep.name)} ({where}entry point {ep.value}) did not load: "
                           f"{user_code_error(e, ep.module, key).message}") from e
+
+
+def _check_config_class(obj: type, name: str, key: str) -> None:
+    """An algorithm's ``Config`` subclasses msrl.AlgorithmConfig (a plain pydantic model was an AttributeError deep
+    in msrl), and each of its defaults is a valid value of its field (``rollout_len: int = 32.5`` trained until a
+    ``range()`` of it failed at the loop's line)."""
+    from pydantic import ValidationError
+    from pydantic_core import PydanticUndefined
+
+    from msrl.algorithm import AlgorithmConfig
+
+    config = getattr(obj, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, AlgorithmConfig)):
+        raise ConfigError(key, f"register_algorithm({name!r}) of {_path(obj)}: its Config must subclass "
+                          f"msrl.AlgorithmConfig (or a built-in's Config), got {quote(config, 80)}")
+    defaults = {n: f.default for n, f in config.model_fields.items()
+                if n != "name" and f.default is not PydanticUndefined}
+    try:
+        config.model_validate({**defaults, "name": name})
+    except ValidationError as e:
+        err = next((x for x in e.errors() if x["loc"] and x["loc"][0] in defaults), None)
+        if err is not None:
+            raise ConfigError(key, f"register_algorithm({name!r}) of {_path(obj)}: its Config's default "
+                              f"{err['loc'][0]}={defaults[err['loc'][0]]!r} is not a valid value of its field: "
+                              f"{err['msg']}") from None
+    except Exception:  # noqa: BLE001 - a model not fully defined yet: its use will say why
+        return
 
 
 def _check_name_field(obj: type, name: str, key: str, noun: str) -> None:

@@ -327,6 +327,24 @@ def test_a_subclass_whose_config_keeps_its_parents_name_is_refused_as_it_registe
         msrl.register_policy("my_coarse")(MyCoarse)
     assert "my_ppo" not in msrl.registry.ALGORITHMS.names() and "my_coarse" not in msrl.registry.POLICIES.names()
 
+    import pydantic
+
+    class Plain(msrl.Algorithm):  # (an AttributeError deep in msrl: 'Cfg' object has no attribute 'inert')
+        class Config(pydantic.BaseModel):
+            name: str = "plain"
+
+    with pytest.raises(msrl.ConfigError, match=r"its Config must subclass msrl.AlgorithmConfig"):
+        msrl.register_algorithm("plain")(Plain)
+
+    class BadDefault(msrl.Algorithm):  # (it trained until range(32.5) failed at the loop's line)
+        class Config(msrl.AlgorithmConfig):
+            name: Literal["bad_default"] = "bad_default"
+            rollout_len: int = 32.5
+
+    with pytest.raises(msrl.ConfigError, match=r"its Config's default rollout_len=32.5 is not a valid value of its "
+                                               r"field: Input should be a valid integer"):
+        msrl.register_algorithm("bad_default")(BadDefault)
+
     class Fixed(PPO):  # as the error says
         class Config(PPO.Config):
             name: Literal["my_ppo"] = "my_ppo"
