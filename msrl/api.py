@@ -37,9 +37,13 @@ def _api(component: str, method: str, reads: tuple[str, ...], writes: tuple[str,
         API[fn.__name__] = spec
 
         def outside(*args: Any, **kwargs: Any):
+            caller = inspect.currentframe().f_back  # (it named no place: a call in __init__, say, was a riddle)
+            where = f"{caller.f_code.co_filename}:{caller.f_lineno}: " if caller is not None else ""
+            within = f" (here in {caller.f_code.co_name}())" if caller is not None else ""
             raise MsrlError(
-                f"msrl.{spec.name}() was called directly. The interaction API only has meaning inside an "
-                "algorithm's training loop run through msrl.compile() / `msrl train`."
+                f"{where}msrl.{spec.name}() was called directly{within}. The API is the training loop's: msrl "
+                "compiles an algorithm's train_step() (and helper methods it calls) into its program, where each "
+                "call runs; call it there, not from __init__, a component's method or your own code"
             )
 
         outside.__name__ = outside.__qualname__ = fn.__name__
