@@ -475,8 +475,10 @@ def test_source_unavailable_is_a_compile_error(env):
     assert "hint" in str(info.value)
 
 
-def test_api_called_outside_a_loop_raises():
-    with pytest.raises(msrl.MsrlError, match="only has meaning inside"):
+def test_api_called_outside_a_loop_raises_naming_the_place():
+    """(In an algorithm's __init__, say, it named no place, and said to run through `msrl train`, as the user did.)"""
+    with pytest.raises(msrl.MsrlError, match=rf"^{re.escape(__file__)}:\d+: msrl.agent_act\(\) was called directly "
+                                             r"\(here in test_api_called_outside_a_loop_raises_naming_the_place\(\)\)"):
         msrl.agent_act(jnp.zeros(3))
 
 
@@ -701,13 +703,6 @@ def test_a_policy_of_yours_that_answers_wrongly_is_told_so(mistake, error, messa
     with pytest.raises(error, match=message):
         msrl.build(msrl.load_config(A2C_CARTPOLE, ["policy.name=test_yours",
                                                                           f"policy.mistake={mistake}"]))
-
-
-def test_the_api_called_outside_a_loop_names_the_place():
-    """(In an algorithm's __init__, say, it named no place, and said to run through `msrl train`, as the user did.)"""
-    with pytest.raises(msrl.MsrlError, match=rf"^{re.escape(__file__)}:\d+: msrl.env_observe\(\) was called directly "
-                                             r"\(here in test_the_api_called_outside_a_loop_names_the_place\(\)\)"):
-        msrl.env_observe()
 
 
 def test_a_link_of_the_parameters_with_its_axis_unset_is_a_broadcast():
