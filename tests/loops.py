@@ -359,6 +359,22 @@ class ValueNamedMetric(Base):
         return {f"w_{metrics['w']}": metrics["w"]}  # E:value_key
 
 
+class StepsATuple(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step((out.action, out.action))  # E:action_tuple
+        return {}
+
+
+class StepsFewerEnvs(Base):
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        msrl.env_step(out.action[:2])  # E:action_count
+        return {}
+
+
 class CountingLearner(SumLearner):
     def learn(self, state, batch, **extra):
         self.updates = getattr(self, "updates", 0) + 1  # E:learner_mutation
@@ -750,6 +766,8 @@ REJECTED = {
     "numpy_random": DrawsWithNumpy,
     "actor_numpy_random": ActsWithNumpy,
     "learner_mutation": LearnsCounting,
+    "action_tuple": StepsATuple,  # (an error from inside the env: "can't multiply sequence by non-int")
+    "action_count": StepsFewerEnvs,  # (jax's "vmap got inconsistent sizes")
     "value_key": ValueNamedMetric,  # (a column named "w_JitTracer(float32[])" was logged)
     "helper_mutation": HelperMutation,
     "class_mutation": ClassAttributeMutation,

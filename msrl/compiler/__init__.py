@@ -293,11 +293,20 @@ def _check_env_output(env: Any, method: str, result: tuple) -> None:
                                "ended; obs elsewhere), shaped as obs", hint="give final_obs the observations' form")
 
 
-def _check_actions(env: Any, action: Any) -> None:
-    """The actions the loop hands ``msrl.env_step`` are one per environment, shaped as the env's action space
-    says (an env may broadcast others without a word); else a CompileError (raised at the loop's line)."""
+def _check_actions(env: Any, action: Any, num_envs: int | None = None) -> None:
+    """The actions the loop hands ``msrl.env_step`` are one per environment (of ``num_envs``), shaped as the env's
+    action space says (an env may broadcast others without a word); else a CompileError (raised at the loop's
+    line)."""
     spec = env.spec
-    if isinstance(spec, MultiAgentSpec) or not hasattr(action, "shape"):  # (a multi-agent spec: its adapter's)
+    if not hasattr(action, "shape"):  # (a tuple: "can't multiply sequence by non-int" from inside the env)
+        shown = jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}" if hasattr(x, "shape") else x, action)
+        raise CompileError(f"msrl.env_step got a {type(action).__name__} as its actions ({gist(repr(shown))}), not "
+                           "an array", hint="hand it the actions array: out.action of what msrl.agent_act returns "
+                           "(an actor's act() returns (state, msrl.ActOutput(action=...)))")
+    if num_envs is not None and action.shape[:1] != (num_envs,):  # (jax's vmap message: "inconsistent sizes")
+        raise CompileError(f"msrl.env_step got actions shaped {list(action.shape)}, but the loop steps {num_envs} "
+                           "environments", hint=f"hand it one action per environment: [{num_envs}, ...]")
+    if isinstance(spec, MultiAgentSpec):  # (a multi-agent spec: its adapter's)
         return
     if spec.discrete and hasattr(action, "dtype") and not jnp.issubdtype(action.dtype, jnp.integer):
         raise CompileError(f"msrl.env_step got {action.dtype} actions, but {spec.id}'s actions are integers "
@@ -776,7 +785,7 @@ class Program:
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the one it wraps
         components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.learner}
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record, "_msrl_record_in": record_in,
-              "_msrl_returned": returned, "_msrl_check_actions": lambda a: _check_actions(components["env"], a),
+              "_msrl_returned": returned, "_msrl_check_actions": lambda a: _check_actions(components["env"], a, num_envs),
               **{f"_c_{c}": components[c] for c in used if c != "params"}}
         if probe_buffer is not None:
             ns["_c_buffer"] = probe_buffer
