@@ -405,9 +405,10 @@ def evaluate(run_dir: str | Path, episodes: int = 10, render: str | Path | None 
     (``run_seed``: which seed's policy, for a run of several; ``member``: which member's, as :func:`load`)."""
     whole = lambda x: isinstance(x, numbers.Integral) and not isinstance(x, bool)  # noqa: E731
     if not whole(episodes) or not 1 <= episodes <= MAX_EPISODES:
-        raise ConfigError(arg("episodes"), f"must be between 1 and {MAX_EPISODES:,}, got {episodes!r:.100}")
+        raise ConfigError(arg("episodes"), f"must be a whole number between 1 and {MAX_EPISODES:,}, got "
+                          f"{episodes!r:.100}")  # (1.5 and True: "must be between 1 and 100,000")
     if not whole(seed) or not 0 <= seed <= SEED_MAX:
-        raise ConfigError(arg("seed"), f"must be between 0 and {SEED_MAX:,}, got {seed!r:.100}")
+        raise ConfigError(arg("seed"), f"must be a whole number between 0 and {SEED_MAX:,}, got {seed!r:.100}")
     if render is not None and Path(render).exists() and not Path(render).is_dir():
         raise ConfigError(arg("render"), f"{render} is a file; give a folder for the frames and episode.gif")
     cfg, env, algorithm, params, meta = load_policy(Path(run_dir), run_seed, member)

@@ -197,7 +197,7 @@ def test_resume_names_the_runs_config_and_a_changed_algorithm_or_policy_first(tm
 def test_eval_refuses_a_seed_a_prng_key_cannot_hold(tmp_path, capsys):
     for seed in ["-1", str(2**32), "9" * 20]:
         assert main(["eval", str(tmp_path), "--seed", seed]) == 2
-        assert f"--seed: must be between 0 and 4,294,967,295, got {seed}" in capsys.readouterr().err
+        assert f"--seed: must be a whole number between 0 and 4,294,967,295, got {seed}" in capsys.readouterr().err
 
 
 def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsys):

@@ -396,16 +396,16 @@ def test_eval_refuses_a_number_of_episodes_out_of_range(tmp_path, capsys, episod
     from msrl.cli import main
 
     assert main(["eval", str(tmp_path), "--episodes", episodes]) == 2
-    assert f"--episodes: must be between 1 and 100,000, got {episodes}" in capsys.readouterr().err
+    assert f"--episodes: must be a whole number between 1 and 100,000, got {episodes}" in capsys.readouterr().err
 
 
 def test_python_calls_refuse_arguments_of_the_wrong_type(tmp_path):
     """(evaluate(episodes="2") was a bare TypeError; train(run_dir=5) took 5 for a file descriptor.)"""
     from msrl.evaluate import evaluate
 
-    with pytest.raises(msrl.ConfigError, match="^episodes: must be between 1 and 100,000, got '2'"):
+    with pytest.raises(msrl.ConfigError, match="^episodes: must be a whole number between 1 and 100,000, got '2'"):
         evaluate(tmp_path, episodes="2")
-    with pytest.raises(msrl.ConfigError, match="^seed: must be between 0 and 4,294,967,295, got 1.5"):
+    with pytest.raises(msrl.ConfigError, match="^seed: must be a whole number between 0 and 4,294,967,295, got 1.5"):
         evaluate(tmp_path, seed=1.5)
     with pytest.raises(msrl.ConfigError, match="^run_dir: a run directory's path, got int 5"):
         msrl.train(EXAMPLES / "ppo_cartpole.yaml", run_dir=5)
