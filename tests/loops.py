@@ -375,6 +375,19 @@ class StepsFewerEnvs(Base):
         return {}
 
 
+class JitsItsHelper(Base):
+    """A helper that uses the API, wrapped by jax.jit (it said "train_step() never calls msrl.env_step()")."""
+
+    @jax.jit
+    def rollout(self):
+        obs = msrl.env_observe()
+        msrl.env_step(msrl.agent_act(obs).action)
+
+    def train_step(self):
+        self.rollout()  # E:jitted_helper
+        return {}
+
+
 class CountingLearner(SumLearner):
     def learn(self, state, batch, **extra):
         self.updates = getattr(self, "updates", 0) + 1  # E:learner_mutation
@@ -768,6 +781,7 @@ REJECTED = {
     "learner_mutation": LearnsCounting,
     "action_tuple": StepsATuple,  # (an error from inside the env: "can't multiply sequence by non-int")
     "action_count": StepsFewerEnvs,  # (jax's "vmap got inconsistent sizes")
+    "jitted_helper": JitsItsHelper,
     "value_key": ValueNamedMetric,  # (a column named "w_JitTracer(float32[])" was logged)
     "helper_mutation": HelperMutation,
     "class_mutation": ClassAttributeMutation,

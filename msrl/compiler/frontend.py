@@ -401,6 +401,11 @@ class Frontend:
             return None
         fn = getattr(type(self.alg), name, None)
         if not inspect.isfunction(fn):
+            inner = inspect.unwrap(fn) if callable(fn) and hasattr(fn, "__wrapped__") else None
+            if inspect.isfunction(inner) and self._uses_api(inner):  # (@jax.jit: "never calls msrl.env_step()")
+                raise src.error(call, f"self.{name}() uses the API but is wrapped ({type(fn).__name__}: a decorator "
+                                "such as @jax.jit); msrl compiles a method that uses the API from its source, "
+                                "where the wrapper would not run", "drop the decorator: msrl jits the loop itself")
             return None
         if getattr(fn, "__qualname__", None) in self.inlining:
             raise src.error(call, f"helper self.{name}() calls itself; recursion cannot be compiled")
