@@ -128,7 +128,15 @@ class JaxMarlEnv(FunctionalEnv):
         self.agents = list(self.env.agents)
         if not self.agents:
             raise ConfigError("env.kwargs", f"jaxmarl:{name} made with {kwargs} has no agents")
-        obs_spaces = {tuple(np.atleast_1d(self.env.observation_space(a).shape).tolist()) for a in self.agents}
+        spaces = [self.env.observation_space(a) for a in self.agents]
+        if any(not hasattr(sp, "shape") for sp in spaces):  # (storm's is a dict: an AttributeError in msrl)
+            raise ConfigError("env.id", f"jaxmarl:{name}: its agents' observation space is a "
+                              f"{type(spaces[0]).__name__}, not an array's (a Box); msrl's agents read arrays")
+        try:  # what reset returns, which JaxMARL's overcooked declares otherwise ((5, 4, 26); it returns (4, 5, 26))
+            first = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0]
+            obs_spaces = {tuple(first[a].shape) for a in self.agents}
+        except Exception:  # noqa: BLE001 - its declared spaces, then
+            obs_spaces = {tuple(np.atleast_1d(sp.shape).tolist()) for sp in spaces}
         act_spaces = {_describe(self.env.action_space(a)) for a in self.agents}
         if len(obs_spaces) > 1 or len(act_spaces) > 1:
             raise ConfigError("env.id", f"jaxmarl:{name}: its agents have different observation or action spaces "
