@@ -439,8 +439,12 @@ def lock_run_dir(run_dir: Path, key: str) -> contextlib.AbstractContextManager:
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-        held.seek(0)
-        pid = held.read().strip()
+        for _ in range(20):  # (the holder writes its pid just after it locks: "process ?" when read between)
+            held.seek(0)
+            pid = held.read().strip()
+            if pid:
+                break
+            time.sleep(0.025)
         held.close()
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # (no flock here: ENOLCK, ...)
             return contextlib.nullcontext()
