@@ -140,6 +140,22 @@ def member_folders(run_dir: Path) -> list[Path]:
     return [run_dir / n for n in names if n and (run_dir / n / "metrics.csv").exists()]
 
 
+def _columns(run_dir: Path) -> list[str]:
+    try:
+        with open(run_dir / "metrics.csv", newline="") as f:
+            return next(csv.reader(f), [])
+    except OSError:
+        return []
+
+
+def _of_the_run_only(group: list[Path], metric: str) -> bool:
+    """Whether ``metric`` is a column of the run whose members ``group`` are, not of theirs (a run of several
+    seeds logs ``episode_return_std`` in its own metrics.csv: it was refused as a member's missing column)."""
+    parent = group[0].parent
+    return all(d.parent == parent and d != parent for d in group) and (parent / "config.yaml").exists() and \
+        metric not in _columns(group[0]) and metric in _columns(parent)
+
+
 def mean_curve(curves: list[dict[str, np.ndarray]], points: int = 200, metric: str = "episode_return"
                ) -> dict[str, np.ndarray]:
     """Several runs' curves on one grid of env steps (up to where the shortest ends): the mean and standard
@@ -187,6 +203,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1, aggr
     if not run_dirs:
         raise ConfigError("", "no run directory given")
     groups = lines(list(map(Path, run_dirs)), aggregate)
+    groups = [[g[0].parent] if _of_the_run_only(g, metric) else g for g in groups]
     dirs = [d for group in groups for d in group]
     curves = {d: read_curve(d, metric) for d in dirs}
     for c in curves.values():

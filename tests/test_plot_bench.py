@@ -279,6 +279,8 @@ def test_a_run_of_several_seeds_is_one_line_and_another_run_its_own_unless_aggre
     assert lines([seeds, single], aggregate=True) == [[seeds / "seed_0", seeds / "seed_1", single]]
     out = tmp_path / "two.png"
     assert main(["plot", str(seeds), str(single), "-o", str(out)]) == 0
+    # a column only the run's own metrics.csv has is drawn from it (it was refused as seed_0's missing column)
+    assert main(["plot", str(seeds), "--metric", "episode_return_std", "-o", str(out)]) == 0
     # an aggregated line names the runs it joins (it was "seed_0, seed_1, run0")
     group, = lines([seeds, single], aggregate=True)
     assert _shown(group, {d: d.name for d in group}) == f"seeds, {single.name}"
