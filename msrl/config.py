@@ -453,7 +453,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], switch_check: bo
             value = yaml.load(raw, Loader=_StrictLoader) if raw else ""
         except ConfigError as e:  # a key written twice, or too many values through aliases
             raise ConfigError(".".join(filter(None, [key, e.key])), e.message) from None
-        except _YAML_ERRORS:
+        except _YAML_ERRORS as e:
+            if raw.lstrip()[:1] in ("{", "["):  # (a mapping or list cut short: "Input should be a valid dictionary")
+                why = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise ConfigError(key.strip(), f"{raw!r} is not valid YAML: {why}") from None
             value = raw
         if re.fullmatch(r"[^\s:{}\[\],]+:", raw.strip()):  # `env.id=envpool:` is that text (YAML: {envpool: null})
             value = raw.strip()

@@ -161,6 +161,8 @@ def test_switching_the_policy_drops_the_files_policy_keys_with_a_note(capsys):
         # a nested section's own keys, not its parent's; a typo named before the key it leaves missing
         ("run.wandb={projct: x}", "run.wandb.projct", "did you mean 'project'\\? allowed keys: project, entity"),
         ("run.wandb={project: x, tag: y}", "run.wandb.tag", "did you mean 'tags'"),
+        ("algorithm.lr=[1e-3", "algorithm.lr", r"'\[1e-3' is not valid YAML: expected ',' or '\]'"),  # (it said
+        # "unable to parse string as a number")
         ("run.wandb=true", "run.wandb", r"a mapping of its keys \(project, entity, name, tags, mode\) \(got True\)"),
         # (it said "a valid dictionary or instance of WandbConfig")
         # env's own keys given as the maker's (a TypeError, 'make_env() got multiple values for argument')
