@@ -323,6 +323,8 @@ class DevicesRuntime(ThreadsRuntime):
 
 
 class JaxBackend(Backend):
+    """Runs a fragment as jitted programs in this process: one over all replicas, or one per JAX device."""
+
     multi_seed = True
 
     def build(self, program: Any, seed: int, iterations_per_dispatch: int,

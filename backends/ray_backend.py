@@ -809,6 +809,8 @@ def _placement(program: Any) -> dict[tuple[str, int], str]:
 
 
 class RayBackend(Backend):
+    """Runs each replica as a Ray actor (a process) on a local or given Ray cluster."""
+
     start_local = staticmethod(init_local)  # for callers that reach the backend through the registry
     shutdown = staticmethod(shutdown)
 

@@ -97,5 +97,7 @@ class ThreadsRuntime(ReplicaRuntime):
 
 
 class ThreadsBackend(Backend):
+    """Runs each replica in a thread of this process (host environments, no collectives)."""
+
     def build(self, program: Any, seed: int, iterations_per_dispatch: int) -> ThreadsRuntime:
         return ThreadsRuntime(program, seed)

@@ -197,6 +197,10 @@ class RemoteLearner:
 
 
 class Async(msrl.DistributedPolicy):
+    """A3C-style: ``workers`` replicas each run the whole loop on their share of the environments and push
+    their gradients to a parameter holder, which applies each as it comes (different from ``fused`` by design
+    with 2 or more workers)."""
+
     name: Literal["async"] = "async"
     backend: Literal["threads", "ray"] = Field("threads", description="where the workers run: threads of this "
                                                "process, or Ray actors")

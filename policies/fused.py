@@ -13,6 +13,9 @@ import msrl
 
 
 class Fused(msrl.Policy):
+    """The whole loop as one jitted program (``lax.scan`` over its steps): the reference every other
+    policy is compared with."""
+
     name: Literal["fused"] = "fused"
     backend: Literal["jax"] = Field("jax", description="the whole loop as one jitted program")
 

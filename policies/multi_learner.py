@@ -17,6 +17,9 @@ import msrl
 
 
 class MultiLearner(msrl.DistributedPolicy):
+    """``learners`` replicas each run the whole loop on their share of the environments and average their
+    gradients every update (an all-reduce): with one learner, ``fused``'s numbers."""
+
     name: Literal["multi_learner"] = "multi_learner"
     backend: Literal["jax", "ray"] = Field("jax", description="jax: the learners on the JAX devices of this process; "
                                            "ray: as Ray actors")

@@ -21,6 +21,9 @@ import msrl
 
 
 class ReplayServer(msrl.DistributedPolicy):
+    """Ape-X: ``actors`` replicas step their environments and fill a replay buffer split into ``shards``;
+    the learner samples each shard's part of every batch and sends the priorities back."""
+
     name: Literal["replay_server"] = "replay_server"
     backend: Literal["threads", "ray"] = Field("threads", description="where the roles run: threads of this process, "
                                                "or Ray actors")

@@ -58,6 +58,9 @@ class _SingleLearner(msrl.DistributedPolicy):
 
 
 class SingleLearnerCoarse(_SingleLearner):
+    """``actors`` replicas run the acting side of the loop (environments, actor, rollouts) on their share of
+    the environments; one learner learns on what they send and broadcasts its parameters back."""
+
     name: Literal["single_learner_coarse"] = "single_learner_coarse"
     sync: bool = Field(True, description="false: actors collect the next batch with the parameters of one "
                        "update before while the learner trains (policy lag 1, recorded as policy_lag)")
@@ -76,6 +79,9 @@ class SingleLearnerCoarse(_SingleLearner):
 
 
 class SingleLearnerFine(_SingleLearner):
+    """``actors`` replicas only step the environments; one learner runs the rest of the loop (acting,
+    buffers, learning), exchanging actions and observations with them every step."""
+
     name: Literal["single_learner_fine"] = "single_learner_fine"
     backend: Literal["threads", "ray", "jax"] = Field("threads", description="threads of this process or Ray actors "
                                                       "(jax is refused: fine communicates every env step)")

@@ -24,6 +24,8 @@ from msrl.rl import ActorCritic, ActorCriticActor, action_dim, bootstrap_truncat
 
 
 class A2CConfig(msrl.AlgorithmConfig):
+    """A2C's keys (`msrl config algorithm.name=a2c` lists each with its meaning, bounds and default)."""
+
     name: Literal["a2c"] = "a2c"
     rollout_len: int = Field(5, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env (the n "
                              "of n-step returns)")
@@ -119,6 +121,9 @@ class A2CLearner(msrl.Learner):
 
 
 class A2C(msrl.Algorithm):
+    """Advantage actor-critic (synchronous): ``rollout_len`` steps of every env, GAE advantages, one
+    gradient step per iteration on the whole rollout (under ``async``: one per worker, applied as it comes)."""
+
     Config = A2CConfig
 
     def __init__(self, cfg: A2CConfig, ctx: msrl.Context):

@@ -21,6 +21,8 @@ from msrl.rl import Dense, action_dim, flat, flatten
 
 
 class DQNConfig(msrl.AlgorithmConfig):
+    """DQN's keys (`msrl config algorithm.name=dqn` lists each with its meaning, bounds and default)."""
+
     name: Literal["dqn"] = "dqn"
     rollout_len: int = Field(4, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
     updates: int = Field(1, gt=0, le=msrl.INT32_MAX, description="gradient updates per iteration")
@@ -175,6 +177,10 @@ class DQNLearner(msrl.Learner):
 
 
 class DQN(msrl.Algorithm):
+    """Deep Q-learning with a target network, n-step returns and optional prioritized replay (double-DQN
+    targets by default): epsilon-greedy rollouts into a replay buffer, ``updates`` sampled minibatch steps per
+    iteration."""
+
     Config = DQNConfig
     WINDOW = "algorithm.n_step + 1"  # what sets the length of the buffer's windows
 

@@ -26,6 +26,8 @@ from msrl.rl import Dense, GRUCell, action_dim, flatten
 
 
 class RecurrentDQNConfig(DQNConfig):
+    """Recurrent DQN's keys: DQN's and the memory's (`msrl config algorithm.name=recurrent_dqn`)."""
+
     name: Literal["recurrent_dqn"] = "recurrent_dqn"
     batch_size: int = Field(128, gt=0, le=msrl.INT32_MAX, description="windows (of sequence_length steps) per update")
     memory_size: int = Field(128, gt=0, le=65_536, description="units of the GRU")
@@ -160,6 +162,9 @@ class RecurrentDQNLearner(DQNLearner):
 
 
 class RecurrentDQN(DQN):
+    """DQN with a GRU Q-network (R2D2-style): it replays windows of consecutive steps with the
+    hidden state stored at their start, burned in before the loss."""
+
     Config = RecurrentDQNConfig
     WINDOW = "algorithm.sequence_length"
 

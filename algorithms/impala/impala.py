@@ -23,6 +23,8 @@ from msrl.rl import ActorCritic, ActorCriticActor, minibatch_epochs, policy
 
 
 class IMPALAConfig(A2CConfig):
+    """IMPALA's keys: A2C's and V-trace's clipping (`msrl config algorithm.name=impala`)."""
+
     name: Literal["impala"] = "impala"
     rollout_len: int = Field(20, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env (the "
                              "length of the trajectories V-trace runs over)")
@@ -124,6 +126,9 @@ class IMPALALearner(msrl.Learner):
 
 
 class IMPALA(msrl.Algorithm):
+    """IMPALA: an actor-critic whose learner corrects for actors acting with older parameters by V-trace
+    (importance weights clipped by ``rho_bar`` and ``c_bar``)."""
+
     Config = IMPALAConfig
 
     def __init__(self, cfg: IMPALAConfig, ctx: msrl.Context):

@@ -25,6 +25,8 @@ from msrl.rl import (
 
 
 class RecurrentIMPALAConfig(MemoryConfig, IMPALAConfig):
+    """Recurrent IMPALA's keys: IMPALA's and the memory's (`msrl config algorithm.name=recurrent_impala`)."""
+
     name: Literal["recurrent_impala"] = "recurrent_impala"
 
 
@@ -61,6 +63,8 @@ class RecurrentIMPALALearner(IMPALALearner):
 
 
 class RecurrentIMPALA(IMPALA):
+    """IMPALA with a GRU actor-critic; the learner replays each rollout from its first hidden state."""
+
     Config = RecurrentIMPALAConfig
 
     def __init__(self, cfg: RecurrentIMPALAConfig, ctx: msrl.Context):

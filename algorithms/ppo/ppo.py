@@ -17,6 +17,8 @@ from msrl.rl import (ActorCritic, ActorCriticActor, NatureCNN, NormalizedActor, 
 
 
 class PPOConfig(msrl.AlgorithmConfig):
+    """PPO's keys (`msrl config algorithm.name=ppo` lists each with its meaning, bounds and default)."""
+
     name: Literal["ppo"] = "ppo"
     rollout_len: int = Field(128, gt=0, le=msrl.INT32_MAX, description="environment steps per iteration, per env")
     epochs: int = Field(4, gt=0, le=msrl.INT32_MAX, description="passes over each iteration's rollout")
@@ -130,6 +132,9 @@ class PPOLearner(msrl.Learner):
 
 
 class PPO(msrl.Algorithm):
+    """Proximal policy optimization (clipped objective, GAE): ``rollout_len`` steps of every env, then
+    ``epochs`` passes over ``minibatches`` shuffled minibatches; discrete or Box actions."""
+
     Config = PPOConfig
 
     def __init__(self, cfg: PPOConfig, ctx: msrl.Context):

@@ -29,6 +29,8 @@ from msrl.rl import (
 
 
 class RecurrentPPOConfig(MemoryConfig, PPOConfig):
+    """Recurrent PPO's keys: PPO's and the memory's (`msrl config algorithm.name=recurrent_ppo`)."""
+
     name: Literal["recurrent_ppo"] = "recurrent_ppo"
     minibatches: int = Field(4, gt=0, le=msrl.INT32_MAX, description="minibatches per pass, each the whole sequences "
                              "of some envs (it must divide the envs a learner sees)")
@@ -74,6 +76,9 @@ class RecurrentPPOLearner(PPOLearner):
 
 
 class RecurrentPPO(PPO):
+    """PPO with a GRU actor-critic: minibatches of whole environments' sequences, each replayed
+    from its hidden state at the rollout's start."""
+
     Config = RecurrentPPOConfig
 
     def __init__(self, cfg: RecurrentPPOConfig, ctx: msrl.Context):

@@ -49,6 +49,8 @@ class OffPolicyConfig(msrl.AlgorithmConfig):
 
 
 class SACConfig(OffPolicyConfig):
+    """SAC's keys: the off-policy ones and the temperature's (`msrl config algorithm.name=sac`)."""
+
     name: Literal["sac"] = "sac"
     alpha_lr: float = Field(3e-4, gt=0, description="the temperature's Adam learning rate (alpha learned when alpha "
                             "is null)")
@@ -276,6 +278,9 @@ class ContinuousOffPolicy(msrl.Algorithm):
 
 
 class SAC(ContinuousOffPolicy):
+    """Soft actor-critic for Box actions: a tanh-squashed Gaussian actor, twin critics with Polyak targets
+    and a learned temperature; ``updates`` replayed minibatch steps per iteration."""
+
     Config = SACConfig
 
     def __init__(self, cfg: SACConfig, ctx: msrl.Context):

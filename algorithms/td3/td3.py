@@ -22,6 +22,8 @@ from msrl.rl import Dense, TwinQ, action_dim, flat, flatten, mlp, squash_of
 
 
 class TD3Config(OffPolicyConfig):
+    """TD3's keys: the off-policy ones and the target smoothing's (`msrl config algorithm.name=td3`)."""
+
     name: Literal["td3"] = "td3"
     critic_lr: float = Field(3e-4, gt=0, description="the critics' Adam learning rate")
     tau: float = Field(0.005, gt=0, le=1, description="target <- tau * online + (1 - tau) * target, every "
@@ -127,6 +129,9 @@ class TD3Learner(OffPolicyLearner):
 
 
 class TD3(ContinuousOffPolicy):
+    """Twin delayed DDPG for Box actions: a deterministic actor with Gaussian exploration, twin critics,
+    target policy smoothing and delayed actor updates."""
+
     Config = TD3Config
 
     def __init__(self, cfg: TD3Config, ctx: msrl.Context):
