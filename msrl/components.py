@@ -54,7 +54,8 @@ class Box:
 
         if np.dtype(self.dtype) != np.float32:  # (float64 was dropped without a word: actions are float32)
             raise MsrlError(f"msrl.Box(low, high, shape, dtype={np.dtype(self.dtype).name}): actions are float32 (msrl "
-                            "trains in 32 bits); leave dtype out (a Gymnasium env is handed actions of its own Box's dtype)")
+                            "trains in 32 bits); leave dtype out (a Gymnasium env is handed actions of its own Box's "
+                            "dtype)")
 
         shape = (int(self.shape),) if isinstance(self.shape, (int, np.integer)) else tuple(map(int, self.shape))
         try:

@@ -204,7 +204,8 @@ def answer(policy: Policy, method: str, *args: Any) -> Any:
         if out.updates_per_iteration not in (None, updates):  # (an A2C's schedule was sized by it, silently apart)
             raise ConfigError("policy.name", f"policy {policy.name!r}: its learner_plan() gives updates_per_iteration="
                               f"{out.updates_per_iteration}, but its {out.learner_replicas} learner replica"
-                              f"{'s' * (out.learner_replicas > 1)} update{'s' * (out.learner_replicas == 1)} the parameters {updates} time"
+                              f"{'s' * (out.learner_replicas > 1)} update{'s' * (out.learner_replicas == 1)} the "
+                              f"parameters {updates} time"
                               f"{'s' * (updates > 1)} per iteration (" + ("their gradients averaged" if averaged else
                                                                          "each its own update") + "); the algorithm "
                               "sizes its schedules by it: leave it out (msrl counts them)")

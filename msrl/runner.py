@@ -543,8 +543,9 @@ class _Signals:
         if self.received is not None or self.starting:
             raise KeyboardInterrupt
         self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
-        print(("\n" if getattr(sys.stderr, "isatty", lambda: False)() else "") + f"msrl: {self.received}: finishing the iterations under way, "
-              "then saving a checkpoint (again to stop at once)", file=sys.stderr, flush=True)  # (off a progress bar)
+        fresh = "\n" if getattr(sys.stderr, "isatty", lambda: False)() else ""  # (off a progress bar's line)
+        print(f"{fresh}msrl: {self.received}: finishing the iterations under way, then saving a checkpoint (again to "
+              "stop at once)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: Any) -> None:
         import signal

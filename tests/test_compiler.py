@@ -580,7 +580,8 @@ class _Yours(msrl.DistributedPolicy):
             return [self.role("actor", 2, "backend"), msrl.FragmentSpec(name="learner", backend="ray")]
         if self.mistake in ("devices", "eager"):
             return [msrl.FragmentSpec(name="actor", replicas=2, backend="threads", jit=self.mistake != "eager",
-                                      devices=(0, 1) if self.mistake == "devices" else None), self.role("learner", 1, "backend")]
+                                      devices=(0, 1) if self.mistake == "devices" else None),
+                    self.role("learner", 1, "backend")]
         if self.mistake in ("dash", "many", "uneven"):
             return [self.role("my-actor" if self.mistake == "dash" else "actor",
                               {"dash": 2, "many": 16, "uneven": 3}[self.mistake], "backend"),

@@ -101,7 +101,8 @@ class _DQNWithItemSpec(_DQNLocalInIf):
         n = ctx.num_envs
         self.buffer.item_spec = Transition(jax.ShapeDtypeStruct((n, *ctx.env_spec.obs_shape), jnp.float32),
                                            jax.ShapeDtypeStruct((n,), jnp.int32),
-                                           jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.bool_))
+                                           jax.ShapeDtypeStruct((n,), jnp.float32),
+                                           jax.ShapeDtypeStruct((n,), jnp.bool_))
 
 
 def test_a_buffer_given_its_item_spec_is_split_like_one_whose_spec_msrl_infers():
@@ -198,7 +199,8 @@ def test_two_shards_are_sampled_and_get_their_priorities_back():
     for shard in snaps[12]["replay"]:  # both shards were sampled and had priorities set
         leaves = np.asarray(shard["buffer"].tree[0])
         assert len(np.unique(leaves[leaves > 0])) > 2
-    assert not np.array_equal(*(np.asarray(s["buffer"].key) for s in snaps[12]["replay"]))  # each shard draws its own samples (the keys were one: the same positions drawn)
+    # each shard draws its own samples (the keys were one: the same positions drawn in every shard)
+    assert not np.array_equal(*(np.asarray(s["buffer"].key) for s in snaps[12]["replay"]))
 
 
 def test_every_run_of_rows_of_a_sharded_sample_draws_from_every_shard():

@@ -785,7 +785,8 @@ class Program:
         # host components cannot be traced: an env's stand-in has its shapes, a wrapped learner's is the one it wraps
         components = {**self.components, "env": self.env.shape_stand_in(), "learner": self.learner}
         ns = {**self.namespace, "self": self.algorithm, "_msrl_record": record, "_msrl_record_in": record_in,
-              "_msrl_returned": returned, "_msrl_check_actions": lambda a: _check_actions(components["env"], a, num_envs),
+              "_msrl_returned": returned,
+              "_msrl_check_actions": lambda a: _check_actions(components["env"], a, num_envs),
               **{f"_c_{c}": components[c] for c in used if c != "params"}}
         if probe_buffer is not None:
             ns["_c_buffer"] = probe_buffer
