@@ -314,7 +314,7 @@ class PrioritizedBuffer(UniformBuffer):
     from ``beta`` to ``beta_final`` over ``beta_steps`` sample calls (0: constant). ``update(state,
     indices, priorities)`` sets the priorities of sampled entries (ignored for entries that can no longer
     be sampled; an entry overwritten since it was sampled takes the update as its own). A priority that is
-    NaN, negative or infinite makes every later sample's weights NaN (a run's NaN guard stops there).
+    NaN, infinite or below ``-eps`` makes every later sample's weights NaN (a run's NaN guard stops there).
     """
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, beta_final: float = 1.0,
@@ -378,8 +378,9 @@ class PrioritizedBuffer(UniformBuffer):
 
     def update(self, state: PrioritizedState, indices: jax.Array, priorities: jax.Array) -> PrioritizedState:
         live = self.sampleable(state, indices)  # (not read from the leaves: that would copy them, not update)
-        bad = ~(jnp.isfinite(priorities) & (priorities >= 0))  # NaN, negative, infinite: made NaN, so that the
-        scaled = jnp.where(bad, jnp.nan, self._scaled(priorities))  # weights are too (learning stopped without a word)
+        # NaN, infinite, or below -eps: made NaN, so that the weights are too (learning stopped without a word)
+        bad = ~(jnp.isfinite(priorities) & (priorities + self.eps >= 0))
+        scaled = jnp.where(bad, jnp.nan, self._scaled(priorities))
         leaves = state.tree[0].at[indices].set(jnp.where(live, scaled, 0.0))
         top = jnp.max(jnp.where(live, jnp.where(bad, jnp.nan, priorities), 0.0))
         return state.replace(tree=_tree_fix((leaves, *state.tree[1:]), indices, 1),
