@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import ast
 import builtins
+import contextlib
 import copy
 import dataclasses
 import importlib.machinery
@@ -158,7 +158,6 @@ def _check_traced_method_calls(component: Any) -> None:
     fixes: the same every iteration, without a word); a print() in one is a warning, as in the loop."""
     import inspect
     import textwrap
-    import warnings
 
     for method in ("init", "act", "learn", "policy_params"):
         fn = getattr(type(component), method, None)
@@ -169,28 +168,16 @@ def _check_traced_method_calls(component: Any) -> None:
             tree = ast.parse(textwrap.dedent("".join(lines)))
         except (OSError, TypeError, SyntaxError):
             continue
-        what = f"{type(component).__name__}.{method}()"
-        fdef = tree.body[0]
-        me = fdef.args.args[0].arg if isinstance(fdef, ast.FunctionDef) and fdef.args.args else None
-        own, statements = frontend._own_objects(fdef, me), {id(n.value) for n in ast.walk(fdef)
-                                                             if isinstance(n, ast.Expr)}
-        for node in frontend._scope_walk(fdef):  # (self.updates += 1 in learn() counted traces, not updates)
-            if frontend._mutates(node, me) or frontend._lasting_change(node, me, own, statements) is not None:
-                raise CompileError(f"{what} changes an object that outlives it (of `{me}`, a class or a global): "
-                                   "JAX traces it a few times, not once per call, so what it keeps counts traces",
-                                   file, first + node.lineno - 1, "keep what changes in the state the method is "
-                                   "given and returns")
-        for node in ast.walk(tree):
-            once = frontend.trace_time_call(node, {**vars(builtins), **fn.__globals__})
-            line = first + getattr(node, "lineno", 1) - 1
-            if once:
-                raise CompileError(f"{once} in {what} runs once, while JAX traces it, not every call: its value is a "
-                                   "constant of the compiled program", file, line, "draw random numbers with "
-                                   "jax.random from a key in the state the method is given")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
-                warnings.warn_explicit(f"print() in {what} runs only while JAX traces it (a few times, before "
-                                       "training), not every call; use jax.debug.print(...) to print values as it "
-                                       "runs", UserWarning, file, line)
+        what, fdef = f"{type(component).__name__}.{method}()", tree.body[0]
+        line = lambda node: first + getattr(node, "lineno", 1) - 1  # noqa: E731
+        changed = frontend.lasting_change_in(fdef) if isinstance(fdef, ast.FunctionDef) else None
+        if changed is not None:  # (self.updates += 1 in learn() counted traces, not updates)
+            raise CompileError(f"{what} changes an object that outlives it (of its self, a class or a global): JAX "
+                               "traces it a few times, not once per call, so what it keeps counts traces", file,
+                               line(changed), "keep what changes in the state the method is given and returns")
+        frontend.check_traced_calls(tree, {**vars(builtins), **fn.__globals__}, file, line, what, "JAX traces it",
+                                    "call", "draw random numbers with jax.random from a key in the state the method "
+                                    "is given")
 
 
 def _undefined(value: Any, method: str, base: type) -> bool:

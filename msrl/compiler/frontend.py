@@ -14,7 +14,9 @@ import builtins
 import copy
 import inspect
 import itertools
+import random
 import textwrap
+import time
 import warnings
 from typing import Any, Callable
 
@@ -80,9 +82,6 @@ def _scope_walk(node: ast.AST):
 def trace_time_call(node: ast.AST, scope: dict[str, Any]) -> str | None:
     """``np.random.rand()``, ``random.random()``, ``time.time()``... where ``node`` calls one: code whose result a
     trace fixes (the same number every iteration). None for anything else."""
-    import random
-    import time
-
     if not isinstance(node, ast.Call):
         return None
     chain, f = [], node.func
@@ -103,6 +102,31 @@ def trace_time_call(node: ast.AST, scope: dict[str, Any]) -> str | None:
             value in (time.time, time.time_ns, time.perf_counter, time.monotonic):
         return f"`{ast.unparse(node.func)}()`"
     return None
+
+
+def check_traced_calls(root: ast.AST, scope: dict[str, Any], file: str, line: Callable[[ast.AST], int], what: str,
+                       traced: str, each: str, hint: str) -> None:
+    """Code that JAX traces (``what``, the function ``root``, whose global names mean what ``scope`` says) calls no
+    :func:`trace_time_call` (a CompileError at its line); a ``print()`` in it is a warning: both run only while
+    ``traced``, not every ``each``."""
+    for node in ast.walk(root):
+        once = trace_time_call(node, scope)
+        if once:
+            raise CompileError(f"{once} in {what} runs once, while {traced}, not every {each}: its value is a "
+                               "constant of the compiled program", file, line(node), hint)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            warnings.warn_explicit(f"print() in {what} runs only while {traced} (a few times, before training), not "
+                                   f"every {each}; use jax.debug.print(...) to print values as it runs", UserWarning,
+                                   file, line(node))
+
+
+def lasting_change_in(fdef: ast.FunctionDef) -> ast.AST | None:
+    """Where method ``fdef`` changes an object that outlives it (:func:`_lasting_change`, its first argument's
+    included: ``self.x = ...``), or None."""
+    me = fdef.args.args[0].arg if fdef.args.args else None
+    own, statements = _own_objects(fdef, me), {id(n.value) for n in ast.walk(fdef) if isinstance(n, ast.Expr)}
+    return next((n for n in _scope_walk(fdef) if _lasting_change(n, me, own, statements) is not None), None) or \
+        next((n for n in ast.walk(fdef) if _mutates(n, me)), None)
 
 
 def _node_names(node: ast.AST, ctx: type) -> set[str]:
@@ -268,12 +292,6 @@ class Source:
                              f"{f' (@{ast.unparse(deco[0])})' if deco else ''}; msrl compiles a method that uses the "
                              "API from its source, where the wrapper would not run",
                              "do what the decorator does inside the method, or call a plain function from it")
-        for node in ast.walk(fdef):  # traced: a print shows shapes while compiling, then never again
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
-                warnings.warn_explicit(f"print() in {what} runs only while msrl traces the loop (a few times, "
-                                       "before training), not every iteration; use jax.debug.print(...) to print "
-                                       "values as it runs",
-                                       UserWarning, file, self.line(node))
         self.lines = text.splitlines()
         self.namespace: dict[str, Any] = dict(fn.__globals__)
         if fn.__closure__:
@@ -283,13 +301,10 @@ class Source:
                 except ValueError:  # empty cell
                     pass
         self.scope = {**builtins.__dict__, **self.namespace}  # what a global name means in this function
-        for node in ast.walk(fdef):
-            once = trace_time_call(node, self.scope)
-            if once:
-                raise self.error(node, f"{once} in {what} runs once, while msrl traces it, not every iteration: its "
-                                 "value is a constant of the compiled program (and differs by how often a policy "
-                                 "traces it)", "draw random numbers with jax.random from a key in a component's "
-                                 "state (the actor's, as its act() gets it); time what runs outside the loop")
+        check_traced_calls(fdef, self.scope, file, self.line, what, "msrl traces the loop", "iteration",
+                           "draw random numbers with jax.random from a key in a component's state (the actor's, as "
+                           "its act() gets it; a value differs too by how often a policy traces the loop); time what "
+                           "runs outside the loop")
 
     def line(self, node: ast.AST) -> int:
         return getattr(node, "lineno", self.fdef.lineno) + self.offset
@@ -711,16 +726,11 @@ class Frontend:
             helper = Source(fn, fn.__qualname__)
         except CompileError:
             return None
-        me = helper.fdef.args.args[0].arg if helper.fdef.args.args else None
-        own, statements = _own_objects(helper.fdef, me), {id(n.value) for n in ast.walk(helper.fdef)
-                                                           if isinstance(n, ast.Expr)}
-        changed = next((n for n in _scope_walk(helper.fdef) if _lasting_change(n, me, own, statements) is not None),
-                       None)
+        changed = lasting_change_in(helper.fdef)
         if changed is not None:
             return f"{helper.file}:{helper.line(changed)}"
+        me = helper.fdef.args.args[0].arg if helper.fdef.args.args else None
         for n in ast.walk(helper.fdef):
-            if _mutates(n, me):
-                return f"{helper.file}:{helper.line(n)}"
             method = _method_called(n, me)
             at = method and self._mutation_in(getattr(type(self.alg), method, None), seen | {fn})
             if at:
