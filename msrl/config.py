@@ -67,7 +67,8 @@ class RunConfig(BaseModel):
                                  "down to whole iterations")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="jax PRNG seed (32 bits)")
     num_seeds: int = Field(1, ge=1, le=4096, description="train seeds seed .. seed+num_seeds-1 at once, in one "
-                           "program (fused only); metrics per seed under RUN_DIR/seed_N/")
+                           "program (fused, or multi_learner with learners=1, on jax); metrics per seed under "
+                           "RUN_DIR/seed_N/")
     seed_batching: Literal["auto", "vmap", "sequential"] = Field(
         "auto", description="how the num_seeds seeds share the program: vmap (batched; on CPU a seed's numbers then "
         "match its run alone only to float rounding), sequential (the one-seed program, one seed after another "
@@ -75,8 +76,8 @@ class RunConfig(BaseModel):
         "much, vmap on accelerators")
     sweep: dict[str, list[float]] = Field(
         default_factory=dict, description="algorithm float keys and their values, trained at once in one program "
-        "(fused only): every combination x num_seeds, each logged under RUN_DIR/KEY=VALUE/; also written as a list "
-        "value of the key itself (algorithm.lr=[1e-3,5e-4])")
+        "(fused, or multi_learner with learners=1, on jax): every combination x num_seeds, each logged under "
+        "RUN_DIR/KEY=VALUE/; also written as a list value of the key itself (algorithm.lr=[1e-3,5e-4])")
     iterations_per_dispatch: int | None = Field(
         None, gt=0, description="jax backend: training iterations per jitted dispatch (null: about 16k env "
         "steps, and at least 10 dispatches a run)")

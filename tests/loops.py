@@ -1269,7 +1269,8 @@ class Quirky(gymnasium.Env):
     TimeLimit of 5 also truncates; "start" takes actions 1..3 (``Discrete(3, start=1)``) and refuses others;
     "old_step" and "old_reset" return what the old Gym API did; "wide" says its observations have 3 numbers;
     "unbounded" takes any real action (``Box(-inf, inf)``), "narrow" one in a float64 ``Box(-0.012, 0.012)`` (in float32
-    0.0120000001) and refuses others; "ints" takes a Box of int32 actions; "pixels" observes uint8 (its space says
+    0.0120000001) and refuses others; "fixed" two actions, the second fixed at 0.5 (low == high there); "ints" takes a
+    Box of int32 actions; "pixels" observes uint8 (its space says
     so), "sloppy" float32 where its space says uint8; "mixed" takes 4 actions where it is the second, fourth ...
     instance made in its process, else 3."""
 
@@ -1283,6 +1284,8 @@ class Quirky(gymnasium.Env):
         self.dtype = np.uint8 if mode == "pixels" else np.float32
         bound = {"unbounded": np.inf, "narrow": 0.012}.get(mode)
         self.action_space = (gymnasium.spaces.Box(-bound, bound, (1,), np.float64) if bound else
+                             gymnasium.spaces.Box(np.array([-1, 0.5], np.float32), np.array([1, 0.5], np.float32))
+                             if mode == "fixed" else
                              gymnasium.spaces.Box(-2, 2, (1,), np.int32) if mode == "ints" else
                              gymnasium.spaces.Discrete(4 if mode == "mixed" and Quirky.made % 2 == 0 else 3,
                                                        start=1 if mode == "start" else 0))

@@ -108,6 +108,21 @@ def test_squashing_learners_refuse_unbounded_actions():
         assert err.value.key == "env.id"
 
 
+def test_sac_refuses_an_action_dimension_without_room_and_td3_takes_it():
+    """SAC's squashed Gaussian divides by high - low: a dimension whose bounds are equal is refused by name (the
+    message suggests TD3, which builds on it)."""
+    import loops  # noqa: F401 - registers gymnasium's MsrlQuirky-v0
+    import pytest
+
+    fixed = ["env.id=gymnasium:MsrlQuirky-v0", 'env.kwargs={"mode": "fixed"}', "policy.name=replay_server",
+             "policy.actors=1", "policy.backend=threads"]
+    with pytest.raises(msrl.ConfigError, match=r"env.id: .*MsrlQuirky-v0's action bounds leave no room in "
+                                               r"dimension\(s\) \[1\] .*or use td3") as err:
+        build(load_config(SAC, fixed))
+    assert err.value.key == "env.id"
+    build(load_config(TD3, fixed))
+
+
 def test_sac_on_mujoco_halfcheetah_through_gymnasium_under_replay_server(tmp_path):
     """The `mujoco` extra: Gymnasium's HalfCheetah-v5 (MuJoCo) stepped on the host by 2 actor replicas that
     hold the replay shards, one learner (replay_server on threads). Its episodes end only by truncation."""

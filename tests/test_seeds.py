@@ -145,6 +145,17 @@ def test_several_seeds_need_one_fused_program(policy):
                                 "run.num_seeds=2", *QUICK])
 
 
+def test_several_seeds_under_one_learner_of_multi_learner_are_fused_s():
+    """multi_learner with learners=1 compiles to one jitted program of one replica on the jax backend: it takes
+    several seeds as fused does, with the same numbers for each."""
+    seeds = [*LOOP, "run.num_seeds=2", "run.seed_batching=sequential"]
+    with msrl.Session(CARTPOLE, seeds) as fused, msrl.Session(CARTPOLE, [
+            *seeds, "policy.name=multi_learner", "policy.learners=1", "policy.backend=jax"]) as one:
+        rows, rows1 = fused.run(3), one.run(3)
+        assert max_diff(fused.params(), one.params()) == 0.0
+    assert [r["per_seed"] for r in rows] == [r["per_seed"] for r in rows1]
+
+
 def test_a_fresh_process_spreads_the_seeds_over_one_cpu_device_per_core_and_each_stays_its_own_run():
     """Where JAX has not started (``msrl train``), a run of several seeds gets one CPU device per core
     (``jax_num_cpu_devices``) and its program splits the seeds over them: every seed is still bitwise its own run."""
