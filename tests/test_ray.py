@@ -31,12 +31,13 @@ def ray_session(overrides: list[str], iterations: int = 5) -> msrl.Session:
 
 def test_ray_fine_matches_fused():
     """single_learner_fine on Ray (coarse on Ray: the three-node test below matches it with coarse on threads,
-    which tests/test_threads.py matches with fused)."""
-    fused, fused_rows = final_params(["env.num_envs=8"], iterations=3)
-    params, rows = final_params(["policy.name=single_learner_fine", "policy.backend=ray", "policy.actors=2",
+    which tests/test_threads.py matches with fused). Fine goes to the actors every env step: 16-step rollouts."""
+    short = ["algorithm.rollout_len=16"]
+    fused, fused_rows = final_params([*short, "env.num_envs=8"], iterations=3)
+    params, rows = final_params([*short, "policy.name=single_learner_fine", "policy.backend=ray", "policy.actors=2",
                                  "policy.envs_per_actor=4"], iterations=3)
     assert max_diff(fused, params) <= 1e-5
-    assert [r["episodes"] for r in rows] == [r["episodes"] for r in fused_rows]
+    assert [r["episodes"] for r in rows] == [r["episodes"] for r in fused_rows] and rows[-1]["episodes"] > 0
 
 
 def test_a_dead_learner_ends_the_run_with_a_clear_error():

@@ -21,16 +21,18 @@ import loops
 from helpers import CARTPOLE, EXAMPLES, UsersEnv, assert_reaches, reached, final_params, max_diff
 
 def test_fused_coarse_and_fine_give_the_same_parameters():
-    fused, fused_rows = final_params(["env.num_envs=8"])
-    coarse, coarse_rows = final_params(["policy.name=single_learner_coarse", "policy.actors=2",
+    short = ["algorithm.rollout_len=16"]  # (fine goes to the actors every env step)
+    fused, fused_rows = final_params([*short, "env.num_envs=8"])
+    coarse, coarse_rows = final_params([*short, "policy.name=single_learner_coarse", "policy.actors=2",
                                         "policy.envs_per_actor=4"])
-    fine, fine_rows = final_params(["policy.name=single_learner_fine", "policy.actors=2", "policy.envs_per_actor=4"])
+    fine, fine_rows = final_params([*short, "policy.name=single_learner_fine", "policy.actors=2",
+                                    "policy.envs_per_actor=4"])
     assert max_diff(fused, coarse) == 0.0  # bitwise: acting on 4 envs rounds as on 8 (msrl.rl.Dense)
     assert max_diff(fused, fine) == 0.0
     # the parameters moved, and the runs saw the same episodes
     assert max_diff(fused, jax.tree.map(np.zeros_like, fused)) > 1e-3
     assert [r["episodes"] for r in fused_rows] == [r["episodes"] for r in coarse_rows] == \
-        [r["episodes"] for r in fine_rows]
+        [r["episodes"] for r in fine_rows] and fused_rows[-1]["episodes"] > 0
 
 
 def test_the_replicas_of_a_program_compile_each_init_once(caplog):
