@@ -41,7 +41,7 @@ def test_ray_fine_matches_fused():
 
 
 def test_a_dead_learner_ends_the_run_with_a_clear_error():
-    with ray_session(["policy.name=single_learner_coarse", "policy.actors=2"]) as session:
+    with ray_session(["policy.name=single_learner_coarse", "policy.actors=1"]) as session:
         session.run(1)
         os.kill(session.runtime.where()[("learner", 0)][1], signal.SIGKILL)
         with pytest.raises(msrl.TrainingError, match="'learner' replica 0 died and cannot be restarted: it holds "
