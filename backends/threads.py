@@ -79,6 +79,9 @@ class ThreadsRuntime(ReplicaRuntime):
         return all(not t.is_alive() for t in self.threads.values()) and \
             all(d.iteration == self.iteration for d in self.drivers.values())
 
+    def can_go_on(self) -> bool:
+        return not any(box.stopped for box in self.mailboxes.values())  # (stopped ones stay so)
+
     def close(self) -> None:
         """Stop every replica (blocked ones wake up within a poll interval) and release host envs. A replica
         stuck in a host environment's step cannot be stopped: it is left behind (its thread is a daemon) after

@@ -56,6 +56,10 @@ class Runtime:
         whether a snapshot now is a consistent checkpoint). False when unknown."""
         return False
 
+    def can_go_on(self) -> bool:
+        """After a :meth:`stream` that ended early, its replicas at rest: whether they can run again."""
+        return True
+
     def settle(self) -> int | None:
         """After a :meth:`stream` that ended early (an exception such as a KeyboardInterrupt, or a reader that
         stopped reading): how many iterations past the rows it handed over the state now holds (work already

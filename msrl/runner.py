@@ -92,7 +92,8 @@ def make_algorithm(cfg: ExperimentConfig, env_spec: Any) -> Any:
 
 # a logged row's columns: these first, then the loop's own metrics (under "train/" in TensorBoard)
 FIRST_COLUMNS = ("iteration", "env_steps", "episode_return", "episode_length", "sps", "wall_time")
-SNAPSHOTS = ("episode_return", "episode_length", "episodes", "episode_return_std")  # a row's end state, not a mean
+SNAPSHOTS = ("episode_return", "episode_length", "episodes", "episode_return_std",  # a row's end state, not a mean
+             "grads_applied", "stale_grads_dropped")
 MAX_ROWS = 1000  # rows a run writes at most unless run.log_every_steps says otherwise
 TB_GROUP = {"episode_return": "charts", "episode_length": "charts", "episodes": "charts",
             "episode_return_std": "charts", "sps": "perf", "wall_time": "perf"}
@@ -1022,7 +1023,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
                 _save_checkpoint(session, run_dir, cfg, skip, meta_now(), on_fault=fault)
     except (KeyboardInterrupt, SystemExit) as e:  # raised into the run by a handler of the user's own (msrl's
         # SIGINT handler stops it as above): keep what is done, where the replicas' states are of one iteration
-        if not isinstance(e, Interrupted) and not signals.received and session.broken is None and \
+        kept = session.broken is None or session.readable  # (states of one iteration)
+        if not isinstance(e, Interrupted) and not signals.received and kept and \
                 session.iteration > 0:  # (Interrupted: a failed dispatch under a signal, saved already; a signal
             # received: this is the second, which stops at once)
             if pending:

@@ -7,7 +7,8 @@ of the :class:`Service` at it: ``threads`` makes the object once in its process,
 calls the same object; ``ray`` makes it a Ray actor (:class:`ServiceHost`) and hands its handle to every
 replica process. Calls are made from Python, never from inside a running jitted computation.
 
-A service defines ``metrics()`` (counters merged into every metrics row; may be empty) and ``get_state()`` /
+A service defines ``metrics(iterations)`` (its counters as of the end of each of these iterations: a dict per
+iteration, merged into its metrics row; may be empty) and ``get_state()`` /
 ``set_state(state)`` (saved in checkpoints); under the name :data:`PARAMETERS` also ``learner_state()``: the
 run's authoritative learner state, which the backends report as the run's parameters.
 """
@@ -67,11 +68,13 @@ class ServiceHost:
         return jax.device_get(getattr(self.obj, method)(*args))
 
 
-def metrics(services: dict[str, Service]) -> dict[str, float]:
-    """Every service's counters (``metrics()``), merged, for the metrics rows."""
-    out: dict[str, float] = {}
+def metrics(services: dict[str, Service], iterations: list[int]) -> list[dict[str, float]]:
+    """Every service's counters as of the end of each of ``iterations`` (``metrics(iterations)``), merged: one
+    dict per iteration, for its metrics row."""
+    out: list[dict[str, float]] = [{} for _ in iterations]
     for name in sorted(services):
-        out.update(services[name].call("metrics"))
+        for row, counters in zip(out, services[name].call("metrics", list(iterations)), strict=True):
+            row.update(counters)
     return out
 
 

@@ -33,6 +33,7 @@ from pydantic import Field
 import msrl
 from msrl.compiler import run_init
 from msrl.errors import method_name
+from msrl.runtime.driver import current_iteration
 
 _CAPTURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("msrl_async_grads", default=None)
 
@@ -68,8 +69,11 @@ class ParameterHolder:
         self.max_staleness, self.lock = max_staleness, threading.Lock()
         self.params, self.opt_state = params, jax.jit(tx.init)(params)
         self.version = self.dropped = 0
+        self.counted: dict[int, tuple[int, int]] = {}  # a worker's iteration -> (version, dropped) after its push
+        self.reported = (0, 0)  # (version, dropped) as of the last iteration metrics() reported
 
-    def push(self, grads: Any, version: int) -> tuple[Any, Any, int, int]:
+    def push(self, grads: Any, version: int, iteration: int | None = None) -> tuple[Any, Any, int, int]:
+        """``iteration``: the pushing worker's (its counters are reported as of the end of each iteration)."""
         with self.lock:
             staleness = self.version - int(version)
             if staleness > self.max_staleness:
@@ -77,6 +81,8 @@ class ParameterHolder:
             else:
                 self.params, self.opt_state = self.apply(grads, self.opt_state, self.params)
                 self.version += 1
+            at = -1 if iteration is None else int(iteration)  # (-1: a push from outside a run)
+            self.counted[at] = (self.version, self.dropped)
             return self.params, self.opt_state, self.version, staleness
 
     def learner_state(self) -> dict[str, Any]:
@@ -84,9 +90,16 @@ class ParameterHolder:
         with self.lock:
             return {"params": self.params, "opt_state": self.opt_state}
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, iterations: list[int]) -> list[dict[str, float]]:
+        """The gradients applied and dropped as of the end of each of ``iterations``: after the last push a
+        worker made in it or before (a worker ahead of the others has pushed more since)."""
         with self.lock:
-            return {"grads_applied": float(self.version), "stale_grads_dropped": float(self.dropped)}
+            out = []
+            for it in iterations:
+                for done in [k for k in self.counted if k <= it]:
+                    self.reported = max(self.reported, self.counted.pop(done))  # (both counts only grow)
+                out.append({"grads_applied": float(self.reported[0]), "stale_grads_dropped": float(self.reported[1])})
+            return out
 
     def get_state(self) -> dict[str, Any]:
         with self.lock:
@@ -97,6 +110,7 @@ class ParameterHolder:
         with self.lock:
             self.params, self.opt_state = state["params"], state["opt_state"]
             self.version, self.dropped = int(state["version"]), int(state["dropped"])
+            self.counted, self.reported = {}, (self.version, self.dropped)
 
 
 PLAIN = (bool, int, float, complex, str, bytes, type(None))  # values a jitted fragment keeps static (not numpy's)
@@ -191,7 +205,8 @@ class RemoteLearner:
                                    "other parameters or optimizer state than that step (it changes the update or the "
                                    "new parameters: clipping, scaling, ...); the workers would train something other "
                                    "than the loop; " + FITS)
-        params, opt_state, version, staleness = self.holder.call("push", grads, state["param_version"])
+        params, opt_state, version, staleness = self.holder.call("push", grads, state["param_version"],
+                                                                 current_iteration())
         state = {**state, "params": params, "opt_state": opt_state, "param_version": np.int32(version)}
         return state, {**metrics, "policy_lag": staleness}
 

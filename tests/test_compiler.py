@@ -614,8 +614,8 @@ class _Yours(msrl.DistributedPolicy):
             return ("gather", "env")
         if src.name == "sim" and dst.name == "actor":
             return msrl.Link(op="broadcast", axis="replicated")
-        if var == "@params" and self.mistake == "lag2":
-            return msrl.Link(axis="replicated", lag=2)
+        if var == "@params" and self.mistake in ("lag2", "lag_every"):
+            return msrl.Link(axis="replicated", lag=2) if self.mistake == "lag2" else msrl.Link(lag=1, every=3)
         if var == "@params" and self.mistake == "params_env":
             return msrl.Link(axis="env")
         if var == "@params" and self.mistake == "params_default":
@@ -684,6 +684,9 @@ class _Yours(msrl.DistributedPolicy):
                                      r"value along its environments"),  # (the axis was ignored without a word)
     ("lag2", msrl.ConfigError, r"gives `@params` \(learner -> actor\) lag=2: the parameters may arrive at most 1 "
                                r"iteration late"),  # (it trained, and no checkpoint of it could be resumed)
+    ("lag_every", msrl.ConfigError, r"gives `@params` \(learner -> actor\) every=3 with lag=1: each iteration that "
+                                    r"receives the parameters \(one in 3\) would wait for those sent in the iteration "
+                                    r"before, which sends none"),  # (it waited until the stall timeout)
     ("devices", msrl.ConfigError, r"its fragments\(\) give the role 'actor' the JAX devices \[0, 1\], but place it on "
                                   r"backend 'threads': only a role on 'jax' runs on JAX devices"),  # (ignored)
     ("params_env", msrl.ConfigError, r"^policy: policy 'test_yours': its link\(\) gives `@params` \(learner -> actor\) "

@@ -245,6 +245,12 @@ def test_worker_error_surfaces_with_its_traceback_and_no_thread_is_left():
         with pytest.raises(msrl.TrainingError, match="environment exploded on purpose") as info:
             session.run(20)
         assert "fragment 'actor'" in str(info.value) and re.search(r"its traceback:\n  File .*loops.py", str(info.value))
+        # it does not run on (its replicas were stopped: it ran "iterations" that trained nothing, without a word)
+        with pytest.raises(msrl.TrainingError, match=r"^this session stopped at a failure in iteration \d+, its "
+                                                     r"replicas' states possibly of different iterations; start a new "
+                                                     r"session \(or resume the run from its checkpoint\)$"):
+            session.run(1)
+        assert "stopped by a failure" in repr(session)
     assert not [t for t in threading.enumerate() if t.name.startswith("msrl-") and t.is_alive()]
 
 
@@ -276,6 +282,33 @@ def test_host_loop_details_match_fused(env_id):
             assert w == pytest.approx(float(session.params()["w"]), rel=1e-6)
     else:
         assert w == pytest.approx(2.0)  # CartPole pays 1 per step: mean reward 1, two updates
+
+
+@pytest.mark.parametrize("config, overrides, dict_only", [
+    (CARTPOLE, ["policy.name=single_learner_coarse", "policy.sync=false", "policy.actors=2", "env.num_envs=4",
+                "algorithm.rollout_len=8", "algorithm.epochs=50", "algorithm.minibatches=4"], False),
+    (EXAMPLES / "dqn_replay_server.yaml", ["policy.param_sync_every=3", "algorithm.learning_starts=8",
+                                           "algorithm.eps_start=0.0", "algorithm.eps_end=0.0", "algorithm.batch_size=32",
+                                           "algorithm.hidden=[16]", "env.num_envs=4"], True)])
+def test_a_snapshot_restored_into_a_session_that_ran_goes_on_as_in_a_fresh_session(config, overrides, dict_only):
+    """Another seed's snapshot restored into a session that ran on: the same numbers as restored into a fresh one,
+    also as a plain dict (which continues at the session's own iteration). (sync: false: the used session's last
+    parameter message, sent for the iteration after, stayed in the actors' mailboxes and one acted on it;
+    param_sync_every=3: a plain dict's restore kept the old parameters until the next pull.)"""
+    overrides = [*overrides, "run.total_env_steps=100000"]
+    with msrl.Session(config, [*overrides, "run.seed=1"]) as other:
+        other.run(4)  # (not a multiple of param_sync_every: the next iterations pull no parameters)
+        snap = other.snapshot()
+    with msrl.Session(config, overrides) as fresh:
+        fresh.run(4)  # (to the snapshot's iteration: a plain dict goes on from the session's own)
+        fresh.restore(snap)
+        fresh.run(4)
+        expected = fresh.params()
+    with msrl.Session(config, overrides) as used:
+        used.run(4 if dict_only else 6)  # (its last message to the actors: for iteration 6)
+        used.restore(dict(snap)) if dict_only else used.restore(snap)
+        used.run(4)  # (an actor acting on stale parameters in iteration 6 shows in the learner's after 7)
+        assert max_diff(used.params(), expected) == 0.0
 
 
 def test_a_closed_session_and_another_programs_snapshot_are_clear_errors():

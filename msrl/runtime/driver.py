@@ -112,6 +112,12 @@ class Mailbox:
             self.start = iteration
             self.box = {k: v for k, v in self.box.items() if k[2] >= iteration}
 
+    def forget(self, iteration: int) -> None:
+        """Continue at ``iteration`` with restored states: nothing delivered before is kept (the restored senders
+        send again what a lag carries into it)."""
+        with self.cond:
+            self.start, self.box, self.highest = iteration - 1, {}, {}
+
     def stop(self) -> None:
         with self.cond:
             self.stopped = True
@@ -137,6 +143,12 @@ class _Running(threading.local):
 
 
 _RUNNING = _Running()
+
+
+def current_iteration() -> int | None:
+    """The iteration (counted from 0) the replica running in this thread is in; None outside one."""
+    driver = _RUNNING.driver
+    return None if driver is None else driver.iteration
 
 
 class _Endpoint:
@@ -363,23 +375,28 @@ class ReplicaDriver:
     def get_state(self, skip: tuple[str, ...] = ()) -> dict:
         return self.host({k: v for k, v in self.state.items() if k not in skip})
 
+    def forget(self, iteration: int | None = None) -> None:
+        """Before a restore (of every replica, this one's peers too): drop what was delivered, sent or received
+        before, so that the restored run continues at ``iteration`` (default: this one) on the restored states
+        alone."""
+        self.mailbox.forget(self.iteration if iteration is None else iteration)
+        self.last, self.counts, self.pending, self.sent = {}, {}, {}, {}
+
     def set_state(self, state: dict, iteration: int | None = None) -> None:
-        """Set the states in ``state``; with ``iteration``, continue a restored run after that iteration: the
-        comms' schedules go on from it, and a lagged parameter broadcast this replica sends gets the value it
-        sent in the iteration before (the restored learner's parameters), which the receivers take next."""
+        """Set the states in ``state`` (after :meth:`forget`) and continue after ``iteration`` (default: this
+        one's): the comms' schedules go on from it, and a lagged parameter broadcast this replica sends gets the
+        value it sent in the iteration before (the restored learner's parameters), which the receivers take next.
+        With ``iteration`` a host env's episodes start afresh, seeded for it; without, they go on."""
         env = self.program.components.get("env")
         host_env = env is not None and env.host_state and "env" in self.state
         if host_env:  # no snapshot holds a host env's episodes (its entry is what the env was): this one's stay
             state = {k: v for k, v in state.items() if k != "env"}
         self.state = {**self.state, **self.place(state)}
-        if iteration is None:
-            return
-        if host_env:  # a restored run's episodes start afresh, seeded for the iteration as a restarted replica's
-            env.close(self.state["env"])
+        if host_env and iteration is not None:  # a restored run's episodes start afresh, seeded for the iteration
+            env.close(self.state["env"])  # as a restarted replica's
             self.state["env"] = self.place(self.program.init_states(["env"], self.seed, self.env_ids,
                                                                     fold=iteration))["env"]
-        self.mailbox.restart_at(iteration - 1)
-        self.last, self.counts = {}, {}
+        iteration = self.iteration if iteration is None else iteration
         for c in self.comms.values():
             if c.lag and c.src_fragment == self.key[0] and iteration >= c.lag:
                 if c.lag > 1 or c.var != "@params":
@@ -413,13 +430,17 @@ class ReplicaRuntime(Runtime):
         for name, frag in program.fragments.items():
             learns = any(s.kind == "api" and s.api.name == "agent_learn" for s in walk(frag.stmts))
             if learns and frag.spec.replicas > 1 and reduces_over_replicas(transforms) and not self.collective(frag):
-                why = ("the threads backend has no collectives" if frag.spec.backend == "threads" else
+                threads = frag.spec.backend == "threads"
+                why = ("the threads backend has no collectives" if threads else
                        f"the {frag.spec.backend} backend runs a role as one program over its replicas only when the "
                        "role is jitted whole (no host environment) and exchanges nothing with another role")
+                fix = ("run it on policy.backend=jax or ray, with a jitted environment (gymnax, Brax)" if threads else
+                       "step a jitted environment (gymnax, Brax) and act in the learners' own role, as multi_learner "
+                       "does")
                 raise ConfigError("policy.backend", f"policy {program.policy.name!r} averages the gradients of its "
                                   f"{frag.spec.replicas} {name!r} replicas (msrl.all_reduce_mean()), but {why}: "
-                                  "nothing would average them. Use a jitted environment (gymnax, Brax) with "
-                                  "policy.backend=jax or ray, or a policy of one learner (single_learner_coarse)")
+                                  f"nothing would average them. To average them, {fix}; or use a policy of one learner "
+                                  "(single_learner_coarse)")
 
     def collective(self, fragment: Any) -> bool:
         """Whether the replicas of ``fragment`` run as one program whose collectives reduce over them."""
@@ -469,9 +490,10 @@ class ReplicaRuntime(Runtime):
                 results.setdefault(it, []).append(result_metrics(result))
             for it, st in self._env_stats(key, {it: st for it, st, _ in out if st is not None}, start):
                 stats.setdefault(it, []).append(st)
-        counters = services.metrics(self.program.services)  # as of the end of these iterations
+        iterations = list(range(start, self.iteration))
+        counters = services.metrics(self.program.services, iterations)  # as of the end of each iteration
         return [{**episode_metrics(stats.get(it, [])), **mean_metrics(results.get(it, [])),
-                 **policy_lag(self.program, it), **counters} for it in range(start, self.iteration)]
+                 **policy_lag(self.program, it), **counted} for it, counted in zip(iterations, counters, strict=True)]
 
     def _env_stats(self, key: Key, by_iteration: dict[int, dict], start: int) -> list[tuple[int, dict]]:
         """A replica's env stats for each iteration from ``start`` on, counting its episodes on through a restart:
@@ -500,6 +522,7 @@ class ReplicaRuntime(Runtime):
 
     def restore(self, snapshot: dict[str, list[dict]], iteration: int | None = None) -> None:
         self._env_seen = {}  # (the restored environments count their own episodes)
+        self._call(self.keys, "forget", iteration)  # (every replica's, before any sends what a lag carries)
         for key in self.keys:
             self._call([key], "set_state", snapshot[key[0]][key[1]], iteration)
         services.restore(self.program.services, snapshot)

@@ -85,7 +85,7 @@ class Session:
         self._close_runtime = weakref.finalize(self, self.runtime.close)
         self._close_runtime.atexit = False  # (at exit the backends' own shutdown runs)
         self._total_env_steps = self.config.run.total_env_steps if self.config is not None else None
-        self.closed, self.broken = False, None
+        self.closed, self.broken, self.readable = False, None, False
         if stall_timeout_s is None:
             stall_timeout_s = (self.config.run if self.config is not None else RunConfig()).stall_timeout_s
         self.runtime.stall_timeout_s = float(stall_timeout_s)
@@ -108,8 +108,10 @@ class Session:
                        {**at, **r, "per_seed": [{**at, **each} for each in r["per_seed"]]})
         return out
 
-    def _open(self) -> None:
-        if self.closed or self.broken:
+    def _open(self, reading: bool = False) -> None:
+        """Refuses a closed session, and one that a failure or an interrupt stopped (``reading``: but where its
+        replicas' states are of one iteration, snapshot() and params() read them)."""
+        if self.closed or (self.broken and not (reading and self.readable)):
             from msrl.errors import TrainingError
 
             raise TrainingError(self.broken or "this session is closed (its replicas are gone); start a new one")
@@ -137,25 +139,34 @@ class Session:
                   "run.total_env_steps to train longer",
                   file=sys.stderr)
             self._total_env_steps = None  # said once
-        from msrl.errors import MsrlError
-
         ended = "interrupted"  # (a KeyboardInterrupt, or a reader that stopped reading)
         try:
             for rows in self.runtime.stream(iterations, chunk, stop):
                 yield self._number(rows)
             ended = None
-        except MsrlError:
-            ended = "failed"  # (the runtime says what it does next: a Ray one stops its replicas and says so)
+        except Exception:
+            ended = "failed"  # (a replica failed, stalled or died: the error says so)
             raise
         finally:
             if ended is not None:
-                ahead = self.runtime.settle()
-                if ahead is not None:  # the iterations already started finished: the state is theirs (rows lost)
-                    self.iteration += ahead
-                elif ended == "interrupted":
-                    self.broken = (f"this session stopped in the middle of iteration {self.iteration + 1}, its "
-                                   "replicas' states possibly of different iterations; start a new session (or "
-                                   "resume the run from its checkpoint)")
+                self._stopped(ended)
+
+    def _stopped(self, ended: str) -> None:
+        """After a stream that ended early: go on where the replicas are at rest, between iterations, and can
+        run again; else refuse to run (a failed replica, a stopped transport), reading their states if they are
+        of one iteration."""
+        ahead = self.runtime.settle() if ended == "interrupted" else 0 if self.runtime.at_rest() else None
+        if ahead is not None:  # the iterations already started finished: the state is theirs (rows lost)
+            self.iteration += ahead
+        if ended == "interrupted" and ahead is not None and self.runtime.can_go_on():
+            return
+        self.readable = ahead is not None
+        at = (f"; snapshot() and params() read its replicas' states after iteration {self.iteration}, which "
+              "Session.restore() puts into a new session" if self.readable else
+              ", its replicas' states possibly of different iterations")
+        self.broken = (f"this session stopped {'at a failure' if ended == 'failed' else 'by an interrupt'} in "
+                       f"iteration {self.iteration + 1}{at}; start a new session (or resume the run from its "
+                       "checkpoint)")
 
     def params(self) -> Any:
         """The policy's parameters (the learner's ``policy_params``), as host arrays."""
@@ -163,7 +174,7 @@ class Session:
 
         from msrl.errors import CompileError
 
-        self._open()
+        self._open(reading=True)
         if not any("learner" in f.state_keys for f in self.program.fragments.values()):
             cls = type(self.program.algorithm).__name__
             raise CompileError(f"{cls}.train_step never calls msrl.agent_learn: the program has no learner, so no "
@@ -173,7 +184,7 @@ class Session:
     def snapshot(self, skip: tuple[str, ...] = ()) -> Snapshot:
         """Every replica's component states as host arrays, by fragment (components in ``skip`` left out), and
         the iteration they were taken after."""
-        self._open()
+        self._open(reading=True)
         known = {k for f in self.program.fragments.values() for k in f.state_keys} | set(self.program.components)
         unknown = sorted(set(skip) - known) if isinstance(skip, (tuple, list, set, frozenset)) else [skip]
         if unknown:  # (a misspelled component was left in the snapshot without a word)
