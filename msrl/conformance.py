@@ -431,7 +431,9 @@ def verdict(ref: Outcome | None, cell: Outcome, column: Column, k: int = K, tol:
         return SILENT, "; ".join(problems), ""
     note = metric_differences(ref.rows, cell.rows, tol)
     note = f"; {_METRICS_DIFFER}: {note}" if note else ""
-    return EQUAL, ("bitwise" if diff == 0 else f"≤ tol (max diff {diff:.3g} after {k} iterations)") + note, ""
+    state = f"; the learner's state within {whole:.3g}" if whole else ""  # (bitwise: both are)
+    return EQUAL, ("bitwise" if diff == 0 and not whole else
+                   f"≤ tol (max diff {diff:.3g} after {k} iterations{state})") + note, ""
 
 
 _METRICS_DIFFER = "but the logged metrics differ"
@@ -658,9 +660,10 @@ def render(cells: list[Cell], info: dict[str, dict[str, Any]], command: str, sec
         "`jax` — the reference — and under each policy/backend below (2 actors × 4 envs, or the workers / learners "
         "sharing the 8 envs; `replay_server` with 1 shard). Each cell has exactly one verdict:",
         "",
-        f"- **equal to fused** (`= bitwise`, `= ≤ tol`): `Session.params()` equals the reference leaf by leaf — "
-        f"bitwise, or within {tol:g} (the detail gives the max diff) — and so do the learner's whole state "
-        "(optimizer, target networks, counters) and the per-iteration `episodes` column.",
+        f"- **equal to fused** (`= bitwise`, `= ≤ tol`): `Session.params()` and the learner's whole state "
+        "(optimizer, target networks, counters; a policy's own counter such as `async`'s `param_version` left "
+        f"out) equal the reference leaf by leaf — bitwise, or within {tol:g} (the detail gives the max diffs) — "
+        "and so does the per-iteration `episodes` column.",
         "- **refused**: building or running raised `msrl.CompileError` / `msrl.ConfigError`; the first line of "
         "the message is recorded. `refused (unclear)` flags a message that does not read clearly (too short, "
         "naming no config key, or no file:line/hint, or showing internals).",
