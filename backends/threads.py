@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any
 
+import jax
+
 from msrl.backend import Backend, replica_env_ids
 from msrl.runtime.driver import POLL_S, WATCH_S, Mailbox, ReplicaDriver, ReplicaRuntime, Transport
 
@@ -77,7 +79,9 @@ class ThreadsRuntime(ReplicaRuntime):
 
     def at_rest(self) -> bool:
         return all(not t.is_alive() for t in self.threads.values()) and \
-            all(d.iteration == self.iteration for d in self.drivers.values())
+            all(d.iteration == self.iteration for d in self.drivers.values()) and \
+            not any(x.is_deleted() for d in self.drivers.values() for x in jax.tree.leaves(d.state)
+                    if isinstance(x, jax.Array))  # (a step that failed after donating its replay buffer)
 
     def can_go_on(self) -> bool:
         return not any(box.stopped for box in self.mailboxes.values())  # (stopped ones stay so)
