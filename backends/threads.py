@@ -53,9 +53,9 @@ class ThreadsRuntime(ReplicaRuntime):
 
         self.threads = {key: threading.Thread(target=work, args=(key,), daemon=True, name=f"msrl-{key[0]}-{key[1]}")
                         for key in self.keys}
-        for t in self.threads.values():
-            t.start()
         try:
+            for t in self.threads.values():  # (an interrupt among these stops the ones started)
+                t.start()
             watched, failed = time.monotonic(), None
             while alive := [k for k, t in self.threads.items() if t.is_alive()]:
                 self.threads[alive[0]].join(timeout=POLL_S)
@@ -94,7 +94,8 @@ class ThreadsRuntime(ReplicaRuntime):
             box.stop()
         deadline = time.monotonic() + 1.0
         for t in self.threads.values():
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            if t.ident is not None:  # (started)
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
         for key, driver in self.drivers.items():
             if "env" in driver.state and not (key in self.threads and self.threads[key].is_alive()):
                 self.program.env.close(driver.state["env"])

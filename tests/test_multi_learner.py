@@ -8,10 +8,14 @@ import subprocess
 import sys
 import textwrap
 
+from typing import Literal
+
 import numpy as np
 import pytest
 
 import msrl
+from msrl.algorithms.a2c.a2c import A2C as A2CAlgorithm
+from msrl.algorithms.a2c.a2c import A2CConfig, A2CLearner
 from msrl.config import load_config
 
 from helpers import CARTPOLE, EXAMPLES, assert_reaches, final_params, max_diff
@@ -134,3 +138,37 @@ def test_ray_learners_are_processes_that_match_jax_and_stay_identical(two_learne
         assert max_diff(on_jax, session.params()) <= 1e-5
         assert [r["episodes"] for r in rows] == [r["episodes"] for r in jax_rows]
         assert abs(rows[-1]["loss"] - jax_rows[-1]["loss"]) <= 1e-4 * abs(jax_rows[-1]["loss"])
+
+
+class UnchainedConfig(A2CConfig):
+    name: Literal["a2c_unchained"] = "a2c_unchained"
+
+
+class UnchainedLearner(A2CLearner):
+    """A2C whose optimizer skips the policy's gradient transforms (built without ``self.chain``)."""
+
+    @property
+    def tx(self):
+        return self.optimizer()
+
+
+@msrl.register_algorithm("a2c_unchained")
+class Unchained(A2CAlgorithm):
+    Config = UnchainedConfig
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.learner = UnchainedLearner(self.learner.net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
+
+
+def test_learners_whose_update_skips_the_average_are_told_so():
+    """(Each learner trained on its own share and the run reported replica 0's parameters without a word.)"""
+    with msrl.Session(EXAMPLES / "a2c_cartpole.yaml", [*MULTI, "policy.learners=2", "algorithm.name=a2c_unchained",
+                                                       "run.total_env_steps=100000"]) as session:
+        session.run(2)
+        for read in (session.params, session.snapshot):
+            with pytest.raises(msrl.TrainingError, match=r"^the 2 learner replicas of policy 'multi_learner' hold "
+                                                         r"different parameters \(replica 1's are up to .* from replica "
+                                                         r"0's\): an update was not averaged over them. Build every "
+                                                         r"optimizer of UnchainedLearner with self.chain"):
+                read()

@@ -422,6 +422,7 @@ class ReplicaRuntime(Runtime):
 
     def __init__(self, program: Any, seed: int):
         self.program, self.seed, self.iteration = program, seed, 0
+        self.handed = 0  # the iterations whose rows the caller got (an interrupt can come between)
         self.keys = replica_keys(program)
         self._env_seen: dict[Key, tuple[dict, float]] = {}  # a replica's last env stats, and the episodes its
         # processes before a restart counted
@@ -449,9 +450,18 @@ class ReplicaRuntime(Runtime):
     def stream(self, iterations: int, chunk: int, stop: Any = lambda: False) -> Any:
         self.stopping = stop  # a replica that makes no progress after a stop request ends the wait early
         try:
-            yield from super().stream(iterations, chunk, stop)
+            while iterations > 0 and not stop():
+                n = min(chunk, iterations)
+                rows = self.run(n)
+                self.handed = self.iteration
+                yield rows
+                iterations -= n
         finally:
             self.stopping = lambda: False
+
+    def settle(self) -> int | None:
+        """At rest: the iterations run whose rows the caller did not get (an interrupt while they were made)."""
+        return self.iteration - self.handed if self.at_rest() else None
 
     def _activities(self, keys: list[Key]) -> dict[Key, tuple[str, float, str, int, float]]:
         """:meth:`ReplicaDriver.activity` of the replicas ``keys`` (a backend may answer for fewer)."""
@@ -528,6 +538,7 @@ class ReplicaRuntime(Runtime):
         services.restore(self.program.services, snapshot)
         if iteration is not None:
             self.iteration = iteration
+        self.handed = self.iteration
 
     def params(self) -> Any:
         held = services.held_params(self.program)

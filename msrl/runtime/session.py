@@ -114,7 +114,8 @@ class Session:
         if self.closed or (self.broken and not (reading and self.readable)):
             from msrl.errors import TrainingError
 
-            raise TrainingError(self.broken or "this session is closed (its replicas are gone); start a new one")
+            raise TrainingError("this session is closed (its replicas are gone); start a new one" if self.closed else
+                                self.broken)
 
     def run(self, iterations: int) -> list[dict[str, float]]:
         """Run ``iterations`` training iterations; one metrics row per iteration."""
@@ -155,7 +156,7 @@ class Session:
         """After a stream that ended early: go on where the replicas are at rest, between iterations, and can
         run again; else refuse to run (a failed replica, a stopped transport), reading their states if they are
         of one iteration."""
-        ahead = self.runtime.settle() if ended == "interrupted" else 0 if self.runtime.at_rest() else None
+        ahead = self.runtime.settle() if ended == "interrupted" or self.runtime.at_rest() else None
         if ahead is not None:  # the iterations already started finished: the state is theirs (rows lost)
             self.iteration += ahead
         if ended == "interrupted" and ahead is not None and self.runtime.can_go_on():
@@ -163,10 +164,10 @@ class Session:
         self.readable = ahead is not None
         at = (f"; snapshot() and params() read its replicas' states after iteration {self.iteration}, which "
               "Session.restore() puts into a new session" if self.readable else
-              ", its replicas' states possibly of different iterations")
-        self.broken = (f"this session stopped {'at a failure' if ended == 'failed' else 'by an interrupt'} in "
-                       f"iteration {self.iteration + 1}{at}; start a new session (or resume the run from its "
-                       "checkpoint)")
+              ", its replicas' states not those of one finished iteration")
+        self.stopped_by = "a failure" if ended == "failed" else "an interrupt"
+        self.broken = (f"this session stopped {'at a failure' if ended == 'failed' else 'by an interrupt'} after "
+                       f"iteration {self.iteration}{at}; start a new session (or resume the run from its checkpoint)")
 
     def params(self) -> Any:
         """The policy's parameters (the learner's ``policy_params``), as host arrays."""
@@ -217,7 +218,7 @@ class Session:
         self._close_runtime()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else "stopped by a failure" if self.broken else "open"
+        state = "closed" if self.closed else f"stopped by {self.stopped_by}" if self.broken else "open"
         return (f"<msrl.Session {type(self.program.algorithm).__name__} under {self.program.policy.name} "
                 f"({self.program.policy.backend}), after iteration {self.iteration}, {state}>")
 
