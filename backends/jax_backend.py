@@ -35,6 +35,7 @@ from msrl.compiler.lower import reraise_at_user_line
 from msrl.errors import ConfigError, TrainingError
 from msrl.sweep import python_use
 from msrl.backends.threads import ThreadsRuntime
+from msrl.runtime.driver import failure
 
 
 class JaxRuntime(Runtime):
@@ -185,28 +186,38 @@ class JaxRuntime(Runtime):
         """Dispatch (asynchronously) the next chunk before reading the last one, so the device never
         waits for the host's logging."""
         pending, unread = None, []  # unread: the dispatched chunks' iterations whose rows were not handed over
+
+        def advance() -> list | None:
+            """Dispatch the next chunk (if any is left) and read the last one: its rows."""
+            nonlocal iterations, pending
+            dispatched, rows = None, None
+            if iterations > 0 and not stop():
+                n = min(iterations, self.k, chunk)
+                if self.sequential:
+                    out = self._inflight = [t.submit(self._run_members, d, n) for d, t in enumerate(self._threads)]
+                else:
+                    self._state, out = self._compiled(self._state, self._hp, jnp.int32(n))
+                dispatched, iterations = (out, n), iterations - n
+                unread.append(n)
+            if pending is not None:
+                out, n = pending
+                if self.sequential:  # the members' outputs on the axis after the iteration's
+                    outs = {m: out_m for f in out for m, out_m in f.result().items()}
+                    out = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *[outs[m] for m in range(self.members)])
+                out = jax.device_get(out)
+                unread.pop(0)
+                rows = metric_rows(out["train"], out["env"], n) if self.members == 1 else seed_rows(out, n, self.members)
+            pending = dispatched
+            return rows
+
         try:
-            while iterations > 0 or pending is not None:
-                dispatched = None
-                if iterations > 0 and not stop():
-                    n = min(iterations, self.k, chunk)
-                    if self.sequential:
-                        out = self._inflight = [t.submit(self._run_members, d, n) for d, t in enumerate(self._threads)]
-                    else:
-                        self._state, out = self._compiled(self._state, self._hp, jnp.int32(n))
-                    dispatched, iterations = (out, n), iterations - n
-                    unread.append(n)
-                elif pending is None:
-                    return
-                if pending is not None:
-                    out, n = pending
-                    if self.sequential:  # the members' outputs on the axis after the iteration's
-                        outs = {m: out_m for f in out for m, out_m in f.result().items()}
-                        out = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *[outs[m] for m in range(self.members)])
-                    out = jax.device_get(out)
-                    unread.pop(0)
-                    yield metric_rows(out["train"], out["env"], n) if self.members == 1 else seed_rows(out, n, self.members)
-                pending = dispatched
+            while (iterations > 0 and not stop()) or pending is not None:
+                try:  # (a failure inside the program, a host callback's, comes out at a dispatch or a read)
+                    rows = advance()
+                except Exception as e:  # noqa: BLE001 - reported at the user's line
+                    raise failure(e, self.fragment.lowered, f"fragment {self.fragment.name!r}") from None
+                if rows is not None:
+                    yield rows
         finally:  # stopped early: the chunks dispatched run to their end all the same (their rows are lost)
             self._unread += sum(unread)
 

@@ -77,6 +77,38 @@ def stall_report(found: dict[Key, tuple[str, float, str, int, float]], limit: fl
     return None
 
 
+def failure(e: BaseException, lowered: Any, name: str) -> BaseException:
+    """What the caller is told of an error in the replica ``name`` (of the fragment ``lowered``): bad input as
+    itself, anything else a TrainingError naming the replica, the user's line and (but for msrl's own, which say
+    what went wrong) the traceback."""
+    if isinstance(e, (ConfigError, CompileError)):
+        return e
+    if isinstance(e, jax.errors.JAXTypeError):  # raised while the fragment is traced: the loop's error, as
+        try:  # fused reports it when it compiles (that one traces at build; a replica on its first step)
+            reraise_at_user_line(e, [lowered], "tracing")
+        except CompileError as compile_error:
+            return compile_error
+        except Exception:  # noqa: BLE001, S110 - not at a line of the user's: reported as any other failure below
+            pass
+    frame, inner = user_frames(e, [lowered])
+    lines = str(e).strip().splitlines()
+    callback = len(lines) > 1 and "Traceback (most recent call" in lines[0]  # a host callback raised in the program
+    at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
+    if frame and (callback or isinstance(e, jax.errors.JaxRuntimeError)):  # raised while a jitted segment of
+        at = f" in the jitted statements from {frame[0]}:{frame[1]} `{frame[2]}` on"  # the loop ran: its first line
+    elif inner is not None and frame is not None and inner[:2] != frame[:2]:
+        at += f", in {inner[2]}() at {inner[0]}:{inner[1]}"
+    if callback:
+        frames = [m for m in (re.match(r'\s*File "(.+)", line (\d+), in (\S+)', x) for x in lines)
+                  if m and f"{os.sep}jax{os.sep}" not in m[1]]
+        where = f", in {frames[-1][3]}() at {frames[-1][1]}:{frames[-1][2]}" if frames else ""
+        return TrainingError(f"{name} failed{at}: {type(e).__name__}: "
+                             f"{lines[0].split('Traceback')[0].strip().rstrip(':')}: {lines[-1].strip()}{where} "
+                             "(--debug logs the callback's traceback)")
+    trace = "" if isinstance(e, TrainingError) else f"\n{traceback.format_exc()}"
+    return TrainingError(f"{name} failed{at}: {type(e).__name__}: {e}{trace}")
+
+
 class Mailbox:
     """The messages delivered to one replica, by (comm id, sender replica, sender iteration, count)."""
 
@@ -267,35 +299,8 @@ class ReplicaDriver:
         return doing, stale, words, self.iteration + 1, 0.0
 
     def failure(self, e: BaseException) -> BaseException:
-        """What the caller is told of an error in this replica: bad input as itself, anything else a
-        TrainingError naming the replica, the user's line and (but for msrl's own, which say what went wrong)
-        the traceback."""
-        if isinstance(e, (ConfigError, CompileError)):
-            return e
-        if isinstance(e, jax.errors.JAXTypeError):  # raised while the fragment is traced: the loop's error, as
-            try:  # fused reports it when it compiles (that one traces at build; a replica on its first step)
-                reraise_at_user_line(e, [self.frag.lowered], "tracing")
-            except CompileError as compile_error:
-                return compile_error
-            except Exception:  # noqa: BLE001, S110 - not at a line of the user's: reported as any other failure below
-                pass
-        frame, inner = user_frames(e, [self.frag.lowered])
-        lines = str(e).strip().splitlines()
-        callback = len(lines) > 1 and "Traceback (most recent call" in lines[0]  # a host callback raised in the program
-        at = f" at {frame[0]}:{frame[1]} `{frame[2]}`" if frame else ""
-        if frame and (callback or isinstance(e, jax.errors.JaxRuntimeError)):  # raised while a jitted segment of
-            at = f" in the jitted statements from {frame[0]}:{frame[1]} `{frame[2]}` on"  # the loop ran: its first line
-        elif inner is not None and frame is not None and inner[:2] != frame[:2]:
-            at += f", in {inner[2]}() at {inner[0]}:{inner[1]}"
-        if callback:
-            frames = [m for m in (re.match(r'\s*File "(.+)", line (\d+), in (\S+)', x) for x in lines)
-                      if m and f"{os.sep}jax{os.sep}" not in m[1]]
-            where = f", in {frames[-1][3]}() at {frames[-1][1]}:{frames[-1][2]}" if frames else ""
-            return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: "
-                                 f"{lines[0].split('Traceback')[0].strip().rstrip(':')}: {lines[-1].strip()}{where} "
-                                 "(--debug logs the callback's traceback)")
-        trace = "" if isinstance(e, TrainingError) else f"\n{traceback.format_exc()}"
-        return TrainingError(f"fragment {self.key[0]!r} replica {self.key[1]} failed{at}: {type(e).__name__}: {e}{trace}")
+        """What the caller is told of an error in this replica (:func:`failure`)."""
+        return failure(e, self.frag.lowered, f"fragment {self.key[0]!r} replica {self.key[1]}")
 
     def restart(self, iteration: int) -> None:
         """Continue at ``iteration`` with fresh environments and keys (after the process was restarted). A value
