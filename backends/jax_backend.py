@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from msrl.backend import Backend, Runtime, metric_rows, replica_env_ids, replicated
 from msrl.compiler.lower import reraise_at_user_line
-from msrl.errors import ConfigError, TrainingError
+from msrl.errors import CompileError, ConfigError, defined_at
 from msrl.sweep import python_use
 from msrl.backends.threads import ThreadsRuntime
 from msrl.runtime.driver import failure
@@ -262,13 +262,14 @@ class JaxRuntime(Runtime):
         first = jax.tree.leaves(learner.policy_params(learners[0]))
         for r, state in enumerate(learners[1:], 1):
             apart = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-                     for a, b in zip(first, jax.tree.leaves(learner.policy_params(state))) if not np.array_equal(a, b)]
-            if apart:
-                raise TrainingError(f"the {self.replicas} learner replicas of policy {self.program.policy.name!r} hold "
+                     for a, b in zip(first, jax.tree.leaves(learner.policy_params(state)))
+                     if not np.array_equal(a, b, equal_nan=True)]  # (NaN alike on all: the NaN guard's to report)
+            if apart:  # (the learner's code: its definition is named)
+                raise CompileError(f"the {self.replicas} learner replicas of policy {self.program.policy.name!r} hold "
                                     f"different parameters (replica {r}'s are up to {max(apart):.3g} from replica "
                                     f"0's): an update was not averaged over them. Build every optimizer of "
                                     f"{type(learner).__name__} with self.chain(...) (its optimizer() is), so that the "
-                                    "policy's gradient average applies to it")
+                                    "policy's gradient average applies to it", *defined_at(type(learner)))
 
     def params(self) -> Any:
         learner = self.program.components["learner"]
@@ -372,7 +373,8 @@ class JaxBackend(Backend):
         if len(frags) == 1 and frags[0].mode == "scan":
             if several and frags[0].spec.replicas > 1:
                 raise ConfigError(key, f"several seeds or swept values in one program need a single replica; "
-                                  f"{program.policy.name} runs {frags[0].spec.replicas} (use policy.name=fused)")
+                                  f"{program.policy.name} runs {frags[0].spec.replicas} (use policy.name=fused, or "
+                                  "policy.learners=1 under multi_learner)")
             return JaxRuntime(program, seed, iterations_per_dispatch, members, vmap_seeds)
         if several:
             raise ConfigError(key, f"several seeds or swept values in one program need one jitted program (policy "

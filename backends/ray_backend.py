@@ -71,6 +71,14 @@ class ToPeers(Transport):
                 except ray.exceptions.RayActorError:
                     pass
 
+    def drain(self) -> None:
+        in_flight, self.in_flight = self.in_flight, []
+        for ref in in_flight:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:  # (the receiver died: it resumes from what it had)
+                pass
+
     def share(self, value: Any) -> Any:  # big values: one ray.put, every receiver fetches the same object
         value = _numpy(value)
         return ray.put(value) if sum(x.nbytes for x in jax.tree.leaves(value)) > _INLINE_BYTES else value

@@ -78,10 +78,18 @@ class ThreadsRuntime(ReplicaRuntime):
         return {key: getattr(self.drivers[key], method)(*args) for key in keys}
 
     def at_rest(self) -> bool:
+        """Every replica stopped after the same iteration (a dispatch that ended early stops them all between
+        two), its state whole (a step that failed after donating its replay buffer leaves it deleted)."""
         return all(not t.is_alive() for t in self.threads.values()) and \
-            all(d.iteration == self.iteration for d in self.drivers.values()) and \
+            len({d.iteration for d in self.drivers.values()}) == 1 and \
             not any(x.is_deleted() for d in self.drivers.values() for x in jax.tree.leaves(d.state)
-                    if isinstance(x, jax.Array))  # (a step that failed after donating its replay buffer)
+                    if isinstance(x, jax.Array))
+
+    def settle(self) -> int | None:
+        if not self.at_rest():
+            return None
+        self.iteration = next(iter(self.drivers.values())).iteration  # (past the last dispatch that finished)
+        return super().settle()
 
     def can_go_on(self) -> bool:
         return not any(box.stopped for box in self.mailboxes.values())  # (stopped ones stay so)

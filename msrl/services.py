@@ -8,7 +8,7 @@ calls the same object; ``ray`` makes it a Ray actor (:class:`ServiceHost`) and h
 replica process. Calls are made from Python, never from inside a running jitted computation.
 
 A service defines ``metrics(iterations)`` (its counters as of the end of each of these iterations: a dict per
-iteration, merged into its metrics row; may be empty) and ``get_state()`` /
+iteration, merged into its metrics row; a ``metrics()`` without them: its counters now, on every row) and ``get_state()`` /
 ``set_state(state)`` (saved in checkpoints); under the name :data:`PARAMETERS` also ``learner_state()``: the
 run's authoritative learner state, which the backends report as the run's parameters.
 """
@@ -45,7 +45,7 @@ class Service:
 
                 raise TrainingError(f"{self.name} (a Ray actor) died and cannot be restarted: it holds the run's "
                                     f"shared state ({type(e).__name__})") from None
-        return getattr(target, method)(*args)
+        return counters(target, *args) if method == "counters" else getattr(target, method)(*args)
 
 
 class ServiceHost:
@@ -65,7 +65,7 @@ class ServiceHost:
     def call(self, method: str, *args: Any) -> Any:
         import jax
 
-        return jax.device_get(getattr(self.obj, method)(*args))
+        return jax.device_get(counters(self.obj, *args) if method == "counters" else getattr(self.obj, method)(*args))
 
 
 def metrics(services: dict[str, Service], iterations: list[int]) -> list[dict[str, float]]:
@@ -73,9 +73,19 @@ def metrics(services: dict[str, Service], iterations: list[int]) -> list[dict[st
     dict per iteration, for its metrics row."""
     out: list[dict[str, float]] = [{} for _ in iterations]
     for name in sorted(services):
-        for row, counters in zip(out, services[name].call("metrics", list(iterations)), strict=True):
+        for row, counters in zip(out, services[name].call("counters", list(iterations)), strict=True):
             row.update(counters)
     return out
+
+
+def counters(obj: Any, iterations: list[int]) -> list[dict[str, float]]:
+    """``obj.metrics(iterations)``; where its ``metrics()`` takes no iterations, the counters it gives now, on
+    every row."""
+    import inspect
+
+    if not inspect.signature(obj.metrics).parameters:
+        return [dict(obj.metrics())] * len(iterations)
+    return obj.metrics(iterations)
 
 
 def snapshot(services: dict[str, Service]) -> dict[str, list[dict]]:

@@ -94,10 +94,11 @@ class ParameterHolder:
         """The gradients applied and dropped as of the end of each of ``iterations``: after the last push a
         worker made in it or before (a worker ahead of the others has pushed more since)."""
         with self.lock:
-            out = []
+            out, pushed, i = [], sorted(self.counted), 0
             for it in iterations:
-                for done in [k for k in self.counted if k <= it]:
-                    self.reported = max(self.reported, self.counted.pop(done))  # (both counts only grow)
+                while i < len(pushed) and pushed[i] <= it:
+                    self.reported = max(self.reported, self.counted.pop(pushed[i]))  # (both counts only grow)
+                    i += 1
                 out.append({"grads_applied": float(self.reported[0]), "stale_grads_dropped": float(self.reported[1])})
             return out
 

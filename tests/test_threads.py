@@ -246,11 +246,15 @@ def test_worker_error_surfaces_with_its_traceback_and_no_thread_is_left():
             session.run(20)
         assert "fragment 'actor'" in str(info.value) and re.search(r"its traceback:\n  File .*loops.py", str(info.value))
         # it does not run on (its replicas were stopped: it ran "iterations" that trained nothing, without a word)
-        with pytest.raises(msrl.TrainingError, match=r"^this session stopped at a failure after iteration 0, its "
-                                                     r"replicas' states not those of one finished iteration; start a "
-                                                     r"new session \(or resume the run from its checkpoint\)$"):
+        with pytest.raises(msrl.TrainingError, match=r"^this session stopped at a failure after iteration (\d+); "
+                                                     r"snapshot\(\) and params\(\) read its replicas' states after "
+                                                     r"iteration \1, which Session.restore\(\) puts into a new session; "
+                                                     r"start a new session \(or resume the run from its checkpoint\)$"):
             session.run(1)
-        assert "stopped by a failure" in repr(session)
+        assert "stopped by a failure" in repr(session) and session.snapshot().iteration == session.iteration > 0
+        with msrl.Session(program=program, seed=0) as again:  # the replicas stopped after one iteration: it goes on
+            again.restore(session.snapshot())
+            assert again.iteration == session.iteration
     assert not [t for t in threading.enumerate() if t.name.startswith("msrl-") and t.is_alive()]
 
 

@@ -54,7 +54,8 @@ def _check_link(policy: Policy, var: str, op: str, link: Any, senders: int, rece
                "learner's last parameters, so a resumed run can send those again, not older ones)")
     if link.lag and link.every > 1:  # (it waited for what was never sent until the stall timeout)
         refuse(f"every={link.every} with lag={link.lag}: each iteration that receives the parameters (one in "
-               f"{link.every}) would wait for those sent in the iteration before, which sends none; give one of them")
+               f"{link.every}) would wait for those sent in the iteration before, which sends none; set every=1 or "
+               "lag=0")
     late = f"lag={link.lag}" if link.lag else f"every={link.every}" if link.every > 1 else ""
     if late and var != "@params":
         refuse(f"{late}: only the parameters (@params) may arrive late or skip iterations (an iteration's value from "

@@ -158,7 +158,11 @@ class Mailbox:
 
 class Transport:
     """How a replica's deliveries reach its peers. ``share`` makes the one copy of a broadcast value that
-    every receiver gets, ``fetch`` reads such a copy back; both are the identity in one process."""
+    every receiver gets, ``fetch`` reads such a copy back; both are the identity in one process. ``drain``
+    waits until every delivery made has arrived (in one process, at once)."""
+
+    def drain(self) -> None:
+        pass
 
     def deliver(self, dst: Key, sender: Key, iteration: int, messages: list[tuple[str, int, Any]]) -> None:
         raise NotImplementedError
@@ -380,6 +384,10 @@ class ReplicaDriver:
     def get_state(self, skip: tuple[str, ...] = ()) -> dict:
         return self.host({k: v for k, v in self.state.items() if k not in skip})
 
+    def drain(self) -> None:
+        """Wait until what this replica delivered has arrived (before its peers :meth:`forget` it)."""
+        self.transport.drain()
+
     def forget(self, iteration: int | None = None) -> None:
         """Before a restore (of every replica, this one's peers too): drop what was delivered, sent or received
         before, so that the restored run continues at ``iteration`` (default: this one) on the restored states
@@ -537,6 +545,7 @@ class ReplicaRuntime(Runtime):
 
     def restore(self, snapshot: dict[str, list[dict]], iteration: int | None = None) -> None:
         self._env_seen = {}  # (the restored environments count their own episodes)
+        self._call(self.keys, "drain")  # (a delivery still on its way would land after the forget)
         self._call(self.keys, "forget", iteration)  # (every replica's, before any sends what a lag carries)
         for key in self.keys:
             self._call([key], "set_state", snapshot[key[0]][key[1]], iteration)

@@ -370,7 +370,7 @@ def check_members(backend: str, run: Any, env_id: str = "") -> None:
         if not BACKENDS.get(backend).multi_seed:
             raise ConfigError(key, f"the {backend} backend runs one member per program (one seed, one value of each "
                               f"key); several {what} in one program need one jitted program: the jax backend, with "
-                              "policy.name=fused (or multi_learner there)")
+                              "policy.name=fused (or multi_learner with policy.learners=1 there)")
 
 
 def vmap_seeds(seed_batching: str) -> bool:
