@@ -48,8 +48,9 @@ def test_a_dead_learner_ends_the_run_with_a_clear_error():
                                                      "the learner"):
             session.run(50)
         for ask in (session.params, session.snapshot, lambda: session.run(1)):  # (params: KeyError ('learner', 0))
-            with pytest.raises(msrl.TrainingError, match="^this session's Ray replicas were stopped after the failure "
-                                                         "it reported; start a new session"):
+            with pytest.raises(msrl.TrainingError, match=r"^this session stopped at a failure after iteration 1, its "
+                                                         r"replicas' states not those of one finished iteration; start "
+                                                         r"a new session"):
                 ask()
 
 

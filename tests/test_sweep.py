@@ -88,7 +88,7 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
         load_config(CARTPOLE, ["run.seed=4294967295", "run.num_seeds=2"])  # (the second was seed 0)
     with pytest.raises(ConfigError, match=r"run.sweep: .*several swept values in one program need one jitted "
                                           r"program: the jax backend, with policy.name=fused \(or multi_learner "
-                                          r"there\)$"):
+                                          r"with policy.learners=1 there\)$"):
         msrl.Session(CARTPOLE, ["policy.name=single_learner_coarse", "policy.backend=threads",
                                 "algorithm.lr=[0.001,0.0003]", *QUICK])
 

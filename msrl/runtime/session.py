@@ -85,7 +85,7 @@ class Session:
         self._close_runtime = weakref.finalize(self, self.runtime.close)
         self._close_runtime.atexit = False  # (at exit the backends' own shutdown runs)
         self._total_env_steps = self.config.run.total_env_steps if self.config is not None else None
-        self.closed, self.broken, self.readable = False, None, False
+        self.closed, self.broken, self.readable, self.stopped_by = False, None, False, None
         if stall_timeout_s is None:
             stall_timeout_s = (self.config.run if self.config is not None else RunConfig()).stall_timeout_s
         self.runtime.stall_timeout_s = float(stall_timeout_s)
