@@ -116,6 +116,7 @@ class Mailbox:
         self.cond = threading.Condition()
         self.box: dict[tuple, Any] = {}
         self.highest: dict[Key, int] = {}  # sender -> highest iteration delivered from it
+        self.restored = -1  # the iteration a restore continued after: every sender's deliveries count as done to it
         self.start, self.stopped = 0, False
 
     def put(self, sender: Key, iteration: int, messages: list[tuple[str, int, Any]]) -> None:
@@ -137,7 +138,7 @@ class Mailbox:
 
     def received_through(self, sender: Key) -> int:
         with self.cond:
-            return self.highest.get(sender, -1)
+            return max(self.highest.get(sender, -1), self.restored)
 
     def restart_at(self, iteration: int) -> None:
         with self.cond:
@@ -148,7 +149,7 @@ class Mailbox:
         """Continue at ``iteration`` with restored states: nothing delivered before is kept (the restored senders
         send again what a lag carries into it)."""
         with self.cond:
-            self.start, self.box, self.highest = iteration - 1, {}, {}
+            self.start, self.box, self.highest, self.restored = iteration - 1, {}, {}, iteration - 1
 
     def stop(self) -> None:
         with self.cond:
