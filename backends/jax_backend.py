@@ -206,7 +206,8 @@ class JaxRuntime(Runtime):
                     out = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *[outs[m] for m in range(self.members)])
                 out = jax.device_get(out)
                 unread.pop(0)
-                rows = metric_rows(out["train"], out["env"], n) if self.members == 1 else seed_rows(out, n, self.members)
+                rows = (metric_rows(out["train"], out["env"], n) if self.members == 1 else
+                        seed_rows(out, n, self.members))
             pending = dispatched
             return rows
 

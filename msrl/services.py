@@ -8,7 +8,8 @@ calls the same object; ``ray`` makes it a Ray actor (:class:`ServiceHost`) and h
 replica process. Calls are made from Python, never from inside a running jitted computation.
 
 A service defines ``metrics(iterations)`` (its counters as of the end of each of these iterations: a dict per
-iteration, merged into its metrics row; a ``metrics()`` without them: its counters now, on every row) and ``get_state()`` /
+iteration, merged into its metrics row; a ``metrics()`` without them: its counters now, on every row) and
+``get_state()`` /
 ``set_state(state)`` (saved in checkpoints); under the name :data:`PARAMETERS` also ``learner_state()``: the
 run's authoritative learner state, which the backends report as the run's parameters.
 """

@@ -66,7 +66,8 @@ def test_verdicts_of_made_up_outcomes():
     ref.learner, near.learner = [np.ones(3), np.zeros(3)], [np.ones(3), np.full(3, 0.5)]
     assert conformance.verdict(ref, near, col)[0] == conformance.SILENT
     assert "learner's state" in conformance.verdict(ref, near, col)[1]
-    same = conformance.Outcome("ok", {"w": np.zeros(3)}, {"w": np.ones(3)}, rows, learner=[np.ones(3), 1e-6 + np.zeros(3)])
+    same = conformance.Outcome("ok", {"w": np.zeros(3)}, {"w": np.ones(3)}, rows,
+                               learner=[np.ones(3), 1e-6 + np.zeros(3)])
     assert conformance.verdict(ref, same, col)[:2] == (EQUAL, "≤ tol (max diff 0 after 3 iterations; the learner's "
                                                                "state within 1e-06)")  # (it said "bitwise")
     assert conformance.verdict(ref, far, design)[0] == DESIGN

@@ -168,7 +168,7 @@ def test_learners_whose_update_skips_the_average_are_told_so():
         session.run(2)
         for read in (session.params, session.snapshot):
             with pytest.raises(msrl.CompileError, match=r"the 2 learner replicas of policy 'multi_learner' hold "
-                                                         r"different parameters \(replica 1's are up to .* from replica "
-                                                         r"0's\): an update was not averaged over them. Build every "
-                                                         r"optimizer of UnchainedLearner with self.chain"):
+                                                        r"different parameters \(replica 1's are up to .* from "
+                                                        r"replica 0's\): an update was not averaged over them. "
+                                                        r"Build every optimizer of UnchainedLearner with self.chain"):
                 read()

@@ -207,9 +207,9 @@ def test_a_callback_raising_inside_a_fused_program_is_a_one_line_error(tmp_path,
     assert main(["train", str(EXAMPLES / "ppo_cartpole.yaml"), *QUIET, "env.id=callback:CartPole-v1",
                  "run.total_env_steps=20480", "--run-dir", str(tmp_path)]) == 2
     err = capfd.readouterr().err
-    assert re.search(r"msrl: error: fragment 'main' failed: JaxRuntimeError: .*callback.*: RuntimeError: sensor offline, "
-                     r"in _sensor\(\) at .*test_reliability.py:\d+ \(--debug logs the callback's traceback\)\. The last "
-                     r"complete iteration is \d+ of 40", err), err  # (as a replica's; it named no line)
+    assert re.search(r"msrl: error: fragment 'main' failed: JaxRuntimeError: .*callback.*: RuntimeError: sensor "
+                     r"offline, in _sensor\(\) at .*test_reliability.py:\d+ \(--debug logs the callback's "
+                     r"traceback\)\. The last complete iteration is \d+ of 40", err), err  # (as a replica's: no line)
     assert "Traceback" not in err
 
 

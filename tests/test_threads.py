@@ -248,8 +248,9 @@ def test_worker_error_surfaces_with_its_traceback_and_no_thread_is_left():
         # it does not run on (its replicas were stopped: it ran "iterations" that trained nothing, without a word)
         with pytest.raises(msrl.TrainingError, match=r"^this session stopped at a failure after iteration (\d+); "
                                                      r"snapshot\(\) and params\(\) read its replicas' states after "
-                                                     r"iteration \1, which Session.restore\(\) puts into a new session; "
-                                                     r"start a new session \(or resume the run from its checkpoint\)$"):
+                                                     r"iteration \1, which Session.restore\(\) puts into a new "
+                                                     r"session; start a new session \(or resume the run from its "
+                                                     r"checkpoint\)$"):
             session.run(1)
         assert "stopped by a failure" in repr(session) and session.snapshot().iteration == session.iteration > 0
         with msrl.Session(program=program, seed=0) as again:  # the replicas stopped after one iteration: it goes on
@@ -292,8 +293,8 @@ def test_host_loop_details_match_fused(env_id):
     (CARTPOLE, ["policy.name=single_learner_coarse", "policy.sync=false", "policy.actors=2", "env.num_envs=4",
                 "algorithm.rollout_len=8", "algorithm.epochs=50", "algorithm.minibatches=4"], False),
     (EXAMPLES / "dqn_replay_server.yaml", ["policy.param_sync_every=3", "algorithm.learning_starts=8",
-                                           "algorithm.eps_start=0.0", "algorithm.eps_end=0.0", "algorithm.batch_size=32",
-                                           "algorithm.hidden=[16]", "env.num_envs=4"], True)])
+                                           "algorithm.eps_start=0.0", "algorithm.eps_end=0.0",
+                                           "algorithm.batch_size=32", "algorithm.hidden=[16]", "env.num_envs=4"], True)])
 def test_a_snapshot_restored_into_a_session_that_ran_goes_on_as_in_a_fresh_session(config, overrides, dict_only):
     """Another seed's snapshot restored into a session that ran on: the same numbers as restored into a fresh one,
     also as a plain dict (which continues at the session's own iteration). (sync: false: the used session's last
