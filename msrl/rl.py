@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from pydantic import BaseModel, Field
 
-from msrl.backend import ravel, unravel
+from msrl.backend import ravel, scan_unroll, unravel
 from msrl.components import ACTING, SHAPE_PROBE, ActOutput, Actor, MultiAgentSpec, split_keys
 from msrl.errors import ConfigError, MsrlError
 
@@ -270,6 +270,12 @@ def flat(inner: optax.GradientTransformation) -> optax.GradientTransformationExt
     return optax.GradientTransformationExtraArgs(lambda params: inner.init(ravel(params)), update)
 
 
+def scan(f, init, xs=None, length: int | None = None, reverse: bool = False):
+    """``jax.lax.scan``, its steps unrolled as the learners' loops are (:func:`msrl.backend.scan_unroll`: on an
+    accelerator, 8 steps per iteration of the while loop XLA makes of it; on CPU, none)."""
+    return jax.lax.scan(f, init, xs, length=length, reverse=reverse, unroll=scan_unroll())
+
+
 def several_updates(update, state, sample, updates: int):
     """``updates`` calls of ``update(state, sample) -> (state, metrics)`` in turn, each on an equal slice of
     ``sample``'s items (a :class:`msrl.Sample` of ``updates x batch`` entries); returns the last state and the
@@ -280,7 +286,7 @@ def several_updates(update, state, sample, updates: int):
         item, indices, weights = part
         return update(state, sample._replace(item=item, indices=indices, weights=weights))
 
-    state, metrics = jax.lax.scan(one, state, slices)
+    state, metrics = scan(one, state, slices)
     return state, jax.tree.map(jnp.mean, metrics)
 
 
@@ -320,7 +326,7 @@ def gae(reward, done, value, last_value, gamma: float, lam: float):
         adv = delta + gamma * lam * not_done * adv
         return (adv, v), adv
 
-    _, adv = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), (reward, done, value), reverse=True)
+    _, adv = scan(back, (jnp.zeros_like(last_value), last_value), (reward, done, value), reverse=True)
     return adv, adv + value
 
 
@@ -365,7 +371,7 @@ def minibatch_epochs(tx, loss, state, data, epochs: int, minibatches: int, shuff
             updates, opt_state = tx.update(grads, opt_state, params)  # incl. a policy's grad_transforms
             return (optax.apply_updates(params, updates), opt_state), metrics
 
-        (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), mbs)
+        (params, opt_state), metrics = scan(step, (params, opt_state), mbs)
         return (params, opt_state, key), metrics
 
     (params, opt_state, key), metrics = jax.lax.scan(
@@ -456,7 +462,7 @@ def discounted_returns(ret, reward, done, gamma: float):
         ret = ret * gamma + r
         return ret * (1.0 - d.astype(jnp.float32)), ret
 
-    ret, returns = jax.lax.scan(step, ret, (reward, done))
+    ret, returns = scan(step, ret, (reward, done))
     return returns, ret
 
 
@@ -582,7 +588,7 @@ def unroll(net: RecurrentActorCritic, params, h0, obs, start):
         h, head, value = net.apply(params, h, o, s)
         return h, (head, value)
 
-    h, (head, value) = jax.lax.scan(step, h0, (obs, start))
+    h, (head, value) = scan(step, h0, (obs, start))
     return h, head, value
 
 

@@ -120,6 +120,26 @@ def test_dense_acts_alike_on_any_split():
             assert half.dtype == half_flax.dtype == jnp.bfloat16 and (half == half_flax).all()  # its dtype, as nn.Dense
 
 
+def test_msrls_loops_unroll_as_the_environment_says_and_refuse_a_bad_value(monkeypatch):
+    """On an accelerator msrl's scans (the loop's own, GAE, the minibatch updates) run several steps per iteration
+    of XLA's while loop (``msrl.backend.scan_unroll``); MSRL_SCAN_UNROLL chooses it anywhere."""
+    from msrl.compiler import _scan
+    from msrl.rl import gae, scan
+
+    def unrolls(fn, *args):
+        return [e.params["unroll"] for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "scan"]
+
+    x = np.ones((16, 4), np.float32)
+    body = lambda c, x: (c + x, c)  # noqa: E731
+    assert unrolls(lambda x: gae(x, x, x, x[0], 0.99, 0.95), x) == [1]  # on CPU: none
+    monkeypatch.setenv("MSRL_SCAN_UNROLL", "8")
+    assert unrolls(lambda x: gae(x, x, x, x[0], 0.99, 0.95), x) == [8]
+    assert unrolls(lambda x: scan(body, x[0], x), x) == unrolls(lambda x: _scan(body, x[0], x, 16), x) == [8]
+    monkeypatch.setenv("MSRL_SCAN_UNROLL", "0")
+    with pytest.raises(msrl.ConfigError, match="MSRL_SCAN_UNROLL: '0' is not a whole number of steps >= 1"):
+        scan(body, x[0], x)
+
+
 def test_minibatch_shuffle_is_a_uniform_permutation():
     """The learners' shuffle (msrl.rl.permutation, a packed sort): every size gives an order of all rows, and over
     60k keys each of the 6 orders of 3 rows comes up 1/6 of the time (within 4.4 standard deviations)."""

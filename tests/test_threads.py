@@ -20,7 +20,10 @@ from msrl.envs.gymnax_env import GymnaxEnv
 import loops
 from helpers import CARTPOLE, EXAMPLES, UsersEnv, assert_reaches, reached, final_params, max_diff
 
-def test_fused_coarse_and_fine_give_the_same_parameters():
+@pytest.mark.parametrize("unroll", [None, "8"])  # unset: none on CPU; 8: as on an accelerator
+def test_fused_coarse_and_fine_give_the_same_parameters(monkeypatch, unroll):
+    if unroll:
+        monkeypatch.setenv("MSRL_SCAN_UNROLL", unroll)
     short = ["algorithm.rollout_len=16"]  # (fine goes to the actors every env step)
     fused, fused_rows = final_params([*short, "env.num_envs=8"])
     coarse, coarse_rows = final_params([*short, "policy.name=single_learner_coarse", "policy.actors=2",

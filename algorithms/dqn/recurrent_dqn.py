@@ -22,7 +22,7 @@ from msrl.algorithms.dqn.dqn import DQN, DQNConfig, DQNLearner, EpsilonGreedy
 from pydantic import Field
 
 import msrl
-from msrl.rl import Dense, GRUCell, action_dim, flatten
+from msrl.rl import Dense, GRUCell, action_dim, flatten, scan
 
 
 class RecurrentDQNConfig(DQNConfig):
@@ -126,11 +126,11 @@ class RecurrentDQNLearner(DQNLearner):
         h0 = t.hidden[:, 0]
         xs = (jnp.swapaxes(t.obs, 0, 1), jnp.swapaxes(t.start, 0, 1))
         if cfg.burn_in:
-            h0, q_burn = jax.lax.scan(step, h0, jax.tree.map(lambda x: x[:cfg.burn_in], xs))
+            h0, q_burn = scan(step, h0, jax.tree.map(lambda x: x[:cfg.burn_in], xs))
             h0, q_burn = jax.lax.stop_gradient((h0, q_burn))
-            _, q = jax.lax.scan(step, h0, jax.tree.map(lambda x: x[cfg.burn_in:], xs))
+            _, q = scan(step, h0, jax.tree.map(lambda x: x[cfg.burn_in:], xs))
             return jnp.concatenate([q_burn, q])
-        return jax.lax.scan(step, h0, xs)[1]
+        return scan(step, h0, xs)[1]
 
     def _loss(self, params, target, sample: msrl.Sample):
         cfg, n = self.cfg, self.cfg.n_step

@@ -19,7 +19,7 @@ from msrl.algorithms.a2c.a2c import A2CConfig, actor_critic, make_optimizer
 from pydantic import Field
 
 import msrl
-from msrl.rl import ActorCritic, ActorCriticActor, minibatch_epochs, policy
+from msrl.rl import ActorCritic, ActorCriticActor, minibatch_epochs, policy, scan
 
 
 class IMPALAConfig(A2CConfig):
@@ -65,7 +65,7 @@ def vtrace(values, bootstrap_value, rewards, discounts, log_rhos, rho_bar=1.0, c
         acc = delta + discount * c * acc
         return acc, acc
 
-    _, vs_minus_v = jax.lax.scan(back, jnp.zeros_like(bootstrap_value), (deltas, discounts, cs), reverse=True)
+    _, vs_minus_v = scan(back, jnp.zeros_like(bootstrap_value), (deltas, discounts, cs), reverse=True)
     vs = values + vs_minus_v
     next_vs = jnp.concatenate([vs[1:], bootstrap_value[None]], axis=0)
     return vs, clipped_rhos * (rewards + discounts * next_vs - values)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
-from msrl.backend import unsplit
+from msrl.backend import LOOP_UNROLL, scan_unroll, unsplit
 from msrl.compiler import frontend, rows
 from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
@@ -38,6 +38,12 @@ from msrl.replay import shard_part
 
 COMPONENTS = ("env", "actor", "learner", "buffer")
 _SEEDS = {name: i for i, name in enumerate(COMPONENTS)}
+
+
+def _scan(body: Callable, carry: Any, xs: Any, length: int) -> Any:
+    """A training loop's ``for range`` (lower.py writes the calls), unrolled as :func:`msrl.backend.scan_unroll`
+    says."""
+    return jax.lax.scan(body, carry, xs, length=length, unroll=scan_unroll(LOOP_UNROLL))
 
 
 def _sds(x: Any) -> Any:
@@ -931,7 +937,7 @@ class Program:
                                f"sending; set policy.{placed}=threads (or ray)")
         shapes = self.shapes if spec.replicas == 1 else self._replica_shapes(self.num_envs // spec.replicas)
         lowered, zeros = generate(spec.name, stmts, keys, mode, derive, returns, shapes, host)
-        ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": jax.lax.scan, "_msrl_arange": jnp.arange,
+        ns = {**self.namespace, "self": self.algorithm, "_msrl_scan": _scan, "_msrl_arange": jnp.arange,
               "_msrl_jit": jax.jit, "_msrl_stack": lambda items: jax.tree.map(lambda *xs: np.stack(xs), *items),
               "_msrl_zeros": lambda name: jax.tree.map(jnp.zeros_like, zeros[name]),  # (a Python number's too)
               **{f"_c_{c}": self.components[c] for c in keys if c != "params"}}
