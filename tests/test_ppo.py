@@ -131,6 +131,7 @@ def test_msrls_loops_unroll_as_the_environment_says_and_refuse_a_bad_value(monke
 
     x = np.ones((16, 4), np.float32)
     body = lambda c, x: (c + x, c)  # noqa: E731
+    monkeypatch.delenv("MSRL_SCAN_UNROLL", raising=False)
     assert unrolls(lambda x: gae(x, x, x, x[0], 0.99, 0.95), x) == [1]  # on CPU: none
     monkeypatch.setenv("MSRL_SCAN_UNROLL", "8")
     assert unrolls(lambda x: gae(x, x, x, x[0], 0.99, 0.95), x) == [8]
