@@ -22,8 +22,7 @@ from helpers import CARTPOLE, EXAMPLES, UsersEnv, assert_reaches, reached, final
 
 @pytest.mark.parametrize("unroll", [None, "8"])  # unset: none on CPU; 8: as on an accelerator
 def test_fused_coarse_and_fine_give_the_same_parameters(monkeypatch, unroll):
-    if unroll:
-        monkeypatch.setenv("MSRL_SCAN_UNROLL", unroll)
+    monkeypatch.setenv("MSRL_SCAN_UNROLL", unroll) if unroll else monkeypatch.delenv("MSRL_SCAN_UNROLL", raising=False)
     short = ["algorithm.rollout_len=16"]  # (fine goes to the actors every env step)
     fused, fused_rows = final_params([*short, "env.num_envs=8"])
     coarse, coarse_rows = final_params([*short, "policy.name=single_learner_coarse", "policy.actors=2",
