@@ -6,8 +6,9 @@ Each run starts ``msrl train CONFIG`` in a new process and watches its ``metrics
 row with ``episode_return >= --target`` appears (the process is then stopped). One run first fills a JAX
 compilation cache of its own (a temporary folder, ``MSRL_COMPILE_CACHE``) that the timed runs share, as a second
 run of a config on a user's machine does; ``--cold`` gives every run an empty cache instead. Prints JSON: each
-run's seconds (null: not reached), the median of those that reached it, ``import msrl.cli`` alone (``python -X importtime``, once), and the load average
-before and after (check that the machine is quiet first). The #23 goal: <= 5 s for examples/ppo_cartpole.yaml.
+run's seconds (null: not reached), the median of those that reached it, ``import msrl.cli`` alone
+(``python -X importtime``, once), and the load average before and after (check that the machine is quiet
+first). The #23 goal: <= 5 s for examples/ppo_cartpole.yaml.
 """
 
 from __future__ import annotations
