@@ -245,30 +245,53 @@ def _mean_over_replicas(grads: Any, state: Any, params: Any = None) -> tuple[Any
 
 LEARNER_UNROLL = 8  # steps per while-loop iteration of a learner's scans (GAE, minibatch updates), off the CPU
 LOOP_UNROLL = 4  # ... and of a training loop's own `for range` (a rollout: an env step, the network, a buffer write)
+UNROLL_MAX_EQNS = 2000  # a step of more operations than this is not unrolled (Brax's physics: ~7000)
 
 
-def scan_unroll(default: int = LEARNER_UNROLL) -> int:
-    """How many steps of a ``lax.scan`` XLA compiles into one iteration of its while loop: 1 on CPU, ``default``
-    on an accelerator, where each iteration costs a fixed ~10 us beside the steps' small kernels. Measured on an
-    H200 (fused PPO, ``benchmarks/ppo_fused.py``): Pendulum's 320 minibatch updates an iteration +27 % steps per
-    second, 16-env CartPole +37 %; a rollout unrolled by 8 instead of 4 was ~10 % slower on CartPole and
-    Acrobot (its steps are large), and on CPU unrolling was slower. ``MSRL_SCAN_UNROLL=N`` sets every loop's
+def scan(body: Callable, init: Any, xs: Any = None, length: int | None = None, reverse: bool = False,
+         default: int = LEARNER_UNROLL) -> Any:
+    """``jax.lax.scan`` with several steps per iteration of the while loop XLA makes of it where that pays: on an
+    accelerator each iteration costs a fixed ~10 us beside its steps' small kernels, so a step of at most
+    :data:`UNROLL_MAX_EQNS` jaxpr operations is unrolled ``default`` times (its trace counted once more); a larger
+    one, whose iteration overhead is small beside its work and whose compile time would grow with the copies, is
+    not, and on CPU nothing is (slower there). Measured on an H200 (fused PPO, ``benchmarks/ppo_fused.py``):
+    Pendulum's 320 minibatch updates an iteration +27 % steps per second, 16-env CartPole +37 %; a rollout
+    unrolled by 8 instead of 4 was ~10 % slower on CartPole and Acrobot. The environment variable
+    ``MSRL_SCAN_UNROLL``: ``N`` unrolls every such loop ``N`` times anywhere, ``auto`` chooses as on an accelerator
     anywhere (read when a program is traced). Every policy runs the same scans, so no equality between policies
-    changes; an unrolled loop may round otherwise (XLA fuses across its steps), so runs are not bitwise equal
-    across values."""
+    changes; an unrolled loop may round otherwise (XLA fuses across its steps), so runs with other choices are
+    not bitwise equal."""
     import os
 
     import jax
 
-    value = os.environ.get("MSRL_SCAN_UNROLL", "").strip()
-    if not value:
-        return 1 if jax.default_backend() == "cpu" else default
-    if not value.isdigit() or int(value) < 1:
+    value = os.environ.get("MSRL_SCAN_UNROLL", "").strip().lower()
+    if value.isdigit() and int(value) >= 1:
+        unroll = int(value)
+    elif value not in ("", "auto"):
         from msrl.errors import ConfigError
 
-        raise ConfigError("MSRL_SCAN_UNROLL", f"{value!r} is not a whole number of steps >= 1 (unset: 1 on CPU; "
-                          f"on an accelerator {LOOP_UNROLL} for a training loop's, {LEARNER_UNROLL} for a learner's)")
-    return int(value)
+        raise ConfigError("MSRL_SCAN_UNROLL", f"{value!r} is neither a whole number of steps >= 1 nor auto (unset: "
+                          f"auto off the CPU, 1 on it)")
+    elif value == "" and jax.default_backend() == "cpu":
+        unroll = 1
+    else:
+        step = jax.tree.map(lambda x: x[0], xs) if xs is not None else None
+        unroll = default if _eqns(jax.make_jaxpr(body)(init, step).jaxpr) <= UNROLL_MAX_EQNS else 1
+    return jax.lax.scan(body, init, xs, length=length, reverse=reverse, unroll=unroll)
+
+
+def _eqns(jaxpr: Any) -> int:
+    """The operations of ``jaxpr``, those of the jaxprs inside its operations (calls, loops, branches) too."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's
+                if hasattr(inner, "eqns"):
+                    n += _eqns(inner)
+    return n
 
 
 def ravel(tree: Any) -> Any:

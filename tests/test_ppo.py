@@ -122,7 +122,8 @@ def test_dense_acts_alike_on_any_split():
 
 def test_msrls_loops_unroll_as_the_environment_says_and_refuse_a_bad_value(monkeypatch):
     """On an accelerator msrl's scans (the loop's own, GAE, the minibatch updates) run several steps per iteration
-    of XLA's while loop (``msrl.backend.scan_unroll``); MSRL_SCAN_UNROLL chooses it anywhere."""
+    of XLA's while loop where a step is small (``msrl.backend.scan``); MSRL_SCAN_UNROLL chooses it anywhere."""
+    from msrl.backend import UNROLL_MAX_EQNS
     from msrl.compiler import _scan
     from msrl.rl import gae, scan
 
@@ -136,8 +137,17 @@ def test_msrls_loops_unroll_as_the_environment_says_and_refuse_a_bad_value(monke
     monkeypatch.setenv("MSRL_SCAN_UNROLL", "8")
     assert unrolls(lambda x: gae(x, x, x, x[0], 0.99, 0.95), x) == [8]
     assert unrolls(lambda x: scan(body, x[0], x), x) == unrolls(lambda x: _scan(body, x[0], x, 16), x) == [8]
+    monkeypatch.setenv("MSRL_SCAN_UNROLL", "auto")  # as on an accelerator: small steps only
+    assert unrolls(lambda x: scan(body, x[0], x), x) == [8] and unrolls(lambda x: _scan(body, x[0], x, 16), x) == [4]
+
+    def large(c, x):  # more operations than msrl.backend.UNROLL_MAX_EQNS: its loop is not unrolled
+        for _ in range(UNROLL_MAX_EQNS + 1):
+            c = c * x
+        return c, c
+
+    assert unrolls(lambda x: scan(large, x[0], x), x) == unrolls(lambda x: _scan(large, x[0], x, 16), x) == [1]
     monkeypatch.setenv("MSRL_SCAN_UNROLL", "0")
-    with pytest.raises(msrl.ConfigError, match="MSRL_SCAN_UNROLL: '0' is not a whole number of steps >= 1"):
+    with pytest.raises(msrl.ConfigError, match="MSRL_SCAN_UNROLL: '0' is neither a whole number of steps >= 1"):
         scan(body, x[0], x)
 
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import networkx as nx
 import numpy as np
 
-from msrl.backend import LOOP_UNROLL, scan_unroll, unsplit
+from msrl.backend import LOOP_UNROLL, scan, unsplit
 from msrl.compiler import frontend, rows
 from msrl.compiler.fdg import build_fdg
 from msrl.compiler.ir import Stmt, leaves, walk
@@ -41,9 +41,9 @@ _SEEDS = {name: i for i, name in enumerate(COMPONENTS)}
 
 
 def _scan(body: Callable, carry: Any, xs: Any, length: int) -> Any:
-    """A training loop's ``for range`` (lower.py writes the calls), unrolled as :func:`msrl.backend.scan_unroll`
-    says."""
-    return jax.lax.scan(body, carry, xs, length=length, unroll=scan_unroll(LOOP_UNROLL))
+    """A training loop's ``for range`` (lower.py writes the calls): :func:`msrl.backend.scan`, unrolled by
+    :data:`~msrl.backend.LOOP_UNROLL` where it unrolls."""
+    return scan(body, carry, xs, length=length, default=LOOP_UNROLL)
 
 
 def _sds(x: Any) -> Any:
