@@ -276,7 +276,7 @@ def scan(body: Callable, init: Any, xs: Any = None, length: int | None = None, r
     elif value == "" and jax.default_backend() == "cpu":
         unroll = 1
     else:
-        step = jax.tree.map(lambda x: x[0], xs) if xs is not None else None
+        step = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), xs)  # one step's xs (None: None)
         unroll = default if _eqns(jax.make_jaxpr(body)(init, step).jaxpr) <= UNROLL_MAX_EQNS else 1
     return jax.lax.scan(body, init, xs, length=length, reverse=reverse, unroll=unroll)
 
