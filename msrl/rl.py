@@ -15,8 +15,7 @@ import numpy as np
 import optax
 from pydantic import BaseModel, Field
 
-from msrl.backend import ravel, unravel
-from msrl.backend import scan as _scan
+from msrl.backend import ravel, scan, unravel  # scan: the learners' lax.scan, unrolled where it pays
 from msrl.components import ACTING, SHAPE_PROBE, ActOutput, Actor, MultiAgentSpec, split_keys
 from msrl.errors import ConfigError, MsrlError
 
@@ -269,12 +268,6 @@ def flat(inner: optax.GradientTransformation) -> optax.GradientTransformationExt
         return unravel(updates, vector), state
 
     return optax.GradientTransformationExtraArgs(lambda params: inner.init(ravel(params)), update)
-
-
-def scan(f, init, xs=None, length: int | None = None, reverse: bool = False):
-    """``jax.lax.scan``, its steps unrolled as the learners' loops are (:func:`msrl.backend.scan`: on an
-    accelerator 8 steps per iteration of the while loop XLA makes of it, where a step is small; on CPU none)."""
-    return _scan(f, init, xs, length=length, reverse=reverse)
 
 
 def several_updates(update, state, sample, updates: int):
