@@ -270,7 +270,9 @@ class JaxRuntime(Runtime):
                                     f"different parameters (replica {r}'s are up to {max(apart):.3g} from replica "
                                     f"0's): an update was not averaged over them. Build every optimizer of "
                                     f"{type(learner).__name__} with self.chain(...) (its optimizer() is), so that the "
-                                    "policy's gradient average applies to it", *defined_at(type(learner)))
+                                    "policy's gradient average applies to it, and average what the parameters take "
+                                    "from each replica's share of the batch (running statistics of its observations, "
+                                    "say) with self.mean_over_replicas(...)", *defined_at(type(learner)))
 
     def params(self) -> Any:
         learner = self.program.components["learner"]

@@ -6,6 +6,7 @@ CompileError points at exactly that file:line.
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -332,6 +333,63 @@ class DrawsWithNumpy(Base):
             obs, reward, done = msrl.env_step(out.action * explore)
             msrl.buffer_insert(Item(obs, out.action, reward, done))
         return msrl.agent_learn(msrl.buffer_get())
+
+
+class DrawsFromItsGenerator(Base):
+    """A numpy Generator kept on self: its draw, like np.random's, is made once while the loop is traced (it ran,
+    under fused and under single_learner_fine with another number: fine traces the loop once more)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rng = np.random.default_rng(0)
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        obs, reward, done = msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, reward * self.rng.random(), done))  # E:generator_draw
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class CountsWithNext(Base):
+    """next() of an iterator kept on self: one number per trace, not per iteration."""
+
+    def __init__(self):
+        super().__init__()
+        self.counter = itertools.count()
+
+    def train_step(self):
+        obs = msrl.env_observe()
+        out = msrl.agent_act(obs)
+        obs, reward, done = msrl.env_step(out.action)
+        msrl.buffer_insert(Item(obs, out.action, reward + next(self.counter) % 3, done))  # E:next_counter
+        return msrl.agent_learn(msrl.buffer_get())
+
+
+class CountingActor(RandomActor):
+    def __init__(self, n):
+        super().__init__(n)
+        self.count = itertools.count()
+
+    def act(self, state, params, obs):
+        state, out = super().act(state, params, obs)
+        return state, out._replace(action=out.action * (next(self.count) % 2))  # E:actor_next
+
+
+class ActsCounting(Simple):
+    def __init__(self):
+        super().__init__()
+        self.actor = CountingActor(2)
+
+
+class DrawsOnlyIfAsked(Simple):
+    """np.random in an ``if`` on a compile-time condition that is false: that branch is neither compiled nor
+    refused (it was refused, against the README)."""
+
+    def train_step(self):
+        if not self.cfg.flag:
+            noise = np.random.rand()  # noqa: F841 (never runs: flag is true)
+        return super().train_step()
 
 
 class NumpyRandomActor(RandomActor):
@@ -778,6 +836,9 @@ REJECTED = {
     "self_mutation": SelfMutation,
     "numpy_random": DrawsWithNumpy,
     "actor_numpy_random": ActsWithNumpy,
+    "generator_draw": DrawsFromItsGenerator,
+    "next_counter": CountsWithNext,
+    "actor_next": ActsCounting,
     "learner_mutation": LearnsCounting,
     "action_tuple": StepsATuple,  # (an error from inside the env: "can't multiply sequence by non-int")
     "action_count": StepsFewerEnvs,  # (jax's "vmap got inconsistent sizes")

@@ -235,6 +235,16 @@ def test_a_jax_error_that_introduces_its_detail_keeps_it_in_the_one_line_message
         session.run(1)
 
 
+def test_a_draw_in_a_branch_not_taken_is_not_refused_and_in_the_branch_taken_is(env):
+    """An ``if`` on a compile-time condition compiles only its branch and checks only it (README): np.random in
+    the branch not taken was refused all the same."""
+    msrl.compile(loops.DrawsOnlyIfAsked(), Fused(), env, NUM_ENVS)
+    loop = loops.DrawsOnlyIfAsked()
+    loop.cfg.flag = False
+    with pytest.raises(msrl.CompileError, match=r"`np.random.rand\(\)` in DrawsOnlyIfAsked.train_step runs once"):
+        msrl.compile(loop, Fused(), env, NUM_ENVS)
+
+
 @pytest.mark.parametrize("marker", sorted(loops.REJECTED))
 def test_rejected_construct_names_file_and_line(env, marker):
     with pytest.raises(msrl.CompileError) as info:

@@ -181,7 +181,8 @@ def _check_traced_method_calls(component: Any) -> None:
             raise CompileError(f"{what} changes an object that outlives it (of its self, a class or a global): JAX "
                                "traces it a few times, not once per call, so what it keeps counts traces", file,
                                line(changed), "keep what changes in the state the method is given and returns")
-        frontend.check_traced_calls(tree, {**vars(builtins), **fn.__globals__}, file, line, what, "JAX traces it",
+        me = {fdef.args.args[0].arg: component} if isinstance(fdef, ast.FunctionDef) and fdef.args.args else {}
+        frontend.check_traced_calls(tree, {**vars(builtins), **fn.__globals__, **me}, file, line, what, "JAX traces it",
                                     "call", "draw random numbers with jax.random from a key in the state the method "
                                     "is given")
 

@@ -79,37 +79,58 @@ def _scope_walk(node: ast.AST):
         yield from (ast.Name(m.id, ast.Load()) for m in names if isinstance(m.ctx, ast.Load) and m.id not in bound)
 
 
-def trace_time_call(node: ast.AST, scope: dict[str, Any]) -> str | None:
-    """``np.random.rand()``, ``random.random()``, ``time.time()``... where ``node`` calls one: code whose result a
-    trace fixes (the same number every iteration). None for anything else."""
-    if not isinstance(node, ast.Call):
-        return None
-    chain, f = [], node.func
-    while isinstance(f, ast.Attribute):
-        chain.append(f.attr)
-        f = f.value
-    if not isinstance(f, ast.Name) or f.id not in scope:
-        return None
-    value = scope[f.id]
+_UNRESOLVED = object()
+
+
+def _named(expr: ast.expr, scope: dict[str, Any]) -> Any:
+    """The object a Name/Attribute chain (``np.random.rand``, ``self.rng.random``) names in ``scope``, else
+    ``_UNRESOLVED``."""
+    chain = []
+    while isinstance(expr, ast.Attribute):
+        chain.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name) or expr.id not in scope:
+        return _UNRESOLVED
+    value = scope[expr.id]
     try:
         for attr in reversed(chain):
             value = getattr(value, attr)
     except Exception:  # noqa: BLE001 - not resolvable here: not judged
+        return _UNRESOLVED
+    return value
+
+
+def trace_time_call(node: ast.AST, scope: dict[str, Any]) -> str | None:
+    """``np.random.rand()``, ``random.random()``, ``time.time()``, a draw of a generator or ``next()`` of an iterator
+    kept on ``self`` or a global (``self.rng.random()``, ``next(self.counter)``)... where ``node`` calls one: code
+    whose result a trace fixes (the same number every iteration, and another by how often a policy traces).
+    None for anything else."""
+    if not isinstance(node, ast.Call):
+        return None
+    value = _named(node.func, scope)
+    if value is next and node.args and hasattr(_named(node.args[0], scope), "__next__"):
+        return f"`next({ast.unparse(node.args[0])})`"
+    if value is _UNRESOLVED:
         return None
     owner = getattr(value, "__self__", None)
     module = getattr(value, "__module__", None) or (type(owner).__module__ if owner is not None else "") or ""
     if module.startswith("numpy.random") or module == "random" or isinstance(owner, random.Random) or \
-            value in (time.time, time.time_ns, time.perf_counter, time.monotonic):
+            value in (time.time, time.time_ns, time.perf_counter, time.monotonic) or \
+            (owner is not None and getattr(value, "__name__", None) == "__next__"):
         return f"`{ast.unparse(node.func)}()`"
     return None
 
 
 def check_traced_calls(root: ast.AST, scope: dict[str, Any], file: str, line: Callable[[ast.AST], int], what: str,
-                       traced: str, each: str, hint: str) -> None:
-    """Code that JAX traces (``what``, the function ``root``, whose global names mean what ``scope`` says) calls no
-    :func:`trace_time_call` (a CompileError at its line); a ``print()`` in it is a warning: both run only while
-    ``traced``, not every ``each``."""
+                       traced: str, each: str, hint: str, seen: set | None = None) -> None:
+    """Code that JAX traces (``what``, the function ``root``, whose global names, and ``self``, mean what ``scope``
+    says) calls no :func:`trace_time_call` (a CompileError at its line); a ``print()`` in it is a warning: both run
+    only while ``traced``, not every ``each``. ``seen``: the lines already judged (a statement inside another)."""
     for node in ast.walk(root):
+        if seen is not None and isinstance(node, ast.Call):
+            if line(node) * 10_000 + node.col_offset in seen:
+                continue
+            seen.add(line(node) * 10_000 + node.col_offset)
         once = trace_time_call(node, scope)
         if once:
             raise CompileError(f"{once} in {what} runs once, while {traced}, not every {each}: its value is a "
@@ -301,10 +322,7 @@ class Source:
                 except ValueError:  # empty cell
                     pass
         self.scope = {**builtins.__dict__, **self.namespace}  # what a global name means in this function
-        check_traced_calls(fdef, self.scope, file, self.line, what, "msrl traces the loop", "iteration",
-                           "draw random numbers with jax.random from a key in a component's state (the actor's, as "
-                           "its act() gets it; a value differs too by how often a policy traces the loop); time what "
-                           "runs outside the loop")
+        self.what = what
 
     def line(self, node: ast.AST) -> int:
         return getattr(node, "lineno", self.fdef.lineno) + self.offset
@@ -328,6 +346,7 @@ class Frontend:
         self.inlining: list[str] = []
         self._temps: set[str] = set()  # names the compiler introduces (hoisted results, inlined locals)
         self._uses_api_cache: dict[Any, bool] = {}
+        self._judged: dict[str, set] = {}  # per file, the calls check_traced_calls has judged
 
     # ------------------------------------------------------------------------------------------ entry
     def build(self) -> list[Stmt]:
@@ -629,6 +648,10 @@ class Frontend:
         if test is not None:  # decidable at compile time (on self.cfg): only its branch runs, and is checked
             return [s for b in (st.body if test else st.orelse) for s in self._stmt(src, b, False, rename, loop)]
         st = self._live(src, st, rename)  # (its compile-time ifs' untaken branches: not checked either)
+        check_traced_calls(st, self._scope(src), src.file, src.line, src.what, "msrl traces the loop", "iteration",
+                           "draw random numbers with jax.random from a key in a component's state (the actor's, as "
+                           "its act() gets it; a value differs too by how often a policy traces the loop); time what "
+                           "runs outside the loop", self._judged.setdefault(src.file, set()))
         api = self._touches_api(src, st)
         for n in ast.walk(st):
             if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
