@@ -525,6 +525,7 @@ class _Signals:
         self.received_at = 0.0
         self.old: dict[int, Any] = {}
         self.starting = True
+        self.unheard: str | None = None  # a signal while starting, raised as KeyboardInterrupt where it came
 
     def __enter__(self) -> "_Signals":
         import signal
@@ -542,11 +543,18 @@ class _Signals:
         if self.received == signal.Signals(signum).name and time.monotonic() - self.received_at < self.SAME_S:
             return
         if self.received is not None or self.starting:
+            self.unheard = signal.Signals(signum).name  # (where Python swallows it, in a garbage collector's callback
+            # of JAX's, say, the run stops all the same once it has started: :meth:`heard`)
             raise KeyboardInterrupt
         self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
         fresh = "\n" if getattr(sys.stderr, "isatty", lambda: False)() else ""  # (off a progress bar's line)
         print(f"{fresh}msrl: {self.received}: finishing the iterations under way, then saving a checkpoint (again to "
               "stop at once)", file=sys.stderr, flush=True)
+
+    def heard(self) -> None:
+        """Stop at once (KeyboardInterrupt) if a signal came while starting whose KeyboardInterrupt was lost."""
+        if self.unheard is not None:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
         import signal
@@ -709,6 +717,10 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
         _import_wandb()
     if resume:  # refuse before building anything
         prepare_run_dir(Path(run_dir), resume, overwrite)
+        folder = Path(run_dir)  # (a folder of none of a run's files: "it stopped before its first checkpoint", it said)
+        if not any((folder / name).exists() for name in RUN_FILES) and writer_of(folder) is None:
+            raise ConfigError(arg("resume"), f"{folder} does not exist" if not folder.exists() else
+                              f"{folder} is not a run directory (it holds none of {', '.join(RUN_FILES)})")
         if checkpoint.latest(run_dir) is not None:  # (before reading it; a folder without one is refused below)
             hold.enter_context(lock_run_dir(Path(run_dir), arg("resume")))
         good = checkpoint.latest_good(run_dir) if run_dir is not None else None
@@ -905,6 +917,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
             elapsed0, last_return = meta["wall_time"], meta["episode_return"]
             episodes0 = last_episodes = meta.get("episodes", 0.0) if "env" in skip else 0.0
             seed_returns = meta.get("episode_return_per_seed", seed_returns)
+        signals.heard()  # (before an --overwrite clears the old run)
         if replace:  # (--overwrite) the new run has compiled and started: the old one goes now
             clear_run_dir(run_dir)
         checkpoint.write_atomic(run_dir / "config.yaml", dump_yaml(cfg.dump(), sort_keys=False).encode())

@@ -147,6 +147,10 @@ def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):
         train(CARTPOLE, [*QUIET, "algorithm.lr=0.01"], run_dir=tmp_path, resume=True)
     with pytest.raises(msrl.ConfigError, match=r"env\.num_envs"):
         train(CARTPOLE, [*QUIET, "env.num_envs=8"], run_dir=tmp_path, resume=True)
+    with pytest.raises(msrl.ConfigError, match="empty does not exist$"):  # (it said: "holds no checkpoint ... (it
+        train(CARTPOLE, QUIET, run_dir=tmp_path / "empty", resume=True)  # stopped before its first checkpoint)")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.yaml").write_text((tmp_path / "config.yaml").read_text())
     with pytest.raises(msrl.ConfigError, match="holds no checkpoint"):
         train(CARTPOLE, QUIET, run_dir=tmp_path / "empty", resume=True)
     saved = tmp_path / "config.yaml"  # the run's own config, edited since: that file is named, not the override

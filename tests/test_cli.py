@@ -235,6 +235,10 @@ def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsy
     assert f"RUN_DIR: {tmp_path / 'none'} does not exist" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "none")]) == 2  # (it said: not a run directory (no config.yaml))
     assert f"--resume: {tmp_path / 'none'} does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()  # (with the config given it said: "it stopped before its first checkpoint")
+    assert main(["train", CARTPOLE, "--resume", str(tmp_path / "empty")]) == 2
+    assert f"--resume: {tmp_path / 'empty'} is not a run directory (it holds none of config.yaml, metrics.csv" in \
+        capsys.readouterr().err
     assert main(["config", "algorithm=ppo"]) == 2  # (its hint was the YAML `algorithm: {name: ppo}`)
     assert "algorithm: must be a mapping of keys, got 'ppo' (write `algorithm.name=ppo`, or in a file `algorithm: " \
         "{name: ppo}`)" in capsys.readouterr().err

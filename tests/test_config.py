@@ -538,6 +538,9 @@ def test_what_the_environment_or_algorithm_refuses_names_the_line_of_ones_yaml(t
     with pytest.raises(ConfigError, match=r"^env.id: 'gymnax:CartPol-v1' is not"):  # (an override's: no line)
         msrl.train(path, ["env.id=gymnax:CartPol-v1"], run_dir=tmp_path / "run")
     path.write_text("algorithm:\n  name: sac\nenv:\n  id: gymnax:CartPole-v1\n")
-    with pytest.raises(ConfigError, match=rf"^algorithm.name: {path}:2: SAC needs one agent with continuous"):
+    with pytest.raises(ConfigError, match=rf"^algorithm.name: {path}:2: SAC needs one agent with continuous.*as in "
+                                          r"examples/sac_pendulum.yaml\)"):
         msrl.train(path, run_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"TD3 needs .*as in examples/td3_pendulum.yaml\)"):  # (it said sac_...)
+        msrl.train(path, ["algorithm.name=td3"], run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()

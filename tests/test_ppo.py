@@ -198,6 +198,9 @@ def test_a_session_takes_what_the_config_says_and_refuses_what_it_cannot_take():
             session.snapshot(skip="env")
         with pytest.raises(msrl.ConfigError, match=r"^snapshot: is not a snapshot .*its 'params' holds dict"):
             session.restore(session.params())  # (it said: holds fragment 'params' (? replicas))
+        for bad in (0, -1, 1.5):  # (0 and -1 spun at full CPU for ever)
+            with pytest.raises(msrl.ConfigError, match="^chunk: a whole number >= 1 of iterations per list of rows"):
+                list(session.stream(2, chunk=bad))
     with pytest.raises(msrl.TrainingError, match="this session is closed"):  # (entered again without a word)
         with session:
             pass

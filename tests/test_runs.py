@@ -298,6 +298,34 @@ def test_a_second_signal_stops_at_once_without_waiting_for_the_dispatch_under_wa
     assert float(proc.stdout.split("stopped ")[1].split()[0]) < 1.5, proc.stdout
 
 
+def test_a_signal_while_starting_that_something_swallows_still_stops_the_run(tmp_path):
+    """A Ctrl-C while XLA compiles raises KeyboardInterrupt where it lands; inside JAX's garbage-collector callback
+    Python printed it as ignored and dropped it: the run trained to the end and exited 0 (2 of 9 tries). An env
+    whose construction swallows it stands in for that callback."""
+    script = textwrap.dedent(f"""
+        import signal, gymnasium, msrl
+        from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+        class Swallows(CartPoleEnv):
+            def __init__(self, **kw):
+                super().__init__(**kw)
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                except KeyboardInterrupt:
+                    pass
+        gymnasium.register("MsrlSwallows-v0", entry_point=Swallows, max_episode_steps=500)
+        try:
+            msrl.train({str(EXAMPLES / "ppo_cartpole_threads.yaml")!r}, ["env.id=gymnasium:MsrlSwallows-v0",
+                       "run.total_env_steps=2048", "algorithm.rollout_len=64", "run.progress=false",
+                       "run.tensorboard=false"], run_dir={str(tmp_path / "run")!r})
+            print("finished", flush=True)
+        except KeyboardInterrupt as e:
+            print("stopped:", type(e).__name__, flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.startswith("stopped: KeyboardInterrupt"), (proc.stdout, proc.stderr[-3000:])
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_one_signal_delivered_twice_at_once_is_one_stop_that_saves(tmp_path):
     """coreutils' `timeout -s INT` signals the process, then its process group: two SIGINTs microseconds apart.
     They stopped the run at once, saving nothing (one time in four); the same signal within half a second is one."""

@@ -121,7 +121,7 @@ class Session:
         """Run ``iterations`` training iterations; one metrics row per iteration."""
         return [row for rows in self.stream(iterations, iterations) for row in rows]
 
-    def stream(self, iterations: int, chunk: int, stop: Callable[[], bool] = lambda: False
+    def stream(self, iterations: int, chunk: int = 1, stop: Callable[[], bool] = lambda: False
                ) -> Iterator[list[dict[str, float]]]:
         """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish; no chunk starts
         once ``stop()`` is true (the rows of those already started still come)."""
@@ -130,6 +130,10 @@ class Session:
             from msrl.errors import ConfigError
 
             raise ConfigError("iterations", f"a whole number >= 0 of iterations to run, got {iterations!r:.100}")
+        if not isinstance(chunk, numbers.Integral) or isinstance(chunk, bool) or chunk < 1:  # (0 spun for ever)
+            from msrl.errors import ConfigError
+
+            raise ConfigError("chunk", f"a whole number >= 1 of iterations per list of rows, got {chunk!r:.100}")
         end, total = (self.iteration + iterations) * self.env_steps_per_iteration, self._total_env_steps
         if total is not None and end > total:
             import sys
@@ -321,8 +325,9 @@ def _check_like(snapshot: Any, own: dict[str, list[dict[str, Any]]]) -> None:
                               f"replica's states): its {frag!r} holds {type(replicas).__name__}; this program's "
                               f"fragments (replicas) are {ours}")
         if frag not in own or len(replicas) != len(own[frag]):
-            raise ConfigError("snapshot", f"holds fragment {frag!r} ({len(replicas)} replicas); this program's are "
-                              f"{ours}")
+            many = "s" if len(replicas) != 1 else ""
+            raise ConfigError("snapshot", f"holds fragment {frag!r} ({len(replicas)} replica{many}); this program's "
+                              f"are {ours}")
         for r, (states, mine) in enumerate(zip(replicas, own[frag])):
             if not isinstance(states, dict):
                 raise ConfigError("snapshot", f"{frag!r} replica {r} must be a dict of component -> state, got "
