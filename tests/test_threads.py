@@ -331,7 +331,7 @@ def test_a_closed_session_and_another_programs_snapshot_are_clear_errors():
         with pytest.raises(msrl.ConfigError, match=r"'actor' replica 0's 'params' state differs in structure, "
                                                    r"shapes or dtypes from this program's"):
             other.restore(snap)
-        with pytest.raises(msrl.ConfigError, match=r"holds fragment 'main' \(1 replicas\); this program's are "
+        with pytest.raises(msrl.ConfigError, match=r"holds fragment 'main' \(1 replica\); this program's are "
                                                    r"'actor' \(2\), 'learner' \(1\)"):
             other.restore({"main": [{}]})
         with pytest.raises(msrl.ConfigError, match=r"holds no fragment 'actor'; this program's fragments \(replicas\) "
