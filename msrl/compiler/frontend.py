@@ -128,9 +128,9 @@ def check_traced_calls(root: ast.AST, scope: dict[str, Any], file: str, line: Ca
     only while ``traced``, not every ``each``. ``seen``: the lines already judged (a statement inside another)."""
     for node in ast.walk(root):
         if seen is not None and isinstance(node, ast.Call):
-            if line(node) * 10_000 + node.col_offset in seen:
+            if (line(node), node.col_offset) in seen:
                 continue
-            seen.add(line(node) * 10_000 + node.col_offset)
+            seen.add((line(node), node.col_offset))
         once = trace_time_call(node, scope)
         if once:
             raise CompileError(f"{once} in {what} runs once, while {traced}, not every {each}: its value is a "
