@@ -392,7 +392,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
                           "outside it")
     if resume or not run_dir.exists() or not any(p.name != LOCK for p in run_dir.iterdir()):
         return False
-    is_run = any((run_dir / name).exists() for name in RUN_FILES)
+    is_run = _has_run_files(run_dir)
     if not overwrite and is_run and not any(run_dir.rglob("ckpt_*.msgpack")):
         raise ConfigError(arg("run_dir"), f"{run_dir} already holds a run that stopped before its first checkpoint; "
                           f"start it again with {arg('overwrite', '')}, or choose another {arg('run_dir')}")
@@ -404,6 +404,11 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
         raise ConfigError(arg("run_dir"), f"{run_dir} already holds a run; continue it with "
                           f"{arg('resume', run_dir)}, or replace it with {arg('overwrite', '')}")
     return True
+
+
+def _has_run_files(folder: Path) -> bool:
+    """Whether ``folder`` holds any of what a run directory holds (:data:`RUN_FILES`)."""
+    return any((folder / name).exists() for name in RUN_FILES)
 
 
 def _holds_a_run(folder: Path) -> bool:
@@ -525,7 +530,7 @@ class _Signals:
         self.received_at = 0.0
         self.old: dict[int, Any] = {}
         self.starting = True
-        self.unheard: str | None = None  # a signal while starting, raised as KeyboardInterrupt where it came
+        self.unheard = False  # a signal came while starting (raised as KeyboardInterrupt where it landed)
 
     def __enter__(self) -> "_Signals":
         import signal
@@ -543,7 +548,7 @@ class _Signals:
         if self.received == signal.Signals(signum).name and time.monotonic() - self.received_at < self.SAME_S:
             return
         if self.received is not None or self.starting:
-            self.unheard = signal.Signals(signum).name  # (where Python swallows it, in a garbage collector's callback
+            self.unheard = True  # (where Python swallows it, in a garbage collector's callback
             # of JAX's, say, the run stops all the same once it has started: :meth:`heard`)
             raise KeyboardInterrupt
         self.received, self.received_at = signal.Signals(signum).name, time.monotonic()
@@ -553,7 +558,7 @@ class _Signals:
 
     def heard(self) -> None:
         """Stop at once (KeyboardInterrupt) if a signal came while starting whose KeyboardInterrupt was lost."""
-        if self.unheard is not None:
+        if self.unheard:
             raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
@@ -718,7 +723,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
     if resume:  # refuse before building anything
         prepare_run_dir(Path(run_dir), resume, overwrite)
         folder = Path(run_dir)  # (a folder of none of a run's files: "it stopped before its first checkpoint", it said)
-        if not any((folder / name).exists() for name in RUN_FILES) and writer_of(folder) is None:
+        if not _has_run_files(folder) and writer_of(folder) is None:
             raise ConfigError(arg("resume"), f"{folder} does not exist" if not folder.exists() else
                               f"{folder} is not a run directory (it holds none of {', '.join(RUN_FILES)})")
         if checkpoint.latest(run_dir) is not None:  # (before reading it; a folder without one is refused below)

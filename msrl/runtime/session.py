@@ -68,8 +68,7 @@ class Session:
             if iterations_per_dispatch is None:
                 iterations_per_dispatch = self.config.run.iterations_per_dispatch
         k = 1 if iterations_per_dispatch is None else iterations_per_dispatch
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-            raise ConfigError("iterations_per_dispatch", f"a whole number >= 1 of iterations per call, got {k!r:.100}")
+        _whole("iterations_per_dispatch", k, 1, "a whole number >= 1 of iterations per call")
         run = _run_arguments(seed, seeds, sweep, stall_timeout_s, seed_batching, program)
         self.program, self.seed, self.seeds, self.iteration = program, run.seed, run.num_seeds, 0
         self.members = members(run)  # what the program runs for: every combination of swept values x every seed
@@ -126,14 +125,8 @@ class Session:
         """Run ``iterations`` iterations, yielding the rows of each ``chunk`` as they finish; no chunk starts
         once ``stop()`` is true (the rows of those already started still come)."""
         self._open()
-        if not isinstance(iterations, numbers.Integral) or isinstance(iterations, bool) or iterations < 0:
-            from msrl.errors import ConfigError
-
-            raise ConfigError("iterations", f"a whole number >= 0 of iterations to run, got {iterations!r:.100}")
-        if not isinstance(chunk, numbers.Integral) or isinstance(chunk, bool) or chunk < 1:  # (0 spun for ever)
-            from msrl.errors import ConfigError
-
-            raise ConfigError("chunk", f"a whole number >= 1 of iterations per list of rows, got {chunk!r:.100}")
+        _whole("iterations", iterations, 0, "a whole number >= 0 of iterations to run")
+        _whole("chunk", chunk, 1, "a whole number >= 1 of iterations per list of rows")  # (0 spun for ever)
         end, total = (self.iteration + iterations) * self.env_steps_per_iteration, self._total_env_steps
         if total is not None and end > total:
             import sys
@@ -207,11 +200,8 @@ class Session:
         self._open()
         if iteration is None:
             iteration = getattr(snapshot, "iteration", None)
-        elif not isinstance(iteration, numbers.Integral) or isinstance(iteration, bool) or iteration < 0:
-            from msrl.errors import ConfigError
-
-            raise ConfigError("iteration", f"the iteration the snapshot was taken after: a whole number >= 0, got "
-                              f"{iteration!r:.100}")
+        else:
+            _whole("iteration", iteration, 0, "the iteration the snapshot was taken after: a whole number >= 0")
         _check_like(snapshot, self.runtime.shapes(_not_held(snapshot)))
         self.runtime.restore(snapshot, iteration)
         if iteration is not None:
@@ -258,6 +248,14 @@ class Snapshot(dict):
                 Snapshot, lambda s: ([(jax.tree_util.DictKey(k), s[k]) for k in sorted(s)], (sorted(s), s.iteration)),
                 lambda aux, values: Snapshot(dict(zip(aux[0], values)), aux[1]))
             Snapshot._registered = True
+
+
+def _whole(key: str, value: Any, least: int, what: str) -> None:
+    """A ConfigError on ``key`` (``what`` it must be) unless ``value`` is a whole number >= ``least`` (no bool)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+        from msrl.errors import ConfigError
+
+        raise ConfigError(key, f"{what}, got {value!r:.100}")
 
 
 def _run_arguments(seed: Any, seeds: Any, sweep: Any, stall_timeout_s: Any, seed_batching: Any, program: Any) -> Any:
