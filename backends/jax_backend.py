@@ -30,9 +30,9 @@ import numpy as np
 from jax.extend.core import jaxpr_as_fun
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from msrl.backend import Backend, Runtime, metric_rows, replica_env_ids, replicated
+from msrl.backend import Backend, Runtime, learners_agree, metric_rows, replica_env_ids, replicated
 from msrl.compiler.lower import reraise_at_user_line
-from msrl.errors import CompileError, ConfigError, defined_at
+from msrl.errors import ConfigError
 from msrl.sweep import python_use
 from msrl.backends.threads import ThreadsRuntime
 from msrl.runtime.driver import failure
@@ -229,7 +229,8 @@ class JaxRuntime(Runtime):
     def snapshot(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
         states = self._replica_states(self._view(skip))
         if self.replicas > 1 and "learner" in states[0]:
-            self._agreed([state["learner"] for state in states])
+            learner = self.program.components["learner"]
+            learners_agree(self.program, [learner.policy_params(state["learner"]) for state in states])
         return {self.fragment.name: states}
 
     def shapes(self, skip: tuple[str, ...] = ()) -> dict[str, list[dict]]:
@@ -256,29 +257,11 @@ class JaxRuntime(Runtime):
             self._state["env"] = self._place([self.program.init_states(["env"], self.seed, ids, fold=iteration)])["env"]
             self._compiled = self._recompile()  # (the program calls the pool it was traced with)
 
-    def _agreed(self, learners: list[Any]) -> None:
-        """The replicas' learner states, checked: they average every update (``msrl.all_reduce_mean()``), so
-        each holds the same parameters; replicas apart were updated by an optimizer that skipped the average."""
-        learner = self.program.components["learner"]
-        first = jax.tree.leaves(learner.policy_params(learners[0]))
-        for r, state in enumerate(learners[1:], 1):
-            apart = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-                     for a, b in zip(first, jax.tree.leaves(learner.policy_params(state)))
-                     if not np.array_equal(a, b, equal_nan=True)]  # (NaN alike on all: the NaN guard's to report)
-            if apart:  # (the learner's code: its definition is named)
-                raise CompileError(f"the {self.replicas} learner replicas of policy {self.program.policy.name!r} hold "
-                                    f"different parameters (replica {r}'s are up to {max(apart):.3g} from replica "
-                                    f"0's): an update was not averaged over them. Build every optimizer of "
-                                    f"{type(learner).__name__} with self.chain(...) (its optimizer() is), so that the "
-                                    "policy's gradient average applies to it, and average what the parameters take "
-                                    "from each replica's share of the batch (running statistics of its observations, "
-                                    "say) with self.mean_over_replicas(...)", *defined_at(type(learner)))
-
     def params(self) -> Any:
         learner = self.program.components["learner"]
         states = self._replica_states(self._view(only="learner")["learner"])
         if self.replicas > 1:
-            self._agreed(states)
+            learners_agree(self.program, [learner.policy_params(state) for state in states])
         state = states[0]
         if self.members == 1:
             return learner.policy_params(state)

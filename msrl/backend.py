@@ -234,6 +234,33 @@ def reduces_over_replicas(transforms: Any) -> bool:
     return any(getattr(t, "update", None) is _mean_over_replicas for t in transforms)
 
 
+
+def learners_agree(program: Any, params: list[Any]) -> None:
+    """The policy parameters of a learner's replicas that average every update (:func:`all_reduce_mean`), ``params``
+    (``policy_params`` of each replica's state), checked equal: replicas apart were updated by an optimizer that skipped the average (``params()`` would read replica
+    0's). The rest of their states may differ (each replica's own environments' running returns): a checkpoint
+    holds and restores every replica's."""
+    import jax
+    import numpy as np
+
+    from msrl.errors import CompileError, defined_at
+
+    learner = program.components["learner"]
+    first = jax.tree.leaves(params[0])
+    for r, each in enumerate(params[1:], 1):
+        apart = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                 for a, b in zip(first, jax.tree.leaves(each))
+                 if not np.array_equal(a, b, equal_nan=True)]  # (NaN alike on all: the NaN guard's to report)
+        if apart:  # (the learner's code: its definition is named)
+            raise CompileError(f"the {len(params)} learner replicas of policy {program.policy.name!r} hold "
+                               f"different parameters (replica {r}'s are up to {max(apart):.3g} from replica 0's): "
+                               f"an update was not averaged over them. Build every optimizer of "
+                               f"{type(learner).__name__} with self.chain(...) (its optimizer() is), so that the "
+                               "policy's gradient average applies to it, and average what the parameters take from "
+                               "each replica's share of the batch (running statistics of its observations, say) with "
+                               "self.mean_over_replicas(...)", *defined_at(type(learner)))
+
+
 def _mean_over_replicas(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
     from jax.lax import pmean
 

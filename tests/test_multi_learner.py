@@ -161,10 +161,15 @@ class Unchained(A2CAlgorithm):
         self.learner = UnchainedLearner(self.learner.net, cfg, ctx.env_spec.example_obs(), self.learner.num_updates)
 
 
-def test_learners_whose_update_skips_the_average_are_told_so():
-    """(Each learner trained on its own share and the run reported replica 0's parameters without a word.)"""
+@pytest.mark.parametrize("backend", ["jax", "ray"])
+def test_learners_whose_update_skips_the_average_are_told_so(backend, request):
+    """(Each learner trained on its own share and the run reported replica 0's parameters without a word; on ray,
+    params() and a checkpoint took learner 0's without comparing.)"""
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
     with msrl.Session(EXAMPLES / "a2c_cartpole.yaml", [*MULTI, "policy.learners=2", "algorithm.name=a2c_unchained",
-                                                       "run.total_env_steps=100000"]) as session:
+                                                       f"policy.backend={backend}", "run.total_env_steps=100000"]
+                      ) as session:
         session.run(2)
         for read in (session.params, session.snapshot):
             with pytest.raises(msrl.CompileError, match=r"the 2 learner replicas of policy 'multi_learner' hold "

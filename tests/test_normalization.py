@@ -92,3 +92,23 @@ def test_per_env_learner_state_of_another_size_says_how_to_size_it():
     with pytest.raises(msrl.ConfigError, match=r"^policy.name: the learner keeps state for each of 8 environments, "
                                                r"but its batch holds 4: size such state with Context.learner_envs "):
         per_env_carry(carry, 4)
+
+
+def test_learner_replicas_keep_their_own_environments_running_returns_through_a_restore():
+    """multi_learner's replicas share parameters and statistics, but the discounted return each accumulates for
+    reward scaling is its own environments' (state that differs between replicas by design): a snapshot holds
+    every replica's, and a restored session continues as the uninterrupted one does."""
+    cfg = [*NORM, "run.seed=0", "run.total_env_steps=100000", "env.num_envs=4", "algorithm.rollout_len=8",
+           "algorithm.epochs=1", "algorithm.minibatches=2", "algorithm.hidden=[16]", "policy.name=multi_learner",
+           "policy.learners=2"]
+    with msrl.Session(PPO_PENDULUM, cfg) as s:
+        s.run(2)
+        snap = s.snapshot()
+        s.run(2)
+        on = s.params()
+    learners = [state["learner"] for state in next(iter(snap.values()))]
+    assert max_diff(learners[0]["ret"], learners[1]["ret"]) > 0  # each replica's own
+    with msrl.Session(PPO_PENDULUM, cfg) as s:
+        s.restore(snap)
+        s.run(2)
+        assert max_diff(on, s.params()) == 0.0

@@ -31,8 +31,8 @@ import jax
 import numpy as np
 
 from msrl import services
-from msrl.backend import (Runtime, concat_along, gather_receiver, gather_senders, mean_metrics, policy_lag,
-                          reduces_over_replicas, result_metrics, split_along, stats_fn)
+from msrl.backend import (Runtime, concat_along, gather_receiver, gather_senders, learners_agree, mean_metrics,
+                          policy_lag, reduces_over_replicas, result_metrics, split_along, stats_fn)
 from msrl.components import episode_metrics
 from msrl.compiler.ir import walk
 from msrl.compiler.lower import materialize, reraise_at_user_line, user_frames
@@ -542,7 +542,15 @@ class ReplicaRuntime(Runtime):
         out: dict[str, list[dict]] = {}
         for key in self.keys:
             out.setdefault(key[0], []).append(states[key])
+        learner = self.program.components.get("learner")
+        for name in self._averaging():
+            learners_agree(self.program, [learner.policy_params(state["learner"]) for state in out[name]])
         return {**out, **services.snapshot(self.program.services)}
+
+    def _averaging(self) -> list[str]:
+        """The fragments whose learner replicas average their updates over each other (one collective program)."""
+        return [name for name, frag in self.program.fragments.items() if frag.spec.replicas > 1
+                and "learner" in frag.state_keys and self.collective(frag)]
 
     def restore(self, snapshot: dict[str, list[dict]], iteration: int | None = None) -> None:
         self._env_seen = {}  # (the restored environments count their own episodes)
@@ -559,5 +567,8 @@ class ReplicaRuntime(Runtime):
         held = services.held_params(self.program)
         if held is not None:
             return held
+        for name in self._averaging():
+            keys = [k for k in self.keys if k[0] == name]
+            learners_agree(self.program, list(self._call(keys, "params").values()))
         key = next(k for k in self.keys if "learner" in self.program.fragments[k[0]].state_keys)
         return self._call([key], "params")[key]
