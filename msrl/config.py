@@ -382,7 +382,7 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
     sweep = run.get("sweep") or {}
     if not isinstance(sweep, dict):
         raise ConfigError("run.sweep", f"must be a mapping of algorithm keys to lists of values, got {quote(sweep)}")
-    sweep = dict(sweep)
+    sweep, listed_here = dict(sweep), set()  # (the keys whose list the algorithm section gives: named so in errors)
     for key, value in algo.items():
         field = model.model_fields.get(key)
         listed = field is not None and "list" in str(field.annotation).lower()
@@ -404,7 +404,9 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
                                      else "keep one (a resumed run sweeps the values it trained: sweep others "
                                      "in a new run)"))
             sweep[key] = value
+            listed_here.add(key)
     for key, values in sweep.items():
+        where = f"algorithm.{key}" if key in listed_here else f"run.sweep.{key}"
         field = model.model_fields.get(key)
         if field is None:
             floats = [k for k, f in model.model_fields.items() if float_key(f.annotation)]
@@ -415,12 +417,12 @@ def _swept(model: type[BaseModel], algo: dict[str, Any], run: dict[str, Any]) ->
             raise ConfigError(f"algorithm.{key}", "one program sweeps float keys only (a count, a size or a choice "
                               f"can change the program's shapes; this key is {kind}): run one program per value")
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"run.sweep.{key}", f"must be a non-empty list of values, got {quote(values)}")
+            raise ConfigError(where, f"must be a non-empty list of values, got {quote(values)}")
         if None in values:  # (a float or null: null is another way of working, e.g. SAC's learned temperature)
-            raise ConfigError(f"run.sweep.{key}", f"null and a number are two programs, not one swept value: run one "
-                              f"program per value, got {quote(values)}")
+            raise ConfigError(where, f"null and a number are two programs, not one swept value: run one program per "
+                              f"value, got {quote(values)}")
         if len(set(map(_number_or_repr, values))) < len(values):  # 1e-3 and 0.001 are one value
-            raise ConfigError(f"run.sweep.{key}", f"lists a value twice: {quote(list(map(_number_or_repr, values)))}")
+            raise ConfigError(where, f"lists a value twice: {quote(list(map(_number_or_repr, values)))}")
         algo[key] = values[0]
     return {**run, "sweep": sweep} if sweep else run
 
@@ -623,11 +625,19 @@ def load_config(path: str | Path | dict | None, overrides: list[str] = ()) -> Ex
 
 def in_file(error: ConfigError, path: Any, overrides: list[str] = ()) -> ConfigError:
     """``error`` naming the file and line where its key is written (``y/my.yaml:3: ...``), unless the key is not
-    the file's: an override sets it (or a key inside it), or the file does not write it."""
+    the file's: an override sets it (or a key inside it), or the file does not write it; and naming one of the
+    error's ``also`` keys instead of its own where an override sets that one and not its own."""
     given = [o.partition("=")[0].strip() for o in override_list(overrides)]
+
+    def set_by_override(key: str) -> bool:
+        return any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in given)
+
+    if error.key and not set_by_override(error.key):  # (the env.id given beside the YAML's algorithm.name)
+        other = next((k for k in getattr(error, "also", ()) if set_by_override(k)), None)
+        if other is not None:
+            return ConfigError(other, error.message, (error.key,))
     if not error.key or not isinstance(path, (str, os.PathLike)) or error.message.startswith(f"{path}:") or \
-            re.match(r"\S+:\d+: ", error.message) or any(  # (a place of its own: the user's code's line)
-            k == error.key or k.startswith(error.key + ".") or error.key.startswith(k + ".") for k in given):
+            re.match(r"\S+:\d+: ", error.message) or set_by_override(error.key):  # (a place of its own: user code)
         return error
     try:
         node = yaml.compose(Path(path).expanduser().read_text(), Loader=yaml.SafeLoader)

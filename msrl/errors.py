@@ -25,14 +25,16 @@ class MsrlError(Exception):
 
 
 class ConfigError(MsrlError, ValueError):
-    """A bad configuration value. ``key`` is the dotted path of the offending key (``policy.actors``)."""
+    """A bad configuration value. ``key`` is the dotted path of the offending key (``policy.actors``); ``also``,
+    keys whose values make the error together with it (an algorithm and an env it cannot act in): where the user
+    set one of those on the command line and not ``key``, the error names that one (see ``config.in_file``)."""
 
-    def __init__(self, key: str, message: str):
-        self.key, self.message = key, message
+    def __init__(self, key: str, message: str, also: tuple[str, ...] = ()):
+        self.key, self.message, self.also = key, message, tuple(also)
         super().__init__(f"{key}: {message}" if key else message)
 
     def __reduce__(self):  # picklable, so one raised in a Ray actor reaches the driver as itself
-        return ConfigError, (self.key, self.message)
+        return ConfigError, (self.key, self.message, self.also)
 
 
 class CompileError(MsrlError):

@@ -525,7 +525,8 @@ class MemoryConfig(BaseModel):
 def recurrent_actor_critic(spec, cfg) -> "RecurrentActorCritic":
     """The :class:`RecurrentActorCritic` of a single-agent env spec and a config with :class:`MemoryConfig`'s keys."""
     if isinstance(spec, MultiAgentSpec):
-        raise ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; {cfg.name} acts for one")
+        raise ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; {cfg.name} acts for one",
+                          also=("env.id",))
     return RecurrentActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
                                 hidden=tuple(cfg.hidden), memory=cfg.memory, memory_size=cfg.memory_size,
                                 activation=cfg.activation)

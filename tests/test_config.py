@@ -78,7 +78,7 @@ def test_messages_for_slips_say_what_was_meant(tmp_path):
              (["backend=ray"], r"\(did you mean policy.backend\?\)$"),
              (["algorithm.name=PPO"], r"^algorithm.name: unknown algorithm 'PPO'; did you mean 'ppo'\? "),
              (["run.sweep.lrr=[1e-3,2e-3]"], r"^run.sweep.lrr: not a key of algorithm ppo; did you mean 'lr'\? "),
-             (["algorithm.lr=[1e-3,0.001]"], r"^run.sweep.lr: lists a value twice: \[0.001, 0.001\]$"),
+             (["algorithm.lr=[1e-3,0.001]"], r"^algorithm.lr: lists a value twice: \[0.001, 0.001\]$"),
              (["algorithm.name=a2c"], (r"^algorithm.epochs: a2c has no such key: the config gives it for ppo, which "
                                        r"algorithm.name=a2c replaces; drop epochs, minibatches, clip_eps from the "
                                        r"config, or start from a config of a2c \(`msrl config algorithm.name=a2c "
@@ -541,6 +541,12 @@ def test_what_the_environment_or_algorithm_refuses_names_the_line_of_ones_yaml(t
     with pytest.raises(ConfigError, match=rf"^algorithm.name: {path}:2: SAC needs one agent with continuous.*as in "
                                           r"examples/sac_pendulum.yaml\)"):
         msrl.train(path, run_dir=tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"TD3 needs .*as in examples/td3_pendulum.yaml\)"):  # (it said sac_...)
-        msrl.train(path, ["algorithm.name=td3"], run_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^algorithm.name: TD3 needs .*as in examples/td3_pendulum.yaml\)"):
+        msrl.train(path, ["algorithm.name=td3"], run_dir=tmp_path / "run")  # (it said sac_...)
+    path.write_text("algorithm:\n  name: sac\nenv:\n  id: gymnax:Pendulum-v1\n")
+    with pytest.raises(ConfigError, match=r"^env.id: SAC needs one agent with continuous"):  # (the override, not the
+        msrl.train(path, ["env.id=gymnax:CartPole-v1"], run_dir=tmp_path / "run")  # algorithm's line: 2)
+    path.write_text("algorithm:\n  name: ppo\nenv:\n  id: gymnax:CartPole-v1\n")
+    with pytest.raises(ConfigError, match=r"^algorithm.name: gymnax:CartPole-v1 is a single-agent environment; MAPPO"):
+        msrl.train(path, ["algorithm.name=mappo"], run_dir=tmp_path / "run")  # (it named env.id at line 4)
     assert not (tmp_path / "run").exists()

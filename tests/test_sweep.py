@@ -58,9 +58,10 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     refused = {"algorithm.epochs=[1,2]": "algorithm.epochs: one program sweeps float keys only",
                "algorithm.lr=[0.001,-1]": r"algorithm.lr: .*greater than 0",
                "algorithm.lr=[0.001,abc]": r"algorithm.lr: Input should be a valid number.*\(got 'abc'\)",
-               "algorithm.lr=[]": "run.sweep.lr: must be a non-empty list",
-               "algorithm.lr=[0.001,0.001]": "run.sweep.lr: lists a value twice",
-               "algorithm.lr=[1e-3,0.001]": "run.sweep.lr: lists a value twice",  # one value, written two ways
+               "algorithm.lr=[]": "^algorithm.lr: must be a non-empty list",  # (the key written: it said run.sweep.lr)
+               "run.sweep={lr: []}": "^run.sweep.lr: must be a non-empty list",
+               "algorithm.lr=[0.001,0.001]": "^algorithm.lr: lists a value twice",
+               "algorithm.lr=[1e-3,0.001]": "^algorithm.lr: lists a value twice",  # one value, written two ways
                "run.seed=[0,1]": r"run.seed: .*\(got \[0, 1\]\); several seeds in one program: run.num_seeds=N",
                "run.sweep={lrr: [0.1]}": r"run.sweep.lrr: not a key of algorithm ppo; did you mean 'lr'\? its float keys: "
                                          "lr, gamma"}
@@ -72,7 +73,7 @@ def test_a_list_value_is_a_sweep_and_what_cannot_be_swept_is_refused():
     refused = {  # (each was a message about shapes, or pydantic's about one element, or trained identical members)
         (sac, "algorithm.hidden=[[64],[32]]"): r"^algorithm.hidden: a list of lists \(\[\[64\], \[32\]\]\) would sweep "
                                                 r"it, but one program sweeps float keys only",
-        (sac, "algorithm.alpha=[0.1,null]"): r"^run.sweep.alpha: null and a number are two programs",
+        (sac, "algorithm.alpha=[0.1,null]"): r"^algorithm.alpha: null and a number are two programs",
         (dqn, "algorithm.per_alpha=[0.6,0.3]"): r"^algorithm.per_alpha: is swept, but it only applies with "
                                                 r"algorithm.prioritized=true: every member would train the same",
         (dqn, "algorithm.eps_decay_steps=[1000,2000]"): r"^algorithm.eps_decay_steps: one program sweeps float keys "

@@ -74,7 +74,7 @@ def actor_critic(spec: msrl.EnvSpec, cfg: A2CConfig, algorithm: str) -> ActorCri
     """PPO's actor-critic network for a single-agent env spec (discrete or continuous actions)."""
     if isinstance(spec, msrl.MultiAgentSpec):
         raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; {algorithm} acts for one "
-                               "(use algorithm.name=mappo)")
+                               "(use algorithm.name=mappo)", also=("env.id",))
     return ActorCritic(action_dim=action_dim(spec), discrete=spec.discrete, obs_ndim=len(spec.obs_shape),
                        hidden=tuple(cfg.hidden), activation=cfg.activation)
 

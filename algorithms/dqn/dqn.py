@@ -189,7 +189,8 @@ class DQN(msrl.Algorithm):
         spec = ctx.env_spec
         if isinstance(spec, msrl.MultiAgentSpec) or not spec.discrete:
             raise msrl.ConfigError("algorithm.name", f"DQN needs one agent with discrete actions; {spec.id} has "
-                                   f"{'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'continuous actions'}")
+                                   f"{'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'continuous actions'}",
+                                   also=("env.id",))
         rows, needed = cfg.buffer_size // ctx.num_envs, max(cfg.rollout_len + cfg.n_step, cfg.n_step + 2)
         if rows < needed:
             raise msrl.ConfigError("algorithm.buffer_size", f"{cfg.buffer_size} transitions are {rows} steps of "

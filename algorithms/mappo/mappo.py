@@ -65,7 +65,8 @@ class MAPPO(PPO):
     def network(self, spec: msrl.EnvSpec) -> nn.Module:
         if not isinstance(spec, msrl.MultiAgentSpec):
             raise msrl.ConfigError("env.id", f"{spec.id} is a single-agent environment; MAPPO needs a multi-agent "
-                                   "one (e.g. jaxmarl:MPE_simple_spread_v3), or use algorithm.name=ppo")
+                                   "one (e.g. jaxmarl:MPE_simple_spread_v3), or use algorithm.name=ppo",
+                                   also=("algorithm.name",))
         if self.cfg.network != "mlp":
             raise msrl.ConfigError("algorithm.network", f"MAPPO's actor and critic are MLPs; {self.cfg.network!r} is "
                                    "PPO's (algorithm.name=ppo)")

@@ -163,7 +163,7 @@ class PPO(msrl.Algorithm):
         """The actor-critic: ``net.apply(params, obs) -> (policy head, value)`` for a batch of observations."""
         if isinstance(spec, msrl.MultiAgentSpec):
             raise msrl.ConfigError("algorithm.name", f"{spec.id} has {spec.num_agents} agents; PPO acts for one "
-                                   "(use algorithm.name=mappo)")
+                                   "(use algorithm.name=mappo)", also=("env.id",))
         if self.cfg.network == "nature_cnn":
             shape = list(spec.obs_shape)
             if len(shape) != 3 or min(shape[1:]) < 36:

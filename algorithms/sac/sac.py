@@ -247,7 +247,7 @@ class ContinuousOffPolicy(msrl.Algorithm):
             has = "several agents" if isinstance(spec, msrl.MultiAgentSpec) else "discrete actions"
             raise msrl.ConfigError("algorithm.name", f"{name} needs one agent with continuous (Box) actions; {spec.id} "
                                    f"has {has} (e.g. env.id=gymnax:Pendulum-v1, as in examples/"
-                                   f"{'td3' if cfg.name == 'td3' else 'sac'}_pendulum.yaml)")
+                                   f"{'td3' if cfg.name == 'td3' else 'sac'}_pendulum.yaml)", also=("env.id",))
         space = spec.action_space
         if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
             raise msrl.ConfigError("env.id", f"{spec.id}'s actions are unbounded (low {space.low}, high {space.high}); "
