@@ -236,10 +236,10 @@ def reduces_over_replicas(transforms: Any) -> bool:
 
 
 def learners_agree(program: Any, params: list[Any]) -> None:
-    """The policy parameters of a learner's replicas that average every update (:func:`all_reduce_mean`), ``params``
-    (``policy_params`` of each replica's state), checked equal: replicas apart were updated by an optimizer that skipped the average (``params()`` would read replica
-    0's). The rest of their states may differ (each replica's own environments' running returns): a checkpoint
-    holds and restores every replica's."""
+    """``params``, the policy parameters of a learner's replicas that average every update
+    (:func:`all_reduce_mean`), checked equal: replicas apart were updated by an optimizer that skipped the average
+    (``params()`` would read replica 0's). The rest of their states may differ (each replica's own environments'
+    running returns): a checkpoint holds and restores every replica's."""
     import jax
     import numpy as np
 

@@ -633,7 +633,7 @@ def in_file(error: ConfigError, path: Any, overrides: list[str] = ()) -> ConfigE
         return any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in given)
 
     if error.key and not set_by_override(error.key):  # (the env.id given beside the YAML's algorithm.name)
-        other = next((k for k in getattr(error, "also", ()) if set_by_override(k)), None)
+        other = next((k for k in error.also if set_by_override(k)), None)
         if other is not None:
             return ConfigError(other, error.message, (error.key,))
     if not error.key or not isinstance(path, (str, os.PathLike)) or error.message.startswith(f"{path}:") or \

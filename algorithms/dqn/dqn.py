@@ -188,8 +188,8 @@ class DQN(msrl.Algorithm):
         super().__init__(cfg, ctx)
         spec = ctx.env_spec
         if isinstance(spec, msrl.MultiAgentSpec) or not spec.discrete:
-            raise msrl.ConfigError("algorithm.name", f"DQN needs one agent with discrete actions; {spec.id} has "
-                                   f"{'several agents' if isinstance(spec, msrl.MultiAgentSpec) else 'continuous actions'}",
+            has = "several agents" if isinstance(spec, msrl.MultiAgentSpec) else "continuous actions"
+            raise msrl.ConfigError("algorithm.name", f"DQN needs one agent with discrete actions; {spec.id} has {has}",
                                    also=("env.id",))
         rows, needed = cfg.buffer_size // ctx.num_envs, max(cfg.rollout_len + cfg.n_step, cfg.n_step + 2)
         if rows < needed:
