@@ -193,6 +193,33 @@ class NestedPlainDef(Base):
         return msrl.agent_learn(msrl.buffer_get())
 
 
+class HelperStatics(Base):
+    """A helper whose own locals are compile-time values: a number, a condition, a lambda and a def that returns.
+    Wherever a policy cut the helper they crossed as data: 100_000 as int32 (``(k * k) % 7`` was 3, not 4: the
+    parameters silently apart from fused's), an `if` on one failed to trace, and the def's `return` was refused as
+    the helper's own."""
+
+    def collect_and_learn(self, obs):
+        k = 100_000 * self.cfg.steps // self.cfg.steps
+        keep = self.cfg.flag
+        shrink = lambda x: x * 0.5  # noqa: E731
+
+        def squash(x):
+            return jnp.tanh(x)
+
+        for _ in range(self.cfg.steps):
+            out = msrl.agent_act(obs)
+            obs, reward, done = msrl.env_step(out.action)
+            msrl.buffer_insert(Item(obs, out.action, reward, done))
+        batch = msrl.buffer_get()
+        if not keep:
+            batch = batch._replace(reward=-batch.reward)
+        return msrl.agent_learn(batch._replace(reward=squash(shrink(batch.reward * ((k * k) % 7)))))
+
+    def train_step(self):
+        return self.collect_and_learn(msrl.env_observe())
+
+
 class Helpers(Base):
     """Helper methods: one that uses the API (inlined, with params, defaults and a return), one that
     does not (called as is)."""

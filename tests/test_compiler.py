@@ -281,15 +281,18 @@ def test_a_python_if_on_the_index_of_a_scanned_loop_says_why_at_its_line(policy)
         session.run(1)
     assert (info.value.file, info.value.line) == (loops.__file__, loops.marked_line("index_if"))
 
-def test_a_def_of_the_loops_own_is_a_function_wherever_the_policy_cuts():
+@pytest.mark.parametrize("loop", [loops.NestedPlainDef, loops.HelperStatics])
+def test_a_def_or_a_compile_time_local_is_the_same_wherever_the_policy_cuts(loop):
     from msrl.policies.single_learner import SingleLearnerCoarse, SingleLearnerFine
 
     finals, env = [], make_env("gymnax:CartPole-v1")
     for policy in (Fused(), SingleLearnerCoarse(actors=2), SingleLearnerFine(actors=2)):
-        with msrl.Session(program=msrl.compile(loops.NestedPlainDef(), policy, env, 4), seed=0) as session:
+        with msrl.Session(program=msrl.compile(loop(), policy, env, 4), seed=0) as session:
             rows = session.run(2)
             finals.append(session.params())
     assert rows[-1]["w"] != 0
+    if loop is loops.HelperStatics:  # CartPole's reward 1, times (k * k) % 7 == 4 as Python computes it, twice
+        assert rows[-1]["w"] == pytest.approx(2 * np.tanh(0.5 * 4))
     for other in finals[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(finals[0]), jax.tree.leaves(other),
                                                         strict=True))

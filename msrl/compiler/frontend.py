@@ -494,18 +494,21 @@ class Frontend:
             )
         return self._uses_api_cache[fn]
 
-    def _static_locals(self, src: Source) -> dict[str, Any]:
+    def _static_locals(self, src: Source, params: tuple[str, ...] = (), known: dict[str, Any] | None = None
+                       ) -> dict[str, Any]:
         """Locals assigned once, at the top level, from expressions of ``self``/globals/constants: their
         values are known at compile time (so ``n = self.cfg.steps; for _ in range(n)`` is static). So is a
         lambda of such values assigned once anywhere (``f = lambda x: jnp.tanh(x) * scale``): a function, never
         data (it cannot be a jitted piece's argument or result). An ``if`` on ``self``, globals and constants
-        alone counts as its taken branch (``if self.cfg.n_step: B = self.cfg.batch_size`` is top level)."""
-        live = ast.Module(self._taken(src, copy.deepcopy(src.fdef.body)), [])
-        counts: dict[str, int] = {}
+        alone counts as its taken branch (``if self.cfg.n_step: B = self.cfg.batch_size`` is top level).
+        ``params``: an inlined helper's parameters, ``known``: those bound to compile-time values, and these."""
+        known = known or {}
+        live = ast.Module(self._taken(src, copy.deepcopy(src.fdef.body), known), [])
+        counts: dict[str, int] = dict.fromkeys(params, 1)  # (a parameter has its value from the call)
         for node in _scope_walk(live):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 counts[node.id] = counts.get(node.id, 0) + 1
-        statics: dict[str, Any] = {}
+        statics: dict[str, Any] = dict(known)
         lambdas = [n for n in _scope_walk(live) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)
                    and n not in live.body]
         todo, top = [*live.body, *lambdas], {id(st) for st in live.body}
@@ -999,6 +1002,7 @@ class Frontend:
         assigned = _node_names(helper.fdef, ast.Store)
         helper_locals = assigned | set(params)
         rename = {n: prefix + n for n in helper_locals}
+        known = {}
         for p in params:  # a parameter bound to a compile-time value is static inside the helper
             if p not in assigned:
                 try:
@@ -1006,7 +1010,7 @@ class Frontend:
                 except CompileError:
                     continue
                 if isinstance(value, _STATIC_TYPES):
-                    self.statics[rename[p]] = value
+                    known[p] = value
         self._temps |= set(rename.values())
         outer_locals = self._all_locals
         out = [self._compute(src, ast.copy_location(ast.Assign([ast.Name(rename[p], ast.Store())], bound[p]), call),
@@ -1014,10 +1018,13 @@ class Frontend:
         self.inlining.append(fn.__qualname__)
         try:
             self._all_locals = helper_locals
+            # its parameters bound to compile-time values and its own locals of them are static, as train_step's
+            self.statics.update({rename[k]: v for k, v in self._static_locals(helper, params, known).items()})
             body = helper.fdef.body
             ret = body[-1] if body and isinstance(body[-1], ast.Return) else None
             for st in body[:-1] if ret else body:
-                early = next((n for n in ast.walk(st) if isinstance(n, ast.Return)), None)
+                early = None if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else next(
+                    (n for n in _scope_walk(st) if isinstance(n, ast.Return)), None)  # (not a nested def's own)
                 if early is not None:
                     raise helper.error(early, "a helper that uses the API may only `return` as its last statement",
                                        "assign the value and return it once at the end")
