@@ -9,6 +9,7 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -737,6 +738,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                               f"from ({why}); " + ("wait for it to end, then resume it" if writer_of(Path(run_dir))
                                                    else f"start it again with {arg('overwrite', '')}"))
         path, states, meta = good
+        _refuse_going_back(Path(run_dir), meta, path, arg("resume"))
         order = checkpoint.sweep_order(meta, Path(run_dir) / "config.yaml")
         swept = order or list((meta["config"].get("run") or {}).get("sweep") or {})
         if set(swept) != set(cfg.run.sweep):  # (before the values a new swept key's first one differs in)
@@ -1131,6 +1133,25 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
                             (" A prioritized buffer given a NaN, negative or infinite priority samples NaN weights."
                              if getattr(alg, "prioritized", False) is True else "") +
                             " (A metric the loop sets to NaN on purpose stops the run too: log a finite value.)")
+
+
+def _refuse_going_back(run_dir: Path, meta: dict, path: Path, key: str) -> None:
+    """A ConfigError where the run trained past every checkpoint it has (``run.checkpoint_every_steps=0`` saves
+    none at the end): resuming would go back to the newest and drop what came after it from metrics.csv."""
+    try:
+        ended = json.loads((run_dir / "summary.json").read_text()).get("iterations")
+    except (OSError, ValueError, AttributeError):
+        return
+    newest = checkpoint.latest(run_dir)
+    at = int(re.fullmatch(r"ckpt_(\d+)\.msgpack", newest.name).group(1)) if newest is not None else 0
+    if isinstance(ended, int) and ended > at:
+        zero = ((meta.get("config") or {}).get("run") or {}).get("checkpoint_every_steps") == 0
+        raise ConfigError(key, f"{run_dir} trained to iteration {ended:,} (its summary.json), past its newest "
+                          f"checkpoint, {path.name} of iteration {meta['iteration']:,}"
+                          + (" (run.checkpoint_every_steps=0 saves none at the end)" if zero else "")
+                          + ": resuming would train again from there and drop the iterations after it from "
+                          "metrics.csv. Start a new run (with checkpoints to extend it later); to go back to that "
+                          "checkpoint all the same, remove its summary.json first")
 
 
 def _save_checkpoint(session, run_dir: Path, cfg: ExperimentConfig, skip: tuple[str, ...], meta: dict,

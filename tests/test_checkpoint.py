@@ -490,6 +490,28 @@ def test_a_keyboard_interrupt_from_on_iteration_keeps_a_resumable_run(tmp_path):
     assert summary["iterations"] == 4096 // (16 * 4)
 
 
+def test_a_run_that_trained_past_its_last_checkpoint_is_not_resumed_from_it(tmp_path):
+    """run.checkpoint_every_steps=0 saves a checkpoint only when the run is stopped: stopped early, resumed and
+    finished at 64 (no checkpoint at the end), a resume (with a larger total, or none) went back to the early
+    checkpoint without a word, and cut metrics.csv back to it."""
+    def interrupt(row):
+        if row["iteration"] == 3:
+            raise KeyboardInterrupt
+
+    zero = [*SMALL, "run.progress=false", "run.checkpoint_every_steps=0", "run.total_env_steps=4096"]
+    with pytest.raises(KeyboardInterrupt):
+        train(CARTPOLE, zero, run_dir=tmp_path, on_iteration=interrupt)
+    assert train(None, ["run.progress=false"], run_dir=tmp_path, resume=True)["iterations"] == 64
+    rows = (tmp_path / "metrics.csv").read_text()
+    for more in ([], ["run.total_env_steps=8192"]):
+        with pytest.raises(msrl.ConfigError, match=r"^resume: .* trained to iteration 64 \(its summary.json\), past "
+                                                   r"its newest checkpoint, ckpt_0+(\d+).msgpack of iteration \1 "
+                                                   r"\(run.checkpoint_every_steps=0 saves none at the end\): resuming "
+                                                   r"would train again from there"):
+            train(None, ["run.progress=false", *more], run_dir=tmp_path, resume=True)
+    assert (tmp_path / "metrics.csv").read_text() == rows
+
+
 def test_a_config_a_run_was_trained_with_that_no_longer_validates_names_the_checkpoint(tmp_path):
     """An algorithm's code changed since its run trained (a key's type): msrl eval and msrl.load said only
     `algorithm.hidden: Input should be a valid list` (a resume names the run's config.yaml)."""
