@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -572,7 +573,7 @@ class _Signals:
 
 def _continue_with(run_dir: Path) -> str:
     """How the user continues an interrupted run: the command, or the call in Python."""
-    return f"msrl train --resume {run_dir}" if CLI_FLAGS.get() else \
+    return f"msrl train --resume {shlex.quote(str(run_dir))}" if CLI_FLAGS.get() else \
         f"msrl.train(None, run_dir={str(run_dir)!r}, resume=True)"
 
 
@@ -700,7 +701,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             raise ConfigError(arg("resume"), (f"{saved} is empty" if empty else
                                               f"{run_dir} is not a run directory (no config.yaml)") + (
                 f"; its checkpoints are there: give the config file it was trained with too (msrl train CONFIG "
-                f"--resume {run_dir}, or train(CONFIG, run_dir=..., resume=True)), and its config.yaml is written again"
+                f"--resume {shlex.quote(str(run_dir))}, or train(CONFIG, run_dir=..., resume=True)), and its config.yaml "
+                "is written again"
                 if checkpoint.saved(Path(run_dir)) else ""))
     overrides = _given(overrides, sections)
     if isinstance(cfg, ExperimentConfig) and overrides:

@@ -707,3 +707,16 @@ def test_ctrl_c_stops_a_loop_of_runs_that_goes_on_past_failed_ones(tmp_path):
     assert isinstance(info.value, msrl.Interrupted) and started == [0]
     # (in Python, the call that continues it; the CLI names its command)
     assert f"Continue with: msrl.train(None, run_dir={str(tmp_path / '0')!r}, resume=True)" in str(info.value)
+
+
+def test_the_command_that_continues_a_run_quotes_its_folder():
+    """(`Continue with: msrl train --resume sp ace/x y` failed when pasted: "config file 'ace/x' does not exist".)"""
+    from msrl.errors import CLI_FLAGS
+    from msrl.runner import _continue_with
+
+    flags = CLI_FLAGS.set(True)
+    try:
+        assert _continue_with(Path("sp ace/x y")) == "msrl train --resume 'sp ace/x y'"
+        assert _continue_with(Path("runs/a")) == "msrl train --resume runs/a"
+    finally:
+        CLI_FLAGS.reset(flags)
