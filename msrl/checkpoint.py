@@ -248,11 +248,13 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
                       defaults: dict[str, Any] | None = None, overridden: Any = (), edited: Path | None = None) -> None:
     """Refuse to resume under a config that changes the training itself (:func:`config_differences`), naming
     the first key that does: one of the ``overridden`` keys where one differs (a key derived from it, such as
-    ``env.num_envs`` from ``policy.actors``, may differ too). ``edited``: the run's own config.yaml, where the
+    ``env.num_envs`` from ``policy.actors``, may differ too), else ``algorithm.name`` or ``env.id`` where one does
+    (a config of another algorithm or env differs in its keys too). ``edited``: the run's own config.yaml, where the
     config is read from it (a difference not overridden is then an edit of that file)."""
     found = config_differences(saved, now, defaults)
     if found:
-        key, a, b = next((f for f in found if f[0] in overridden), found[0])
+        key, a, b = next((f for f in found if f[0] in overridden), None) or next(
+            (f for f in found if f[0] in ("algorithm.name", "env.id")), found[0])  # (another env: before its keys)
         known = defaults is not None and lookup(defaults, key, _ABSENT) is not _ABSENT  # (not a user's dict's)
         was = f"{key}={a!r}" if a is not _ABSENT else f"msrl before {key} was a key" if known else f"no {key}"
         now_has = "no such key" if b is _ABSENT else repr(b)
@@ -263,12 +265,11 @@ def check_same_config(saved: dict[str, Any], now: dict[str, Any], path: Path,
                                                                         "run (a checkpoint copied in from another "
                                                                         f"run: move it out of {path.parent})")
         else:
-            advice = "resume with the run's own config (RUN_DIR/config.yaml) or start a new run"
+            advice = f"resume with the run's own config ({path.parent.parent / 'config.yaml'}) or start a new run"
         raise ConfigError(key, f"the checkpoint {path} was trained with {was}, this config has {now_has}; {advice}")
 
 
 _ABSENT = object()  # a key one config has and the other does not
-
 
 
 def sweep_order(meta: dict[str, Any], config_file: Path) -> list[str] | None:

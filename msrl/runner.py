@@ -701,8 +701,8 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             raise ConfigError(arg("resume"), (f"{saved} is empty" if empty else
                                               f"{run_dir} is not a run directory (no config.yaml)") + (
                 f"; its checkpoints are there: give the config file it was trained with too (msrl train CONFIG "
-                f"--resume {shlex.quote(str(run_dir))}, or train(CONFIG, run_dir=..., resume=True)), and its config.yaml "
-                "is written again"
+                f"--resume {shlex.quote(str(run_dir))}, or train(CONFIG, run_dir=..., resume=True)), and its "
+                "config.yaml is written again"
                 if checkpoint.saved(Path(run_dir)) else ""))
     overrides = _given(overrides, sections)
     if isinstance(cfg, ExperimentConfig) and overrides:
@@ -740,7 +740,6 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
                               f"from ({why}); " + ("wait for it to end, then resume it" if writer_of(Path(run_dir))
                                                    else f"start it again with {arg('overwrite', '')}"))
         path, states, meta = good
-        _refuse_going_back(Path(run_dir), meta, path, arg("resume"))
         order = checkpoint.sweep_order(meta, Path(run_dir) / "config.yaml")
         swept = order or list((meta["config"].get("run") or {}).get("sweep") or {})
         if set(swept) != set(cfg.run.sweep):  # (before the values a new swept key's first one differs in)
@@ -752,6 +751,7 @@ def _train_holding(hold: contextlib.ExitStack, cfg: ExperimentConfig | str | Pat
             raise ConfigError("run.sweep", f"the checkpoint {path} swept {', '.join(order)} in that order (its "
                               f"members in that order); this config sweeps {', '.join(cfg.run.sweep)}: give the keys "
                               "in the run's order")
+        _refuse_going_back(Path(run_dir), meta, path, arg("resume"))
         if cfg.run.total_env_steps < meta["env_steps"]:  # its summary would contradict the checkpoint
             raise ConfigError("run.total_env_steps", f"{cfg.run.total_env_steps} is less than the "
                               f"{meta['env_steps']} env steps the checkpoint {path} already holds; resume with "

@@ -147,6 +147,11 @@ def test_resume_refuses_another_config_and_a_missing_checkpoint(tmp_path):
         train(CARTPOLE, [*QUIET, "algorithm.lr=0.01"], run_dir=tmp_path, resume=True)
     with pytest.raises(msrl.ConfigError, match=r"env\.num_envs"):
         train(CARTPOLE, [*QUIET, "env.num_envs=8"], run_dir=tmp_path, resume=True)
+    with pytest.raises(msrl.ConfigError, match=rf"^env\.id: .*ppo_pendulum.yaml:\d+: .* trained with env\.id='gymnax:"
+                                               rf"CartPole-v1', .*; resume with the run's own config "
+                                               rf"\({tmp_path / 'config.yaml'}\) or start a new run$"):
+        train(EXAMPLES / "ppo_pendulum.yaml", QUIET, run_dir=tmp_path, resume=True)  # (it named ent_coef first, and
+        # "RUN_DIR/config.yaml")
     with pytest.raises(msrl.ConfigError, match="empty does not exist$"):  # (it said: "holds no checkpoint ... (it
         train(CARTPOLE, QUIET, run_dir=tmp_path / "empty", resume=True)  # stopped before its first checkpoint)")
     (tmp_path / "empty").mkdir()
