@@ -189,6 +189,9 @@ def why_no_checkpoint(run_dir: Path) -> str:
     pid = writer_of(run_dir)
     if pid is not None:
         return f"none yet: process {pid} is training this run" + (f"; checkpoints are{due[1:]}" if due else "")
+    partial = sorted((run_dir / "checkpoints").glob("ckpt_*.tmp"))
+    if partial:  # (a kill as the first one was written: "they were removed", it said)
+        return f"its first checkpoint was being written when the run was killed ({partial[-1].name} is incomplete)"
     steps = _run_file(run_dir, "summary.json").get("env_steps")
     if isinstance(steps, int) and steps > 0:
         return f"the run ended at {steps:,} env steps, as its summary.json says; its checkpoints were removed"

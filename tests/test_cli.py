@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -226,6 +227,12 @@ def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsy
     assert main(["eval", str(tmp_path)]) == 2  # (it said: it stopped before its first checkpoint)
     assert "(it logged 10,240 env steps (metrics.csv), past its first checkpoint, due every 5,000 env steps: they " \
         "were removed)" in capsys.readouterr().err
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt_000000010.msgpack.tmp").write_bytes(b"\x80")  # killed as it wrote the first
+    assert main(["eval", str(tmp_path)]) == 2  # (it said: they were removed)
+    assert "(its first checkpoint was being written when the run was killed (ckpt_000000010.msgpack.tmp is " \
+        "incomplete))" in capsys.readouterr().err
+    shutil.rmtree(tmp_path / "checkpoints")
     (tmp_path / "config.yaml").write_text(Path(CARTPOLE).read_text())
     (tmp_path / "summary.json").write_text('{"env_steps": 40960}')  # it ended; its checkpoints were removed
     assert main(["eval", str(tmp_path)]) == 2
