@@ -97,8 +97,12 @@ def load_policy(run_dir: Path, run_seed: int | None = None,
                                   f"give one of the two")
             run_dir, member = run, run_dir.name
         if not (run_dir / "config.yaml").exists() and not (run_dir / "checkpoints").is_dir():
-            raise ConfigError("RUN_DIR", f"{run_dir} is not a run directory (no config.yaml, no checkpoints/)"
-                              if run_dir.is_dir() else f"{run_dir} does not exist")
+            from msrl.runner import writer_of
+
+            pid = writer_of(run_dir) if run_dir.is_dir() else None  # (a run compiling: no config.yaml yet)
+            raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint (none yet: process {pid} is starting a run "
+                              "in it)" if pid else f"{run_dir} is not a run directory (no config.yaml, no "
+                              "checkpoints/)" if run_dir.is_dir() else f"{run_dir} does not exist")
         good = checkpoint.latest_good(run_dir)
         if good is None:
             raise ConfigError("RUN_DIR", f"{run_dir} holds no checkpoint ({why_no_checkpoint(run_dir)})")

@@ -213,6 +213,12 @@ def test_eval_of_a_run_without_a_checkpoint_says_why_it_has_none(tmp_path, capsy
         assert main(["eval", str(tmp_path)]) == 2
         assert re.search(rf"RUN_DIR: {tmp_path} holds no checkpoint \({why}", capsys.readouterr().err)
     (tmp_path / "config.yaml").write_text(Path(CARTPOLE).read_text())
+    (tmp_path / "config.yaml").unlink()
+    with lock_run_dir(tmp_path, "run_dir"):  # a run starting in it: not a run directory, it said
+        assert main(["eval", str(tmp_path)]) == 2
+        assert f"holds no checkpoint (none yet: process {os.getpid()} is starting a run in it)" in \
+            capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text(Path(CARTPOLE).read_text())
     with lock_run_dir(tmp_path, "run_dir"):  # a run training into it now (its lock names this process)
         assert main(["eval", str(tmp_path)]) == 2
         assert f"holds no checkpoint (none yet: process {os.getpid()} is training this run)" in capsys.readouterr().err
