@@ -9,7 +9,6 @@ import importlib
 import json
 import math
 import os
-import re
 import shlex
 import sys
 import time
@@ -1081,6 +1080,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, resume: bool, states: Any, meta: 
         "sps": session.iteration * steps_per_iter / elapsed,
         "stopped_early": bool(stop),
         "interrupted": signals.received,
+        "checkpointed": checkpoint.of_iteration(run_dir, session.iteration).is_file(),  # (its end: resumable)
         "wall_time": elapsed,
         "compile_time": session.compile_seconds,
         "graph_time": program.compile_seconds,
@@ -1138,15 +1138,15 @@ def _check_finite(row: dict[str, float], iteration: int, cfg: ExperimentConfig, 
 
 
 def _refuse_going_back(run_dir: Path, meta: dict, path: Path, key: str) -> None:
-    """A ConfigError where the run trained past every checkpoint it has (``run.checkpoint_every_steps=0`` saves
-    none at the end): resuming would go back to the newest and drop what came after it from metrics.csv."""
+    """A ConfigError where the run trained past every checkpoint it wrote (``run.checkpoint_every_steps=0`` saves
+    none at the end): resuming would go back to the newest and drop what came after it from metrics.csv. (Newer
+    checkpoints moved out of checkpoints/ on purpose, to go back, are not this: the run's end had one.)"""
     try:
-        ended = json.loads((run_dir / "summary.json").read_text()).get("iterations")
-    except (OSError, ValueError, AttributeError):
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
         return
-    newest = checkpoint.latest(run_dir)
-    at = int(re.fullmatch(r"ckpt_(\d+)\.msgpack", newest.name).group(1)) if newest is not None else 0
-    if isinstance(ended, int) and ended > at:
+    ended = summary.get("iterations") if isinstance(summary, dict) else None
+    if isinstance(ended, int) and ended > meta["iteration"] and summary.get("checkpointed") is False:
         zero = ((meta.get("config") or {}).get("run") or {}).get("checkpoint_every_steps") == 0
         raise ConfigError(key, f"{run_dir} trained to iteration {ended:,} (its summary.json), past its newest "
                           f"checkpoint, {path.name} of iteration {meta['iteration']:,}"

@@ -506,7 +506,8 @@ def test_a_run_that_trained_past_its_last_checkpoint_is_not_resumed_from_it(tmp_
     zero = [*SMALL, "run.progress=false", "run.checkpoint_every_steps=0", "run.total_env_steps=4096"]
     with pytest.raises(KeyboardInterrupt):
         train(CARTPOLE, zero, run_dir=tmp_path, on_iteration=interrupt)
-    assert train(None, ["run.progress=false"], run_dir=tmp_path, resume=True)["iterations"] == 64
+    summary = train(None, ["run.progress=false"], run_dir=tmp_path, resume=True)
+    assert summary["iterations"] == 64 and summary["checkpointed"] is False  # (no checkpoint holds its end)
     rows = (tmp_path / "metrics.csv").read_text()
     for more in ([], ["run.total_env_steps=8192"]):
         with pytest.raises(msrl.ConfigError, match=r"^resume: .* trained to iteration 64 \(its summary.json\), past "
