@@ -567,8 +567,9 @@ class ReplicaRuntime(Runtime):
         held = services.held_params(self.program)
         if held is not None:
             return held
-        for name in self._averaging():
-            keys = [k for k in self.keys if k[0] == name]
-            learners_agree(self.program, list(self._call(keys, "params").values()))
         key = next(k for k in self.keys if "learner" in self.program.fragments[k[0]].state_keys)
-        return self._call([key], "params")[key]
+        averaging = key[0] in self._averaging()  # (its replicas' parameters, compared; else the first's alone)
+        params = self._call([k for k in self.keys if k[0] == key[0]] if averaging else [key], "params")
+        if averaging:
+            learners_agree(self.program, list(params.values()))
+        return params[key]
