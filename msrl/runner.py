@@ -1141,11 +1141,10 @@ def _refuse_going_back(run_dir: Path, meta: dict, path: Path, key: str) -> None:
     """A ConfigError where the run trained past every checkpoint it wrote (``run.checkpoint_every_steps=0`` saves
     none at the end): resuming would go back to the newest and drop what came after it from metrics.csv. (Newer
     checkpoints moved out of checkpoints/ on purpose, to go back, are not this: the run's end had one.)"""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return
-    ended = summary.get("iterations") if isinstance(summary, dict) else None
+    from msrl.evaluate import _run_file
+
+    summary = _run_file(run_dir, "summary.json")  # ({} where it is missing or does not read)
+    ended = summary.get("iterations")
     if isinstance(ended, int) and ended > meta["iteration"] and summary.get("checkpointed") is False:
         zero = ((meta.get("config") or {}).get("run") or {}).get("checkpoint_every_steps") == 0
         raise ConfigError(key, f"{run_dir} trained to iteration {ended:,} (its summary.json), past its newest "
